@@ -1,0 +1,68 @@
+//! exit.json: how a run ended, as the runner saw it.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// How the agent process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// It exited by itself; `exit_code` is set.
+    Exited,
+    /// A signal the runner did not send killed it; `signal` is set.
+    Signaled,
+    /// The wall-clock limit passed and the runner killed the tree.
+    TimedOut,
+    /// The runner was asked to cancel (SIGTERM) and ended the tree.
+    Cancelled,
+    /// The program could not be started; `exit_code` is 126 or 127.
+    SpawnFailed,
+}
+
+/// The runner's output, written atomically before it exits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitRecord {
+    /// How the agent process ended.
+    pub outcome: Outcome,
+    /// Its exit code, when it exited (or 126/127 when it never started).
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// A sentence saying what happened.
+    pub reason: String,
+    /// The agent process's pid (0 when it never started).
+    pub child_pid: i32,
+    /// When the agent process was started, in ms since the epoch.
+    pub started_at_ms: u64,
+    /// When the whole tree was gone, in ms since the epoch.
+    pub ended_at_ms: u64,
+    /// Bytes written to child.log by this attempt, marker included.
+    pub log_bytes: u64,
+    /// Whether output was cut at the output cap.
+    pub log_truncated: bool,
+    /// A failure writing child.log, if any (the child kept running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_error: Option<String>,
+    /// Processes the child left behind that the runner had to kill.
+    pub leftover_killed: u32,
+}
+
+impl ExitRecord {
+    /// Writes exit.json atomically.
+    pub fn save(&self, path: &Path) -> Result<(), crate::atomic::AtomicError> {
+        let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
+        bytes.push(b'\n');
+        crate::atomic::write_atomic(path, &bytes)
+    }
+
+    /// Reads exit.json; `Ok(None)` when it does not exist.
+    pub fn load(path: &Path) -> Result<Option<Self>, String> {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| format!("parse {}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("read {}: {e}", path.display())),
+        }
+    }
+}

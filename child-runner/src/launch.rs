@@ -1,0 +1,65 @@
+//! Starting the agent command: a new session, an empty signal mask, no
+//! inherited descriptors, stdin from /dev/null, stdout and stderr into the
+//! runner's pipe, and death with the runner.
+
+use crate::spec::RunnerSpec;
+use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+
+/// The agent command could not be started.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot execute {program:?}: {source}")]
+pub struct LaunchError {
+    /// argv[0].
+    pub program: String,
+    /// Why (from exec, or from the setup before it).
+    pub source: std::io::Error,
+}
+
+impl LaunchError {
+    /// The shell's convention: 127 when not found, 126 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        if self.source.kind() == std::io::ErrorKind::NotFound {
+            127
+        } else {
+            126
+        }
+    }
+}
+
+/// Starts the agent command with `output` as its stdout and stderr.
+pub fn start(spec: &RunnerSpec, output: OwnedFd) -> Result<Child, LaunchError> {
+    let err = |source| LaunchError {
+        program: spec.argv[0].clone(),
+        source,
+    };
+    let stderr = output.try_clone().map_err(err)?;
+    let runner_pid = nix::unistd::getpid();
+    let mut cmd = Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(&spec.env)
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(output))
+        .stderr(Stdio::from(stderr));
+    // SAFETY: the closure runs between fork and exec in the child. It only
+    // makes syscalls (setsid, prctl, sigprocmask, getppid, close_range),
+    // allocates nothing and takes no lock, so it is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid()?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if nix::unistd::getppid() != runner_pid {
+                // The runner died before the death signal was armed.
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+            crate::sys::cloexec_from(3).map_err(|e| e.source)?;
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(err)
+}

@@ -1,0 +1,81 @@
+//! runner.json: everything the runner needs, computed by the daemon.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Grace between SIGTERM and SIGKILL when a run is cancelled.
+pub const DEFAULT_KILL_GRACE_MS: u64 = 5000;
+
+/// The runner's input, written by the daemon into the run folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerSpec {
+    /// The run this runner serves (for messages only).
+    pub run_id: String,
+    /// The agent program and its arguments; argv[0] is looked up in the
+    /// child's PATH when it holds no slash.
+    pub argv: Vec<String>,
+    /// The child's complete environment.
+    pub env: BTreeMap<String, String>,
+    /// The child's working directory.
+    pub cwd: PathBuf,
+    /// child.log: the child's stdout and stderr, appended.
+    pub log_path: PathBuf,
+    /// exit.json: written atomically when the run has ended.
+    pub exit_path: PathBuf,
+    /// Wall-clock limit in seconds.
+    pub wall_time_s: u64,
+    /// Cap on what is written to child.log, in bytes.
+    pub output_bytes: u64,
+    /// Milliseconds between SIGTERM and SIGKILL on cancel.
+    #[serde(default = "default_grace")]
+    pub kill_grace_ms: u64,
+}
+
+fn default_grace() -> u64 {
+    DEFAULT_KILL_GRACE_MS
+}
+
+/// runner.json could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// It could not be read.
+    #[error("read {path}: {source}")]
+    Read {
+        /// runner.json's path.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// It is not a valid spec.
+    #[error("parse {path}: {source}")]
+    Parse {
+        /// runner.json's path.
+        path: PathBuf,
+        /// The underlying error.
+        source: serde_json::Error,
+    },
+    /// It names no program.
+    #[error("{0}: argv is empty")]
+    EmptyArgv(PathBuf),
+}
+
+impl RunnerSpec {
+    /// Reads and checks runner.json.
+    pub fn load(path: &Path) -> Result<Self, SpecError> {
+        let bytes = std::fs::read(path).map_err(|source| SpecError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let spec: RunnerSpec =
+            serde_json::from_slice(&bytes).map_err(|source| SpecError::Parse {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if spec.argv.is_empty() {
+            return Err(SpecError::EmptyArgv(path.to_path_buf()));
+        }
+        Ok(spec)
+    }
+}

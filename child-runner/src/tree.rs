@@ -1,0 +1,143 @@
+//! The runner's process tree. The runner is a child subreaper, so every
+//! process its child starts, however it detaches (double fork, setsid),
+//! stays below the runner and is found here.
+
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// One process as /proc/<pid>/stat shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Its pid.
+    pub pid: i32,
+    /// Its state letter (R, S, Z, ...).
+    pub state: char,
+    /// Its parent's pid.
+    pub ppid: i32,
+    /// Its start time in clock ticks since boot (field 22).
+    pub start_ticks: u64,
+}
+
+/// Parses the text of /proc/<pid>/stat. The command name may hold spaces
+/// and parentheses, so fields are counted after the last ')'.
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let pid = text[..open].trim().parse().ok()?;
+    let mut rest = text.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    // Fields 5..=21 come next; start time is field 22, the 20th after ')'.
+    let start_ticks = rest.nth(17)?.parse().ok()?;
+    Some(ProcStat {
+        pid,
+        state,
+        ppid,
+        start_ticks,
+    })
+}
+
+/// Reads /proc/<pid>/stat; `None` when the process is gone.
+pub fn read_stat(pid: i32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text)
+}
+
+/// Every live (non-zombie) descendant of `root`, from one /proc scan.
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut children: HashMap<i32, Vec<ProcStat>> = HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if let Some(st) = read_stat(pid) {
+                children.entry(st.ppid).or_default().push(st);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        for c in children.get(&p).into_iter().flatten() {
+            stack.push(c.pid);
+            if c.state != 'Z' {
+                out.push(c.pid);
+            }
+        }
+    }
+    out
+}
+
+/// Reaps every exited child of this process without blocking; returns the
+/// statuses reaped.
+pub fn reap_all() -> Vec<WaitStatus> {
+    let mut out = Vec::new();
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return out,
+            Ok(status) => out.push(status),
+        }
+    }
+}
+
+/// Sends `sig` to every live descendant of `root`; returns how many.
+pub fn signal_tree(root: i32, sig: Signal) -> u32 {
+    let mut n = 0;
+    for pid in descendants(root) {
+        if kill(Pid::from_raw(pid), sig).is_ok() {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// SIGKILLs the whole tree below `root` until nothing is left, reaping as
+/// it goes; returns the number of processes killed and the statuses reaped
+/// along the way (the caller may be waiting for one of them). Gives up
+/// after `deadline` (a process in uninterruptible sleep can outlast it).
+pub fn kill_tree(root: i32, deadline: Duration) -> (u32, Vec<WaitStatus>) {
+    let start = Instant::now();
+    let mut killed = std::collections::HashSet::new();
+    let mut reaped = Vec::new();
+    loop {
+        let pids = descendants(root);
+        reaped.extend(reap_all());
+        if pids.is_empty() || start.elapsed() > deadline {
+            return (killed.len() as u32, reaped);
+        }
+        for pid in pids {
+            if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                killed.insert(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        reaped.extend(reap_all());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_awkward_command_names() {
+        let line = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10 0";
+        let st = parse_stat(line).unwrap();
+        assert_eq!(st.pid, 1234);
+        assert_eq!(st.state, 'S');
+        assert_eq!(st.ppid, 1);
+        assert_eq!(st.start_ticks, 987654);
+    }
+
+    #[test]
+    fn own_stat_is_readable() {
+        let me = std::process::id() as i32;
+        let st = read_stat(me).unwrap();
+        assert_eq!(st.pid, me);
+        assert!(st.start_ticks > 0);
+    }
+}

@@ -1,0 +1,17 @@
+//! Pure decisions for subagentd. Nothing here touches the file system, the
+//! network or the process table: every function takes its inputs as plain
+//! data and returns plain data, so each rule is unit-tested without
+//! installing anything.
+//!
+//! Layout:
+//! - [`audience`]: who may delegate to subagents (Public sessions may not).
+//! - [`env`]: the allowlisted environment a child starts with.
+//! - [`limits`]: resource limits with their defaults.
+
+pub mod audience;
+pub mod env;
+pub mod limits;
+
+pub use audience::{Audience, AudienceError};
+pub use env::{child_env, validate_request_env, ChildPaths, EnvError};
+pub use limits::Limits;
