@@ -16,11 +16,13 @@
 //! - [`tree`]: finding and killing every descendant of the runner.
 //! - [`logsink`]: child.log with its size cap.
 //! - [`launch`]: starting the agent command.
+//! - [`lockfd`]: runner.lock, held for the runner's whole life.
 //! - [`supervise`]: the runner's event loop.
 
 pub mod atomic;
 pub mod exit_record;
 pub mod launch;
+pub mod lockfd;
 pub mod logsink;
 pub mod spec;
 pub mod supervise;

@@ -1,1 +1,27 @@
-//! subagentd library.
+//! subagentd: a supervisor that runs AI subagents as separate OS processes.
+//!
+//! Layout:
+//! - [`ids`], [`timefmt`], [`paths`]: run ids, timestamps, where things live.
+//! - [`securedir`]: private directories under /tmp without following symlinks.
+//! - [`record`]: run.json, the durable record of a run, and its states.
+//! - [`protocol`]: the JSON-RPC wire types and error codes (docs/protocol.md).
+//! - [`notices`]: the durable finished-run notices of each session.
+//! - [`result_md`]: the result.md a finished run leaves.
+//! - [`engine`]: the supervisor itself: accepting, queueing, launching,
+//!   watching and finishing runs; used by the daemon and by `subagent run`.
+//! - [`server`]: the Unix socket listener and one handler per connection.
+//! - [`client`]: a blocking client for the socket.
+//! - [`cli`]: the `subagent` command.
+
+pub mod cli;
+pub mod client;
+pub mod engine;
+pub mod ids;
+pub mod notices;
+pub mod paths;
+pub mod protocol;
+pub mod record;
+pub mod result_md;
+pub mod securedir;
+pub mod server;
+pub mod timefmt;

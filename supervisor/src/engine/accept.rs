@@ -1,0 +1,260 @@
+//! Accepting a spawn: checking its params, then recording the run durably
+//! (folder, temp dir, runner.json, run.json) before anyone is told its id.
+//! A failure part-way removes what was made.
+
+use super::{EngineError, Inner};
+use crate::ids::{check_session_id, RunId};
+use crate::paths::RunFiles;
+use crate::protocol::{SpawnParams, MAX_TASK};
+use crate::record::{RunRecord, RunState, RECORD_FORMAT};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
+use subagent_runner::atomic::{fsync_dir, write_atomic};
+use subagent_runner::spec::RunnerSpec;
+
+/// Checks a spawn's params; names the first offending field.
+pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
+    check_session_id(&p.session.id).map_err(|e| EngineError::invalid("session.id", e))?;
+    p.session.audience.check_may_spawn()?;
+    let dir = &p.session.project_dir;
+    if !dir.is_absolute() {
+        return Err(EngineError::invalid(
+            "session.project_dir",
+            format!("{} is not an absolute path", dir.display()),
+        ));
+    }
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(EngineError::invalid(
+                "session.project_dir",
+                format!("{} is not a directory", dir.display()),
+            ))
+        }
+        Err(e) => {
+            return Err(EngineError::invalid(
+                "session.project_dir",
+                format!("{}: {e}", dir.display()),
+            ))
+        }
+    }
+    if p.task.trim().is_empty() {
+        return Err(EngineError::invalid("task", "must not be empty"));
+    }
+    if p.task.len() > MAX_TASK {
+        return Err(EngineError::invalid(
+            "task",
+            format!("{} bytes is over the limit of {MAX_TASK} bytes (64 KiB)", p.task.len()),
+        ));
+    }
+    if p.context.as_ref().is_some_and(|c| c.len() > MAX_TASK) {
+        return Err(EngineError::invalid(
+            "context",
+            format!("over the limit of {MAX_TASK} bytes (64 KiB)"),
+        ));
+    }
+    match p.command.first() {
+        None => return Err(EngineError::invalid("command", "must not be empty")),
+        Some(prog) if prog.is_empty() => {
+            return Err(EngineError::invalid("command[0]", "must not be empty"))
+        }
+        _ => {}
+    }
+    if let Some(i) = p.command.iter().position(|a| a.contains('\0')) {
+        return Err(EngineError::invalid(
+            &format!("command[{i}]"),
+            "contains a NUL byte",
+        ));
+    }
+    policy::env::validate_request_env(&p.env).map_err(|e| match e {
+        policy::EnvError::InvalidName(n) => EngineError::invalid("env", format!("invalid variable name {n:?}")),
+        policy::EnvError::InvalidValue(n) => EngineError::invalid(&format!("env.{n}"), "contains a NUL byte"),
+        policy::EnvError::Reserved(n) => EngineError::invalid(&format!("env.{n}"), "reserved: the supervisor sets it"),
+    })?;
+    p.limits
+        .validate()
+        .map_err(|f| EngineError::invalid(&format!("limits.{f}"), "must be positive"))?;
+    Ok(())
+}
+
+fn storage(op: &str, path: &Path, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Storage(format!("{op} {}: {e}", path.display()))
+}
+
+fn mkdir_private(path: &Path, recursive: bool) -> Result<(), EngineError> {
+    std::fs::DirBuilder::new()
+        .recursive(recursive)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| storage("create", path, e))
+}
+
+/// The text of context/first_message.md.
+pub fn first_message(context: Option<&str>, task: &str) -> String {
+    let context = context.filter(|c| !c.trim().is_empty()).unwrap_or("(none)");
+    format!("Context: {context}\nTask: {task}\n")
+}
+
+/// Records a new run: makes its folder and temp dir, writes
+/// first_message.md, runner.json and run.json (durably). Blocking.
+pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, EngineError> {
+    let id = RunId::new();
+    let session = &p.session.id;
+    let runs_dir = inner.layout.runs_dir(session);
+    mkdir_private(&runs_dir, true)?;
+    let files = RunFiles {
+        dir: runs_dir.join(id.as_str()),
+    };
+    mkdir_private(&files.dir, false)?;
+    let mut temp_dir = None;
+    let result = (|| {
+        for d in [files.artifacts(), files.context(), files.delta_dir()] {
+            mkdir_private(&d, false)?;
+        }
+        let t = crate::securedir::make_temp_dir(&inner.cfg.temp_base, session)
+            .map_err(|e| EngineError::Workspace(e.to_string()))?;
+        temp_dir = Some(t.clone());
+        let first = files.context().join("first_message.md");
+        write_atomic(&first, first_message(p.context.as_deref(), &p.task).as_bytes())
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let show = |p: &Path| p.display().to_string();
+        let paths = policy::ChildPaths {
+            run_id: id.to_string(),
+            session_id: session.clone(),
+            temp_dir: show(&t),
+            artifact_dir: show(&files.artifacts()),
+            log_path: show(&files.log()),
+            context_dir: show(&files.context()),
+            delta_path: show(&files.delta()),
+        };
+        let env = policy::child_env(&inner.daemon_env, &p.env, &paths)
+            .map_err(|e| EngineError::invalid("env", e.to_string()))?;
+        let spec = RunnerSpec {
+            run_id: id.to_string(),
+            argv: p.command.clone(),
+            env,
+            cwd: p.session.project_dir.clone(),
+            log_path: files.log(),
+            exit_path: files.exit(),
+            wall_time_s: p.limits.wall_time_s(),
+            output_bytes: p.limits.output_bytes(),
+            kill_grace_ms: inner.cfg.kill_grace_ms,
+        };
+        let bytes = serde_json::to_vec_pretty(&spec)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        write_atomic(&files.runner_spec(), &bytes)
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let rec = RunRecord {
+            format: RECORD_FORMAT,
+            run_id: id.to_string(),
+            session_id: session.clone(),
+            audience: p.session.audience,
+            project_dir: p.session.project_dir.clone(),
+            task: p.task.clone(),
+            context: p.context.clone(),
+            command: p.command.clone(),
+            env: p.env.clone(),
+            limits: p.limits,
+            keep_temp: p.keep_temp,
+            state: RunState::Accepted,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            cancel_requested: false,
+            created_at_ms: crate::timefmt::now_ms(),
+            started_at_ms: None,
+            ended_at_ms: None,
+            temp_dir: t,
+            run_dir: files.dir.clone(),
+            runner_pid: None,
+            runner_start_ticks: None,
+            log_truncated: false,
+            finalized: false,
+        };
+        rec.save().map_err(|e| EngineError::Storage(e.to_string()))?;
+        // The run folder's own entry must be durable too.
+        fsync_dir(&runs_dir).map_err(|e| EngineError::Storage(e.to_string()))?;
+        Ok(rec)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&files.dir);
+        if let Some(t) = temp_dir {
+            let _ = std::fs::remove_dir_all(t);
+        }
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::SessionParams;
+    use policy::Audience;
+
+    fn params() -> SpawnParams {
+        SpawnParams {
+            session: SessionParams {
+                id: "s1".into(),
+                audience: Audience::Team,
+                project_dir: "/".into(),
+            },
+            task: "do it".into(),
+            context: None,
+            command: vec!["true".into()],
+            env: Default::default(),
+            limits: Default::default(),
+            keep_temp: false,
+        }
+    }
+
+    fn field_of(p: &SpawnParams) -> String {
+        match validate(p).unwrap_err() {
+            EngineError::InvalidParams { field, .. } => field,
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        assert!(validate(&params()).is_ok());
+        let mut p = params();
+        p.session.id = "../x".into();
+        assert_eq!(field_of(&p), "session.id");
+        let mut p = params();
+        p.session.project_dir = "relative/dir".into();
+        assert_eq!(field_of(&p), "session.project_dir");
+        let mut p = params();
+        p.session.project_dir = "/nonexistent-xyz".into();
+        assert_eq!(field_of(&p), "session.project_dir");
+        let mut p = params();
+        p.task = " ".into();
+        assert_eq!(field_of(&p), "task");
+        let mut p = params();
+        p.task = "x".repeat(MAX_TASK + 1);
+        assert_eq!(field_of(&p), "task");
+        let mut p = params();
+        p.command = vec![];
+        assert_eq!(field_of(&p), "command");
+        let mut p = params();
+        p.env.insert("SUBAGENT_RUN_ID".into(), "x".into());
+        assert_eq!(field_of(&p), "env.SUBAGENT_RUN_ID");
+        let mut p = params();
+        p.limits.wall_time_s = Some(0);
+        assert_eq!(field_of(&p), "limits.wall_time_s");
+    }
+
+    #[test]
+    fn public_is_refused() {
+        let mut p = params();
+        p.session.audience = Audience::Public;
+        let e = validate(&p).unwrap_err();
+        assert!(matches!(e, EngineError::Audience(_)));
+        assert_eq!(e.to_string(), "subagents are not available to Public sessions");
+    }
+
+    #[test]
+    fn first_message_format() {
+        assert_eq!(first_message(Some("bg"), "t"), "Context: bg\nTask: t\n");
+        assert_eq!(first_message(None, "t"), "Context: (none)\nTask: t\n");
+    }
+}

@@ -1,0 +1,242 @@
+//! Finishing a run, exactly once: the terminal state from exit.json (or
+//! `lost` when there is none), then result.md, the durable notice, the temp
+//! dir's removal, and finally `finalized` in run.json. Each step is
+//! idempotent, so a crash part-way is finished again on restart without
+//! doubling anything.
+
+use super::{Slot, Supervisor};
+use crate::protocol::Notice;
+use crate::record::{RunRecord, RunState};
+use crate::timefmt::{now_ms, rfc3339_ms};
+use std::sync::Arc;
+use subagent_runner::exit_record::{ExitRecord, Outcome};
+
+/// Applies how the run ended to its record. `exit` is exit.json (or the
+/// error reading it); `runner_status` says how the runner itself ended, and
+/// `runner_log` is the end of its stderr, both for the `lost` reason.
+pub fn apply_exit(
+    rec: &mut RunRecord,
+    exit: Result<Option<ExitRecord>, String>,
+    runner_status: Option<&str>,
+    runner_log: &str,
+) {
+    match exit {
+        Ok(Some(x)) => {
+            rec.exit_code = x.exit_code;
+            rec.signal = x.signal;
+            rec.started_at_ms = Some(x.started_at_ms);
+            rec.ended_at_ms = Some(x.ended_at_ms);
+            rec.log_truncated = x.log_truncated;
+            let mut reason = x.reason.clone();
+            if let Some(e) = &x.log_error {
+                reason.push_str(&format!("; {e}"));
+            }
+            rec.state = match x.outcome {
+                Outcome::Exited if x.exit_code == Some(0) => RunState::Succeeded,
+                Outcome::Exited | Outcome::Signaled | Outcome::SpawnFailed => RunState::Failed,
+                Outcome::TimedOut => RunState::TimedOut,
+                Outcome::Cancelled => RunState::Cancelled,
+            };
+            rec.reason = Some(reason);
+        }
+        other => {
+            let why = match other {
+                Err(e) => format!("exit.json is unreadable ({e})"),
+                _ => "it left no exit.json".to_owned(),
+            };
+            let how = runner_status.unwrap_or("ended");
+            let mut reason = format!("the runner {how} and {why}");
+            let last = runner_log.trim().lines().last().unwrap_or("").trim();
+            if !last.is_empty() {
+                reason.push_str(&format!("; runner.log: {last}"));
+            }
+            rec.state = RunState::Lost;
+            rec.reason = Some(reason);
+            rec.ended_at_ms = Some(now_ms());
+        }
+    }
+}
+
+fn runner_log_tail(rec: &RunRecord) -> String {
+    let (text, _) = crate::result_md::read_log_tail(&rec.files().runner_log());
+    text
+}
+
+/// The runner has exited (`runner_status` says how, when we reaped it):
+/// records the terminal state, then finalizes.
+pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status: Option<String>) {
+    let mut rec = slot.rec.lock().await;
+    if !rec.state.is_terminal() {
+        let mut next = rec.clone();
+        let exit_path = next.files().exit();
+        let (exit, log) = {
+            let r = next.clone();
+            tokio::task::spawn_blocking(move || (ExitRecord::load(&exit_path), runner_log_tail(&r)))
+                .await
+                .unwrap_or_else(|e| (Err(e.to_string()), String::new()))
+        };
+        apply_exit(&mut next, exit, runner_status.as_deref(), &log);
+        tracing::info!(
+            run_id = %next.run_id,
+            state = next.state.as_str(),
+            reason = next.reason.as_deref().unwrap_or(""),
+            "run ended"
+        );
+        if let Err(e) = sup.persist(&mut rec, next.clone()).await {
+            tracing::error!(run_id = %next.run_id, "recording the end: {e}");
+            *rec = next;
+        }
+    }
+    drop(rec);
+    finalize(sup, slot).await;
+}
+
+/// The blocking part of finalizing: result.md, the notice, the temp dir.
+/// Returns the notice when it was newly stored.
+fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, String> {
+    let files = rec.files();
+    subagent_runner::atomic::write_atomic(&files.result(), crate::result_md::render(rec).as_bytes())
+        .map_err(|e| e.to_string())?;
+    let ended = rec.ended_at_ms.unwrap_or_else(now_ms);
+    let notice = Notice {
+        run_id: rec.run_id.clone(),
+        session_id: rec.session_id.clone(),
+        state: rec.state,
+        result_path: files.result(),
+        ended_at: rfc3339_ms(ended),
+    };
+    let fresh = sup
+        .inner
+        .notices
+        .store(&notice, ended)
+        .map_err(|e| e.to_string())?;
+    if !rec.keep_temp {
+        remove_tree(&rec.temp_dir);
+    }
+    Ok(fresh.then_some(notice))
+}
+
+/// Removes a directory tree the child may have made awkward (read-only
+/// subdirectories); never follows symlinks.
+pub fn remove_tree(dir: &std::path::Path) {
+    if std::fs::remove_dir_all(dir).is_ok() || !dir.exists() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700));
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::warn!(path = %dir.display(), "removing the temp dir: {e}");
+    }
+}
+
+/// Writes result.md, stores the notice and removes the temp dir for a run
+/// in a terminal state, then marks it finalized and tells waiters and
+/// subscribers. Does nothing for a run already finalized.
+pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
+    let mut rec = slot.rec.lock().await;
+    if rec.finalized || !rec.state.is_terminal() {
+        return;
+    }
+    let snapshot = rec.clone();
+    let sup2 = sup.clone();
+    let done = tokio::task::spawn_blocking(move || finalize_files(&sup2, &snapshot))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    let notice = match done {
+        Ok(n) => n,
+        Err(e) => {
+            // Left unfinalized: the next start of the engine tries again.
+            tracing::error!(run_id = %rec.run_id, "finishing the run: {e}");
+            None
+        }
+    };
+    let mut next = rec.clone();
+    next.finalized = true;
+    if let Err(e) = sup.persist(&mut rec, next.clone()).await {
+        tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
+        *rec = next;
+    }
+    slot.published.send_replace(rec.clone());
+    if let Some(n) = notice {
+        let _ = sup.inner.finished.send(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec() -> RunRecord {
+        serde_json::from_value(serde_json::json!({
+            "format": 1, "run_id": "20261130T055552.123456Z-a1b2c3d4", "session_id": "s",
+            "audience": "team", "project_dir": "/", "task": "t", "context": null,
+            "command": ["x"], "env": {}, "limits": {}, "keep_temp": false,
+            "state": "running", "exit_code": null, "signal": null, "reason": null,
+            "cancel_requested": false, "created_at_ms": 1, "started_at_ms": 2,
+            "ended_at_ms": null, "temp_dir": "/tmp/x", "run_dir": "/state/r",
+            "runner_pid": 10, "runner_start_ticks": 5, "log_truncated": false,
+            "finalized": false
+        }))
+        .unwrap()
+    }
+
+    fn exit(outcome: Outcome, code: Option<i32>, signal: Option<i32>) -> ExitRecord {
+        ExitRecord {
+            outcome,
+            exit_code: code,
+            signal,
+            reason: "r".into(),
+            child_pid: 3,
+            started_at_ms: 5,
+            ended_at_ms: 9,
+            log_bytes: 0,
+            log_truncated: false,
+            log_error: None,
+            leftover_killed: 0,
+        }
+    }
+
+    #[test]
+    fn outcomes_map_to_states() {
+        let cases = [
+            (exit(Outcome::Exited, Some(0), None), RunState::Succeeded),
+            (exit(Outcome::Exited, Some(2), None), RunState::Failed),
+            (exit(Outcome::Signaled, None, Some(9)), RunState::Failed),
+            (exit(Outcome::SpawnFailed, Some(127), None), RunState::Failed),
+            (exit(Outcome::TimedOut, None, Some(9)), RunState::TimedOut),
+            (exit(Outcome::Cancelled, None, Some(15)), RunState::Cancelled),
+        ];
+        for (x, want) in cases {
+            let mut r = rec();
+            apply_exit(&mut r, Ok(Some(x.clone())), None, "");
+            assert_eq!(r.state, want, "{x:?}");
+            assert_eq!(r.exit_code, x.exit_code);
+            assert_eq!(r.signal, x.signal);
+            assert_eq!(r.ended_at_ms, Some(9));
+        }
+    }
+
+    #[test]
+    fn no_exit_record_is_lost_with_the_reason() {
+        let mut r = rec();
+        apply_exit(
+            &mut r,
+            Ok(None),
+            Some("killed by signal 9 (SIGKILL)"),
+            "subagent-runner: boom\n",
+        );
+        assert_eq!(r.state, RunState::Lost);
+        let reason = r.reason.unwrap();
+        assert!(reason.contains("SIGKILL") && reason.contains("no exit.json") && reason.contains("boom"), "{reason}");
+    }
+}

@@ -1,0 +1,161 @@
+//! Launching a run: one `subagent-runner` process per run, in its own
+//! session so it outlives the daemon, holding the run's runner.lock, and
+//! watched through a pidfd.
+
+use super::{finish, pidfd, Slot, Supervisor};
+use crate::paths::RunFiles;
+use crate::record::RunState;
+use nix::sys::signal::{sigprocmask, SigmaskHow};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// A runner that was started.
+pub struct Launched {
+    /// Its pid.
+    pub pid: i32,
+    /// Its start time in clock ticks (tells pid reuse apart).
+    pub start_ticks: u64,
+    /// A pidfd on it.
+    pub pidfd: OwnedFd,
+}
+
+/// Starts the runner for the run in `files`. Blocking.
+pub fn start_runner(runner: &Path, files: &RunFiles) -> Result<Launched, String> {
+    let lock_path = files.runner_lock();
+    let lock = super::lockfile::open(&lock_path).map_err(|e| e.to_string())?;
+    match super::lockfile::try_lock(&lock) {
+        Ok(true) => {}
+        Ok(false) => return Err(format!("{} is held by another runner", lock_path.display())),
+        Err(e) => return Err(format!("flock {}: {e}", lock_path.display())),
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(files.runner_log())
+        .map_err(|e| format!("open {}: {e}", files.runner_log().display()))?;
+    let log2 = log
+        .try_clone()
+        .map_err(|e| format!("dup runner.log: {e}"))?;
+    let lock_fd = lock.as_raw_fd();
+    let mut cmd = Command::new(runner);
+    cmd.arg("--lock-fd")
+        .arg(lock_fd.to_string())
+        .arg(files.runner_spec())
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(log2));
+    let mask = subagent_runner::supervise::handled_signals();
+    // SAFETY: runs between fork and exec; only syscalls (setsid,
+    // sigprocmask, fcntl), no allocation, no locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid()?;
+            // Blocked from the first instruction: the runner reads these
+            // through a signalfd, so an early cancel is never lost.
+            sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None)?;
+            // Hand runner.lock over: the runner holds it until it dies.
+            if libc::fcntl(lock_fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", runner.display()))?;
+    let pid = child.id() as i32;
+    // The Child is dropped without waiting: the pidfd reaps it.
+    drop(child);
+    drop(lock);
+    let pidfd = pidfd::open(pid).map_err(|e| e.to_string())?;
+    let start_ticks = subagent_runner::tree::read_stat(pid)
+        .map(|s| s.start_ticks)
+        .unwrap_or(0);
+    Ok(Launched {
+        pid,
+        start_ticks,
+        pidfd,
+    })
+}
+
+/// Starts a queued run, watches it, and finishes it. Holds a concurrency
+/// slot until the run has ended.
+pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: OwnedSemaphorePermit) {
+    let mut rec = slot.rec.lock().await;
+    if rec.state != RunState::Accepted {
+        return;
+    }
+    let files = rec.files();
+    let runner = sup.inner.cfg.runner.clone();
+    let launched = tokio::task::spawn_blocking(move || start_runner(&runner, &files))
+        .await
+        .unwrap_or_else(|e| Err(format!("launch task failed: {e}")));
+    let mut next = rec.clone();
+    match launched {
+        Ok(l) => {
+            next.state = RunState::Running;
+            next.started_at_ms = Some(crate::timefmt::now_ms());
+            next.runner_pid = Some(l.pid);
+            next.runner_start_ticks = Some(l.start_ticks);
+            let id = next.run_id.clone();
+            if let Err(e) = sup.persist(&mut rec, next.clone()).await {
+                // The runner is already going; keep watching it.
+                tracing::error!(run_id = %id, "recording the running state: {e}");
+                *rec = next;
+            }
+            let fd = Arc::new(l.pidfd);
+            *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), l.pid));
+            slot.published.send_replace(rec.clone());
+            tracing::info!(run_id = %id, runner_pid = l.pid, "run started");
+            drop(rec);
+            watch(sup, slot, fd).await;
+        }
+        Err(reason) => {
+            tracing::error!(run_id = %next.run_id, "{reason}");
+            next.state = RunState::Failed;
+            next.reason = Some(format!("could not start the runner: {reason}"));
+            next.ended_at_ms = Some(crate::timefmt::now_ms());
+            if let Err(e) = sup.persist(&mut rec, next).await {
+                tracing::error!("{e}");
+            }
+            drop(rec);
+            finish::finalize(&sup, &slot).await;
+        }
+    }
+    drop(permit);
+}
+
+/// Waits for the runner behind `fd` to exit, then finishes the run.
+pub(crate) async fn watch(sup: Supervisor, slot: Arc<Slot>, fd: Arc<OwnedFd>) {
+    // SAFETY: the Arc keeps the pidfd open, and always the same descriptor,
+    // for as long as the AsyncFd (which holds a clone of it) lives.
+    let registered = unsafe { AsyncFd::register_with_interest(fd.clone(), Interest::READABLE) };
+    match registered {
+        Ok(afd) => {
+            let _ = afd.readable().await;
+        }
+        Err(e) => {
+            tracing::warn!("watching a runner's pidfd with epoll: {e}; using a blocking poll");
+            let fd2 = fd.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let mut fds = [nix::poll::PollFd::new(
+                    std::os::fd::AsFd::as_fd(&*fd2),
+                    nix::poll::PollFlags::POLLIN,
+                )];
+                nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE)
+            })
+            .await;
+        }
+    }
+    let status = pidfd::reap(&fd);
+    *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    finish::finish_run(&sup, &slot, status).await;
+}

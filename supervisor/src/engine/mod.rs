@@ -1,0 +1,332 @@
+//! The supervisor engine: accepts runs, queues them (FIFO, at most
+//! `max_concurrent` at once), launches one runner per run, watches it
+//! through a pidfd and finishes the run exactly once. The daemon serves it
+//! over the socket; `subagent run` embeds it in-process.
+//!
+//! - [`accept`]: validating a spawn and recording it durably.
+//! - [`launch`]: starting a runner process.
+//! - [`finish`]: turning exit.json into the terminal state, result.md and
+//!   the notice.
+//! - [`recover`]: picking up the state dir's runs when the engine starts.
+
+pub mod accept;
+pub mod error;
+pub mod finish;
+pub mod launch;
+pub mod lockfile;
+pub mod pidfd;
+pub mod recover;
+
+pub use error::EngineError;
+
+use crate::ids::RunId;
+use crate::notices::NoticeStore;
+use crate::paths::StateLayout;
+use crate::protocol::{Notice, SpawnParams};
+use crate::record::{RunRecord, RunState, RunStatus};
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc, watch, Semaphore};
+
+/// How the engine is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The state dir.
+    pub state_dir: PathBuf,
+    /// The base of children's temp dirs (`/tmp/subagentd-<uid>`).
+    pub temp_base: PathBuf,
+    /// The `subagent-runner` binary.
+    pub runner: PathBuf,
+    /// At most this many runs at once.
+    pub max_concurrent: usize,
+    /// Milliseconds between SIGTERM and SIGKILL on cancel.
+    pub kill_grace_ms: u64,
+}
+
+impl Config {
+    /// Defaults for everything but the state dir.
+    pub fn new(state_dir: PathBuf) -> Config {
+        Config {
+            state_dir,
+            temp_base: crate::paths::tmp_base(),
+            runner: crate::paths::default_runner(),
+            max_concurrent: default_max_concurrent(),
+            kill_grace_ms: subagent_runner::spec::DEFAULT_KILL_GRACE_MS,
+        }
+    }
+}
+
+/// 2 × the number of CPUs.
+pub fn default_max_concurrent() -> usize {
+    2 * std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// One run in memory: its record (the lock serialises its changes) and
+/// the last published snapshot, which waiters watch.
+pub(crate) struct Slot {
+    rec: tokio::sync::Mutex<RunRecord>,
+    published: watch::Sender<RunRecord>,
+    runner: Mutex<Option<(Arc<OwnedFd>, i32)>>,
+}
+
+impl Slot {
+    fn new(rec: RunRecord) -> Arc<Slot> {
+        let (published, _) = watch::channel(rec.clone());
+        Arc::new(Slot {
+            rec: tokio::sync::Mutex::new(rec),
+            published,
+            runner: Mutex::new(None),
+        })
+    }
+
+    fn snapshot(&self) -> RunRecord {
+        self.published.borrow().clone()
+    }
+}
+
+pub(crate) struct Inner {
+    cfg: Config,
+    layout: StateLayout,
+    runs: Mutex<BTreeMap<RunId, Arc<Slot>>>,
+    queue: mpsc::UnboundedSender<RunId>,
+    slots: Arc<Semaphore>,
+    notices: NoticeStore,
+    finished: broadcast::Sender<Notice>,
+    daemon_env: Vec<(String, String)>,
+    accepting: AtomicBool,
+    _state_lock: std::fs::File,
+}
+
+/// A handle on the engine; cheap to clone.
+#[derive(Clone)]
+pub struct Supervisor {
+    inner: Arc<Inner>,
+}
+
+/// Capacity of the finished-run broadcast; a subscriber further behind is
+/// told it lagged.
+const FINISHED_CAPACITY: usize = 4096;
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, EngineError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| EngineError::Internal(format!("blocking task failed: {e}")))?
+}
+
+impl Supervisor {
+    /// Opens the state dir (taking its lock), recovers its runs and starts
+    /// the dispatcher. Must be called inside a tokio runtime.
+    pub async fn start(cfg: Config) -> Result<Supervisor, EngineError> {
+        let layout = StateLayout {
+            root: cfg.state_dir.clone(),
+        };
+        let lock = {
+            let layout = layout.clone();
+            blocking(move || recover::open_state_dir(&layout)).await?
+        };
+        let (queue, rx) = mpsc::unbounded_channel();
+        let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
+        let inner = Arc::new(Inner {
+            slots: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
+            notices: NoticeStore::new(layout.clone()),
+            cfg,
+            layout,
+            runs: Mutex::new(BTreeMap::new()),
+            queue,
+            finished,
+            daemon_env: std::env::vars().collect(),
+            accepting: AtomicBool::new(true),
+            _state_lock: lock,
+        });
+        let sup = Supervisor { inner };
+        recover::recover(&sup).await;
+        tokio::spawn(dispatch(sup.clone(), rx));
+        Ok(sup)
+    }
+
+    /// The engine's configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    fn slot(&self, id: &RunId) -> Result<Arc<Slot>, EngineError> {
+        self.inner
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EngineError::RunNotFound(id.to_string()))
+    }
+
+    fn insert(&self, rec: RunRecord) -> Option<Arc<Slot>> {
+        let id = rec.id()?;
+        let slot = Slot::new(rec);
+        self.inner
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, slot.clone());
+        Some(slot)
+    }
+
+    /// Records a new run durably and queues it; returns its id. The run
+    /// has not started when this returns.
+    pub async fn spawn(&self, params: SpawnParams) -> Result<RunId, EngineError> {
+        if !self.inner.accepting.load(Ordering::SeqCst) {
+            return Err(EngineError::ShuttingDown);
+        }
+        accept::validate(&params)?;
+        let inner = self.inner.clone();
+        let rec = blocking(move || accept::create_run(&inner, &params)).await?;
+        let id = rec.id().ok_or_else(|| EngineError::Internal("bad run id".into()))?;
+        self.insert(rec);
+        self.inner
+            .queue
+            .send(id.clone())
+            .map_err(|_| EngineError::ShuttingDown)?;
+        tracing::info!(run_id = %id, "run accepted");
+        Ok(id)
+    }
+
+    /// A run's current status.
+    pub fn status(&self, id: &RunId) -> Result<RunStatus, EngineError> {
+        Ok(self.slot(id)?.snapshot().status())
+    }
+
+    /// Waits until the run has ended (and its result.md and notice exist),
+    /// or `timeout` passes; returns the status then.
+    pub async fn wait(
+        &self,
+        id: &RunId,
+        timeout: Option<Duration>,
+    ) -> Result<RunStatus, EngineError> {
+        let slot = self.slot(id)?;
+        let mut rx = slot.published.subscribe();
+        let done = |r: &RunRecord| r.state.is_terminal() && r.finalized;
+        let wait = rx.wait_for(done);
+        match timeout {
+            Some(t) => {
+                let _ = tokio::time::timeout(t, wait).await;
+            }
+            None => {
+                let _ = wait.await;
+            }
+        }
+        Ok(slot.snapshot().status())
+    }
+
+    /// Asks a run to stop: a queued run is cancelled at once; a running one
+    /// gets SIGTERM on its whole tree and SIGKILL after the grace; an ended
+    /// one is left as it is. Returns the status after the request.
+    pub async fn cancel(&self, id: &RunId) -> Result<RunStatus, EngineError> {
+        let slot = self.slot(id)?;
+        let mut rec = slot.rec.lock().await;
+        match rec.state {
+            RunState::Accepted => {
+                let mut next = rec.clone();
+                next.state = RunState::Cancelled;
+                next.cancel_requested = true;
+                next.reason = Some("cancelled before it started".into());
+                next.ended_at_ms = Some(crate::timefmt::now_ms());
+                self.persist(&mut rec, next).await?;
+                drop(rec);
+                finish::finalize(self, &slot).await;
+            }
+            RunState::Running if !rec.cancel_requested => {
+                let mut next = rec.clone();
+                next.cancel_requested = true;
+                self.persist(&mut rec, next).await?;
+                let runner = slot
+                    .runner
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                if let Some((fd, pid)) = runner {
+                    if let Err(e) = pidfd::send_signal(&fd, pid, libc::SIGTERM) {
+                        tracing::warn!(run_id = %id, "cancel: {e}");
+                    }
+                }
+                tracing::info!(run_id = %id, "cancel requested");
+            }
+            _ => {}
+        }
+        Ok(slot.snapshot().status())
+    }
+
+    /// Runs, oldest first, optionally of one session and in one state.
+    pub fn list(&self, session: Option<&str>, state: Option<RunState>) -> Vec<RunStatus> {
+        let slots: Vec<Arc<Slot>> = self
+            .inner
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        slots
+            .iter()
+            .map(|s| s.snapshot())
+            .filter(|r| session.is_none_or(|s| r.session_id == s))
+            .filter(|r| state.is_none_or(|s| r.state == s))
+            .map(|r| r.status())
+            .collect()
+    }
+
+    /// Takes the session's pending notices, oldest first; each is returned
+    /// by exactly one call.
+    pub async fn take_notices(&self, session: &str) -> Result<Vec<Notice>, EngineError> {
+        crate::ids::check_session_id(session)
+            .map_err(|p| EngineError::invalid("session_id", p))?;
+        let inner = self.inner.clone();
+        let session = session.to_owned();
+        blocking(move || {
+            inner
+                .notices
+                .take(&session)
+                .map_err(|e| EngineError::Storage(e.to_string()))
+        })
+        .await
+    }
+
+    /// A receiver of every finished-run notice from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Notice> {
+        self.inner.finished.subscribe()
+    }
+
+    /// Refuses new spawns from now on (shutdown).
+    pub fn stop_accepting(&self) {
+        self.inner.accepting.store(false, Ordering::SeqCst);
+    }
+
+    /// Replaces the record with `next`, durably, and remembers it. Waiters
+    /// see it only when it is published.
+    async fn persist(&self, current: &mut RunRecord, next: RunRecord) -> Result<(), EngineError> {
+        let to_save = next.clone();
+        blocking(move || {
+            to_save
+                .save()
+                .map_err(|e| EngineError::Storage(e.to_string()))
+        })
+        .await?;
+        *current = next;
+        Ok(())
+    }
+}
+
+/// Starts queued runs in FIFO order as slots free up.
+async fn dispatch(sup: Supervisor, mut rx: mpsc::UnboundedReceiver<RunId>) {
+    while let Some(id) = rx.recv().await {
+        let Ok(permit) = sup.inner.slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Ok(slot) = sup.slot(&id) else { continue };
+        tokio::spawn(launch::run_lifecycle(sup.clone(), slot, permit));
+    }
+}

@@ -1,0 +1,143 @@
+//! Picking up where a previous engine left off. Every run folder in the
+//! state dir is loaded; runs that had not ended are reconciled:
+//! - a runner still alive (its pid and start time match) is watched again;
+//! - a runner that is gone is finished from its exit.json, or `lost`;
+//! - a run accepted but never started is queued again, in FIFO order;
+//! - a run that ended but was not finalized is finalized.
+
+use super::{finish, launch, lockfile, pidfd, EngineError, Supervisor};
+use crate::paths::StateLayout;
+use crate::record::{RunRecord, RunState};
+use std::os::unix::fs::DirBuilderExt;
+use std::sync::Arc;
+
+/// Creates the state dir (0700) and takes its lock. Blocking.
+pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(layout.sessions())
+        .map_err(|e| EngineError::Storage(format!("create {}: {e}", layout.sessions().display())))?;
+    lockfile::acquire(&layout.root.join("daemon.lock")).map_err(|e| match e {
+        lockfile::LockError::Held { .. } => EngineError::Storage(format!(
+            "state dir {} is in use by another supervisor: {e}",
+            layout.root.display()
+        )),
+        other => EngineError::Storage(other.to_string()),
+    })
+}
+
+/// Loads every run.json; corrupt ones are logged and left in place.
+fn load_all(layout: &StateLayout) -> Vec<RunRecord> {
+    let mut out = Vec::new();
+    let Ok(sessions) = std::fs::read_dir(layout.sessions()) else {
+        return out;
+    };
+    for s in sessions.flatten() {
+        let Ok(runs) = std::fs::read_dir(s.path().join("runs")) else {
+            continue;
+        };
+        for r in runs.flatten() {
+            let path = r.path().join("run.json");
+            match RunRecord::load(&path) {
+                Ok(rec) => out.push(rec),
+                Err(e) => tracing::warn!("skipping a run that cannot be loaded: {e}"),
+            }
+        }
+    }
+    out.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+    out
+}
+
+/// Whether the runner recorded in `rec` is alive (pid and start time match).
+fn runner_alive(pid: i32, start_ticks: Option<u64>) -> bool {
+    match subagent_runner::tree::read_stat(pid) {
+        Some(st) => st.state != 'Z' && start_ticks.is_none_or(|t| t == st.start_ticks),
+        None => false,
+    }
+}
+
+/// Reconciles every loaded run with reality.
+pub async fn recover(sup: &Supervisor) {
+    let layout = sup.inner.layout.clone();
+    let recs = tokio::task::spawn_blocking(move || load_all(&layout))
+        .await
+        .unwrap_or_default();
+    let (mut alive, mut ended, mut queued) = (0, 0, 0);
+    for rec in recs {
+        let state = rec.state;
+        let finalized = rec.finalized;
+        let files = rec.files();
+        let Some(slot) = sup.insert(rec.clone()) else {
+            continue;
+        };
+        if state.is_terminal() {
+            if !finalized {
+                let (sup, slot) = (sup.clone(), slot.clone());
+                tokio::spawn(async move { finish::finalize(&sup, &slot).await });
+            }
+            continue;
+        }
+        // Which runner, if any, is alive for this run?
+        let mut pid = rec.runner_pid.filter(|&p| runner_alive(p, rec.runner_start_ticks));
+        if pid.is_none() && lockfile::is_held(&files.runner_lock()) == Some(true) {
+            // Started but not yet recorded as running when the last engine
+            // stopped: the runner wrote its pid into its lock.
+            pid = lockfile::open(&files.runner_lock())
+                .ok()
+                .and_then(|mut f| lockfile::read_pid(&mut f))
+                .filter(|&p| runner_alive(p, None));
+        }
+        match (state, pid) {
+            (_, Some(pid)) => match pidfd::open(pid) {
+                Ok(fd) => {
+                    alive += 1;
+                    let fd = Arc::new(fd);
+                    {
+                        let mut r = slot.rec.lock().await;
+                        let mut next = r.clone();
+                        next.state = RunState::Running;
+                        next.runner_pid = Some(pid);
+                        next.started_at_ms = next.started_at_ms.or(Some(crate::timefmt::now_ms()));
+                        if let Err(e) = sup.persist(&mut r, next).await {
+                            tracing::error!("{e}");
+                        }
+                        slot.published.send_replace(r.clone());
+                    }
+                    *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), pid));
+                    let permit = sup.inner.slots.clone().try_acquire_owned().ok();
+                    let (sup, slot) = (sup.clone(), slot.clone());
+                    tokio::spawn(async move {
+                        launch::watch(sup, slot, fd).await;
+                        drop(permit);
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    ended += 1;
+                    let (sup, slot) = (sup.clone(), slot.clone());
+                    tokio::spawn(async move { finish::finish_run(&sup, &slot, None).await });
+                }
+            },
+            (RunState::Accepted, None) if lockfile::is_held(&files.runner_lock()).is_none() => {
+                queued += 1;
+                if let Some(id) = rec.id() {
+                    let _ = sup.inner.queue.send(id);
+                }
+            }
+            _ => {
+                ended += 1;
+                let (sup, slot) = (sup.clone(), slot.clone());
+                tokio::spawn(async move { finish::finish_run(&sup, &slot, None).await });
+            }
+        }
+    }
+    if alive + ended + queued > 0 {
+        tracing::info!(
+            still_running = alive,
+            ended_while_away = ended,
+            requeued = queued,
+            "recovered runs from the state dir"
+        );
+    }
+}

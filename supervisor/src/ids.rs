@@ -1,0 +1,162 @@
+//! Run ids and session ids: the only caller-supplied strings that become
+//! path components, so both are checked against a strict grammar first.
+
+use std::fmt;
+use std::sync::Mutex;
+
+/// A run id: `YYYYMMDDTHHMMSS.ffffffZ-xxxxxxxx` (UTC creation time to the
+/// microsecond, then 8 random hex digits). Unique, sorts by creation time
+/// and is safe as a path component.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RunId(String);
+
+/// The last timestamp handed out, so ids from one process strictly increase.
+static LAST_MICROS: Mutex<u64> = Mutex::new(0);
+
+/// Length of a run id.
+pub const RUN_ID_LEN: usize = 32;
+
+impl RunId {
+    /// A fresh id for a run created now.
+    pub fn new() -> RunId {
+        let now = crate::timefmt::now_micros();
+        let micros = match LAST_MICROS.lock() {
+            Ok(mut last) => {
+                let m = now.max(*last + 1);
+                *last = m;
+                m
+            }
+            Err(_) => now,
+        };
+        let (date, time) = crate::timefmt::civil(micros / 1_000_000);
+        RunId(format!(
+            "{:04}{:02}{:02}T{:02}{:02}{:02}.{:06}Z-{}",
+            date.0,
+            date.1,
+            date.2,
+            time.0,
+            time.1,
+            time.2,
+            micros % 1_000_000,
+            random_hex8()
+        ))
+    }
+
+    /// Accepts `s` only when it has exactly the form `new` produces.
+    pub fn parse(s: &str) -> Option<RunId> {
+        let b = s.as_bytes();
+        if b.len() != RUN_ID_LEN {
+            return None;
+        }
+        let digit = |i: usize| b[i].is_ascii_digit();
+        let hex = |i: usize| matches!(b[i], b'0'..=b'9' | b'a'..=b'f');
+        let ok = (0..8).all(digit)
+            && b[8] == b'T'
+            && (9..15).all(digit)
+            && b[15] == b'.'
+            && (16..22).all(digit)
+            && b[22] == b'Z'
+            && b[23] == b'-'
+            && (24..32).all(hex);
+        ok.then(|| RunId(s.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for RunId {
+    fn default() -> Self {
+        RunId::new()
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Eight random lowercase hex digits, from the kernel's CSPRNG.
+pub fn random_hex8() -> String {
+    let mut buf = [0u8; 4];
+    fill_random(&mut buf);
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn fill_random(buf: &mut [u8]) {
+    // SAFETY: getrandom writes at most buf.len() bytes into buf, which is a
+    // valid, exclusively borrowed buffer of that length.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n != buf.len() as isize {
+        // getrandom with a small buffer only fails before the pool is
+        // initialised; fall back to the clock so ids stay distinct.
+        let t = crate::timefmt::now_micros().to_le_bytes();
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = t[i % t.len()] ^ (std::process::id() as u8);
+        }
+    }
+}
+
+/// Why a session id was refused.
+pub fn check_session_id(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 64 {
+        return Err("must be 1 to 64 characters".to_owned());
+    }
+    if !s
+        .bytes()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+    {
+        return Err("may only hold the characters A-Z a-z 0-9 . _ -".to_owned());
+    }
+    if s == "." || s == ".." {
+        return Err("must not be \".\" or \"..\"".to_owned());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_ids_parse_and_sort_by_creation() {
+        let ids: Vec<RunId> = (0..100).map(|_| RunId::new()).collect();
+        for id in &ids {
+            assert_eq!(RunId::parse(id.as_str()).as_ref(), Some(id), "{id}");
+        }
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(sorted, ids);
+        let mut dedup = ids.clone();
+        dedup.dedup();
+        assert_eq!(dedup.len(), ids.len());
+    }
+
+    #[test]
+    fn traversal_and_malformed_ids_are_refused() {
+        for bad in [
+            "../../etc",
+            "",
+            "20261130T055552.123456Z-a1b2c3d",
+            "20261130T055552.123456Z-a1b2c3dG",
+            "20261130T055552.123456Z/a1b2c3d4",
+            "20261130T05555..123456Z-a1b2c3d4",
+            "x0261130T055552.123456Z-a1b2c3d4",
+        ] {
+            assert!(RunId::parse(bad).is_none(), "{bad}");
+        }
+        assert!(RunId::parse("20261130T055552.123456Z-a1b2c3d4").is_some());
+    }
+
+    #[test]
+    fn session_ids() {
+        assert!(check_session_id("parent-1.a_b").is_ok());
+        assert!(check_session_id(&"a".repeat(64)).is_ok());
+        for bad in ["", ".", "..", "a/b", "a b", "é", &"a".repeat(65)] {
+            assert!(check_session_id(bad).is_err(), "{bad}");
+        }
+    }
+}

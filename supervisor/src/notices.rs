@@ -1,0 +1,146 @@
+//! Durable finished-run notices, one folder per session:
+//! `notices/pending/<ended_ms>-<run_id>.json` until taken, then moved to
+//! `notices/taken/<run_id>.json`. A notice is stored at most once per run and
+//! handed out by exactly one `take`, also across daemon restarts.
+
+use crate::paths::StateLayout;
+use crate::protocol::Notice;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use subagent_runner::atomic::{fsync_dir, write_atomic, AtomicError};
+
+/// A notice could not be stored or taken.
+#[derive(Debug, thiserror::Error)]
+pub enum NoticeError {
+    /// A file step failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The step.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// An atomic write failed.
+    #[error(transparent)]
+    Atomic(#[from] AtomicError),
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> NoticeError + 'a {
+    move |source| NoticeError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The notice folders of every session. Stores and takes are serialised by
+/// one lock; they are rare and short.
+pub struct NoticeStore {
+    layout: StateLayout,
+    lock: Mutex<()>,
+}
+
+impl NoticeStore {
+    /// A store over `layout`'s sessions.
+    pub fn new(layout: StateLayout) -> NoticeStore {
+        NoticeStore {
+            layout,
+            lock: Mutex::new(()),
+        }
+    }
+
+    fn dirs(&self, session: &str) -> (PathBuf, PathBuf) {
+        let base = self.layout.notices_dir(session);
+        (base.join("pending"), base.join("taken"))
+    }
+
+    /// Stores `notice` unless it was stored before (pending or taken).
+    /// Returns whether it was newly stored. Blocking.
+    pub fn store(&self, notice: &Notice, ended_ms: u64) -> Result<bool, NoticeError> {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (pending, taken) = self.dirs(&notice.session_id);
+        let name = format!("{ended_ms:013}-{}.json", notice.run_id);
+        if pending.join(&name).exists() || taken.join(format!("{}.json", notice.run_id)).exists()
+        {
+            return Ok(false);
+        }
+        for dir in [&pending, &taken] {
+            std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+        }
+        let mut bytes = serde_json::to_vec(notice).unwrap_or_default();
+        bytes.push(b'\n');
+        write_atomic(&pending.join(name), &bytes)?;
+        Ok(true)
+    }
+
+    /// Takes every pending notice of `session`, oldest first. Each is moved
+    /// to taken/ (durably) before it is returned, so no other take can
+    /// return it again. Blocking.
+    pub fn take(&self, session: &str) -> Result<Vec<Notice>, NoticeError> {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (pending, taken) = self.dirs(session);
+        let mut names: Vec<String> = match std::fs::read_dir(&pending) {
+            Ok(rd) => rd
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io("list", &pending)(e)),
+        };
+        names.sort();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let from = pending.join(&name);
+            let bytes = std::fs::read(&from).map_err(io("read", &from))?;
+            let Ok(notice) = serde_json::from_slice::<Notice>(&bytes) else {
+                tracing::warn!(path = %from.display(), "skipping a corrupt notice file");
+                continue;
+            };
+            let to = taken.join(format!("{}.json", notice.run_id));
+            std::fs::rename(&from, &to).map_err(io("rename", &from))?;
+            out.push(notice);
+        }
+        if !out.is_empty() {
+            fsync_dir(&pending)?;
+            fsync_dir(&taken)?;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::RunState;
+
+    fn notice(run: &str) -> Notice {
+        Notice {
+            run_id: run.into(),
+            session_id: "s".into(),
+            state: RunState::Succeeded,
+            result_path: "/x/result.md".into(),
+            ended_at: "2026-01-01T00:00:00.000Z".into(),
+        }
+    }
+
+    #[test]
+    fn each_notice_is_taken_once_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = NoticeStore::new(StateLayout {
+            root: dir.path().into(),
+        });
+        assert!(store.store(&notice("b"), 2).unwrap());
+        assert!(store.store(&notice("a"), 1).unwrap());
+        assert!(!store.store(&notice("a"), 1).unwrap());
+        let got: Vec<String> = store.take("s").unwrap().into_iter().map(|n| n.run_id).collect();
+        assert_eq!(got, ["a", "b"]);
+        assert!(store.take("s").unwrap().is_empty());
+        // Storing again after the take does not bring it back.
+        assert!(!store.store(&notice("a"), 1).unwrap());
+        assert!(store.take("s").unwrap().is_empty());
+        assert!(store.take("other").unwrap().is_empty());
+    }
+}

@@ -1,0 +1,163 @@
+//! Where things live: default socket and state dir, and the state dir's
+//! layout.
+//!
+//! ```text
+//! <state_dir>/
+//!   daemon.lock                       held by the daemon using this state dir
+//!   sessions/<session_id>/
+//!     notices/pending/<ms>-<run_id>.json   finished-run notices not yet taken
+//!     notices/taken/<run_id>.json          notices already taken
+//!     runs/<run_id>/
+//!       run.json      the durable record (atomic writes)
+//!       runner.json   the runner's input
+//!       runner.lock   held by the runner while it lives
+//!       runner.log    the runner's own stderr
+//!       exit.json     written by the runner when the run ended
+//!       child.log     the child's stdout and stderr (= log_path)
+//!       artifacts/    the child's results (= artifact_dir)
+//!       context/      what the child is given (first_message.md, ...)
+//!       delta/        where the child writes delta.json
+//!       result.md     written when the run ends (= result_path)
+//! ```
+
+use crate::ids::RunId;
+use std::path::{Path, PathBuf};
+
+/// The effective uid of this process.
+pub fn uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// `/tmp/subagentd-<uid>`: the base of children's temp dirs, and of the
+/// socket when XDG_RUNTIME_DIR is unset.
+pub fn tmp_base() -> PathBuf {
+    PathBuf::from(format!("/tmp/subagentd-{}", uid()))
+}
+
+/// The default socket: `$XDG_RUNTIME_DIR/subagentd/subagentd.sock`, else
+/// `/tmp/subagentd-<uid>/subagentd.sock`.
+pub fn default_socket() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => Path::new(&dir).join("subagentd").join("subagentd.sock"),
+        None => tmp_base().join("subagentd.sock"),
+    }
+}
+
+/// The default state dir: `$XDG_STATE_HOME/subagentd`, else
+/// `~/.local/state/subagentd`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return Path::new(&dir).join("subagentd");
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::geteuid())
+                .ok()
+                .flatten()
+                .map(|u| u.dir)
+        })
+        .unwrap_or_else(|| PathBuf::from("/"));
+    home.join(".local").join("state").join("subagentd")
+}
+
+/// The runner binary: next to the current executable.
+pub fn default_runner() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("subagent-runner")))
+        .unwrap_or_else(|| PathBuf::from("subagent-runner"))
+}
+
+/// The state dir's layout.
+#[derive(Debug, Clone)]
+pub struct StateLayout {
+    /// The state dir.
+    pub root: PathBuf,
+}
+
+impl StateLayout {
+    /// `<root>/sessions`.
+    pub fn sessions(&self) -> PathBuf {
+        self.root.join("sessions")
+    }
+    /// `<root>/sessions/<session>`.
+    pub fn session_dir(&self, session: &str) -> PathBuf {
+        self.sessions().join(session)
+    }
+    /// `<root>/sessions/<session>/runs`.
+    pub fn runs_dir(&self, session: &str) -> PathBuf {
+        self.session_dir(session).join("runs")
+    }
+    /// `<root>/sessions/<session>/runs/<run>`.
+    pub fn run_dir(&self, session: &str, run: &RunId) -> PathBuf {
+        self.runs_dir(session).join(run.as_str())
+    }
+    /// `<root>/sessions/<session>/notices`.
+    pub fn notices_dir(&self, session: &str) -> PathBuf {
+        self.session_dir(session).join("notices")
+    }
+    /// Finds a run's folder by its id alone, scanning the sessions.
+    pub fn find_run_dir(&self, run: &RunId) -> Option<PathBuf> {
+        let sessions = std::fs::read_dir(self.sessions()).ok()?;
+        sessions
+            .flatten()
+            .map(|s| s.path().join("runs").join(run.as_str()))
+            .find(|p| p.join("run.json").is_file())
+    }
+}
+
+/// The files of one run folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFiles {
+    /// The run folder.
+    pub dir: PathBuf,
+}
+
+impl RunFiles {
+    /// run.json.
+    pub fn record(&self) -> PathBuf {
+        self.dir.join("run.json")
+    }
+    /// runner.json.
+    pub fn runner_spec(&self) -> PathBuf {
+        self.dir.join("runner.json")
+    }
+    /// runner.lock.
+    pub fn runner_lock(&self) -> PathBuf {
+        self.dir.join("runner.lock")
+    }
+    /// runner.log.
+    pub fn runner_log(&self) -> PathBuf {
+        self.dir.join("runner.log")
+    }
+    /// exit.json.
+    pub fn exit(&self) -> PathBuf {
+        self.dir.join("exit.json")
+    }
+    /// child.log.
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("child.log")
+    }
+    /// artifacts/.
+    pub fn artifacts(&self) -> PathBuf {
+        self.dir.join("artifacts")
+    }
+    /// context/.
+    pub fn context(&self) -> PathBuf {
+        self.dir.join("context")
+    }
+    /// delta/.
+    pub fn delta_dir(&self) -> PathBuf {
+        self.dir.join("delta")
+    }
+    /// delta/delta.json.
+    pub fn delta(&self) -> PathBuf {
+        self.delta_dir().join("delta.json")
+    }
+    /// result.md.
+    pub fn result(&self) -> PathBuf {
+        self.dir.join("result.md")
+    }
+}

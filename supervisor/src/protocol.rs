@@ -1,0 +1,407 @@
+//! The wire protocol: JSON-RPC 2.0, one JSON object per line, both ways.
+//! docs/protocol.md describes it for client authors; keep the two in step.
+
+use policy::{Audience, Limits};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// The longest request line accepted, newline excluded: 1 MiB.
+pub const MAX_LINE: usize = 1 << 20;
+/// The largest `task` accepted: 64 KiB.
+pub const MAX_TASK: usize = 64 * 1024;
+
+/// Error codes. The JSON-RPC ones, then ours from -32000 down.
+pub mod codes {
+    /// The line is not valid JSON (or not UTF-8).
+    pub const PARSE_ERROR: i64 = -32700;
+    /// Valid JSON that is not a request object, or a line over the limit.
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// No such method.
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// A param is missing, of the wrong type, or out of range.
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// A bug or an unexpected failure inside the daemon.
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// No run has this id.
+    pub const RUN_NOT_FOUND: i64 = -32000;
+    /// The session's audience may not spawn subagents (Public).
+    pub const AUDIENCE_REFUSED: i64 = -32001;
+    /// The state dir could not record the run; nothing was started.
+    pub const STORAGE: i64 = -32002;
+    /// The run's directories could not be made safely (e.g. a symlink in
+    /// the temp dir's path); nothing was started.
+    pub const WORKSPACE: i64 = -32003;
+    /// The daemon is shutting down and accepts no new runs.
+    pub const SHUTTING_DOWN: i64 = -32004;
+}
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcError {
+    /// One of [`codes`].
+    pub code: i64,
+    /// A sentence for people; names the field or path concerned.
+    pub message: String,
+}
+
+impl RpcError {
+    /// An error with `code` and `message`.
+    pub fn new(code: i64, message: impl Into<String>) -> RpcError {
+        RpcError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// -32602 naming the offending field.
+    pub fn invalid_params(field: &str, problem: impl std::fmt::Display) -> RpcError {
+        RpcError::new(codes::INVALID_PARAMS, format!("invalid params: {field}: {problem}"))
+    }
+}
+
+/// The params of `spawn_agent`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnParams {
+    /// The parent session.
+    pub session: SessionParams,
+    /// The task: non-empty, at most 64 KiB.
+    pub task: String,
+    /// Background for the task.
+    #[serde(default)]
+    pub context: Option<String>,
+    /// The agent program's argv; non-empty.
+    pub command: Vec<String>,
+    /// Extra environment for the child.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Keep temp_dir after the run ends (default: removed).
+    #[serde(default)]
+    pub keep_temp: bool,
+}
+
+/// The parent session as `spawn_agent` names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionParams {
+    /// 1–64 characters of `[A-Za-z0-9._-]`, not "." or "..".
+    pub id: String,
+    /// `personal` or `team`; `public` is refused.
+    pub audience: Audience,
+    /// An absolute, existing directory: the child's working directory.
+    pub project_dir: PathBuf,
+}
+
+/// `{run_id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunParams {
+    /// The run.
+    pub run_id: String,
+}
+
+/// The params of `check_agent_run`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckParams {
+    /// The run.
+    pub run_id: String,
+    /// Also cancel it.
+    #[serde(default)]
+    pub cancel: bool,
+}
+
+/// The params of `wait_agent_run`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitParams {
+    /// The run.
+    pub run_id: String,
+    /// Give up after this long and return the current status; absent =
+    /// wait until the run ends.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// The params of `list_agent_runs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// Only this session's runs.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Only runs in this state.
+    #[serde(default)]
+    pub state: Option<crate::record::RunState>,
+}
+
+/// The params of `subscribe`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscribeParams {
+    /// Only this session's runs; absent = all sessions.
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+/// The params of `take_notices`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TakeParams {
+    /// The session whose notices to take.
+    pub session_id: String,
+}
+
+/// `{}`: methods without params.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
+
+/// A decoded call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    /// Start a subagent run.
+    SpawnAgent(SpawnParams),
+    /// A run's status, optionally cancelling it.
+    CheckAgentRun(CheckParams),
+    /// Wait for a run to end.
+    WaitAgentRun(WaitParams),
+    /// Cancel a run.
+    CancelAgentRun(RunParams),
+    /// List runs.
+    ListAgentRuns(ListParams),
+    /// Receive `agent_run_finished` notifications on this connection.
+    Subscribe(SubscribeParams),
+    /// Take a session's pending notices.
+    TakeNotices(TakeParams),
+    /// Liveness and version.
+    Ping,
+}
+
+/// A request: a call and the id to answer with (`None` for a JSON-RPC
+/// notification, which gets no response).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The request id; `None` when the request had no `id` member.
+    pub id: Option<Value>,
+    /// The method and its params.
+    pub call: Call,
+}
+
+/// What a line decodes to: a request, or the error to answer with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    /// A valid request.
+    Request(Request),
+    /// An invalid one: answer `error` with `id` (null when unknown).
+    Error {
+        /// The id to answer with.
+        id: Value,
+        /// The error.
+        error: RpcError,
+    },
+}
+
+fn params<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, RpcError> {
+    let value = match value {
+        Value::Null => json!({}),
+        v => v,
+    };
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            RpcError::new(codes::INVALID_PARAMS, format!("invalid params: {inner}"))
+        } else {
+            RpcError::invalid_params(&path, inner)
+        }
+    })
+}
+
+/// Decodes one line (without its newline). Never fails: a bad line turns
+/// into the error to answer with.
+pub fn decode(line: &[u8]) -> Decoded {
+    let err = |id: Value, code, msg: String| Decoded::Error {
+        id,
+        error: RpcError::new(code, msg),
+    };
+    if line.len() > MAX_LINE {
+        return err(
+            Value::Null,
+            codes::INVALID_REQUEST,
+            format!("request line exceeds the limit of {MAX_LINE} bytes (1 MiB)"),
+        );
+    }
+    let value: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => return err(Value::Null, codes::PARSE_ERROR, format!("parse error: {e}")),
+    };
+    let Value::Object(mut obj) = value else {
+        let msg = if value.is_array() {
+            "invalid request: batch requests are not supported; send one object per line"
+        } else {
+            "invalid request: expected a JSON object"
+        };
+        return err(Value::Null, codes::INVALID_REQUEST, msg.to_owned());
+    };
+    let id = obj.remove("id");
+    let reply_id = match &id {
+        None => Value::Null,
+        Some(v @ (Value::Null | Value::String(_) | Value::Number(_))) => v.clone(),
+        Some(_) => {
+            return err(
+                Value::Null,
+                codes::INVALID_REQUEST,
+                "invalid request: id must be a string, a number or null".to_owned(),
+            )
+        }
+    };
+    if obj.get("jsonrpc") != Some(&Value::String("2.0".to_owned())) {
+        return err(
+            reply_id,
+            codes::INVALID_REQUEST,
+            "invalid request: jsonrpc must be \"2.0\"".to_owned(),
+        );
+    }
+    let method = match obj.remove("method") {
+        Some(Value::String(m)) => m,
+        _ => {
+            return err(
+                reply_id,
+                codes::INVALID_REQUEST,
+                "invalid request: method must be a string".to_owned(),
+            )
+        }
+    };
+    let p = obj.remove("params").unwrap_or(Value::Null);
+    if !(p.is_object() || p.is_null()) {
+        return err(
+            reply_id,
+            codes::INVALID_PARAMS,
+            "invalid params: params must be an object".to_owned(),
+        );
+    }
+    if let Some(extra) = obj.keys().find(|k| k.as_str() != "jsonrpc") {
+        return err(
+            reply_id,
+            codes::INVALID_REQUEST,
+            format!("invalid request: unknown member `{extra}`"),
+        );
+    }
+    let call = match method.as_str() {
+        "spawn_agent" => params(p).map(Call::SpawnAgent),
+        "check_agent_run" => params(p).map(Call::CheckAgentRun),
+        "wait_agent_run" => params(p).map(Call::WaitAgentRun),
+        "cancel_agent_run" => params(p).map(Call::CancelAgentRun),
+        "list_agent_runs" => params(p).map(Call::ListAgentRuns),
+        "subscribe" => params(p).map(Call::Subscribe),
+        "take_notices" => params(p).map(Call::TakeNotices),
+        "ping" => params::<NoParams>(p).map(|_| Call::Ping),
+        other => Err(RpcError::new(
+            codes::METHOD_NOT_FOUND,
+            format!("method not found: {other}"),
+        )),
+    };
+    match call {
+        Ok(call) => Decoded::Request(Request { id, call }),
+        Err(error) => Decoded::Error {
+            id: reply_id,
+            error,
+        },
+    }
+}
+
+/// A success response line (newline included).
+pub fn response(id: &Value, result: &Value) -> Vec<u8> {
+    line(&json!({"jsonrpc": "2.0", "id": id, "result": result}))
+}
+
+/// An error response line (newline included).
+pub fn error_response(id: &Value, error: &RpcError) -> Vec<u8> {
+    line(&json!({"jsonrpc": "2.0", "id": id, "error": error}))
+}
+
+/// A notification line (newline included).
+pub fn notification(method: &str, params: &Value) -> Vec<u8> {
+    line(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
+}
+
+fn line(v: &Value) -> Vec<u8> {
+    let mut out = serde_json::to_vec(v).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// A finished-run notice: sent as the params of `agent_run_finished` and
+/// returned by `take_notices`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    /// The run.
+    pub run_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Its terminal state.
+    pub state: crate::record::RunState,
+    /// Its result.md.
+    pub result_path: PathBuf,
+    /// When it ended (RFC 3339 UTC).
+    pub ended_at: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(line: &str) -> (Value, i64, String) {
+        match decode(line.as_bytes()) {
+            Decoded::Error { id, error } => (id, error.code, error.message),
+            Decoded::Request(r) => panic!("decoded {r:?}"),
+        }
+    }
+
+    #[test]
+    fn decodes_a_spawn() {
+        let line = r#"{"jsonrpc":"2.0","id":7,"method":"spawn_agent","params":{"session":{"id":"s","audience":"team","project_dir":"/tmp"},"task":"t","command":["true"],"limits":{"wall_time_s":5}}}"#;
+        let Decoded::Request(r) = decode(line.as_bytes()) else {
+            panic!()
+        };
+        assert_eq!(r.id, Some(json!(7)));
+        let Call::SpawnAgent(p) = r.call else { panic!() };
+        assert_eq!(p.session.audience, Audience::Team);
+        assert_eq!(p.limits.wall_time_s, Some(5));
+    }
+
+    #[test]
+    fn errors_have_the_documented_codes() {
+        assert_eq!(code("{nope").1, codes::PARSE_ERROR);
+        assert_eq!(code("\u{0}").1, codes::PARSE_ERROR);
+        assert_eq!(code("[1]").1, codes::INVALID_REQUEST);
+        assert_eq!(code(r#"{"id":1,"method":"ping"}"#).1, codes::INVALID_REQUEST);
+        assert_eq!(code(r#"{"jsonrpc":"2.0","id":1,"method":"nope"}"#), (json!(1), codes::METHOD_NOT_FOUND, "method not found: nope".into()));
+        let (_, c, m) = code(r#"{"jsonrpc":"2.0","id":"a","method":"spawn_agent","params":{"session":{"id":"s","audience":"team"},"task":"t","command":["x"]}}"#);
+        assert_eq!(c, codes::INVALID_PARAMS);
+        assert!(m.contains("session") && m.contains("project_dir"), "{m}");
+        let (_, c, m) = code(r#"{"jsonrpc":"2.0","id":"a","method":"spawn_agent","params":{"session":{"id":"s","audience":"team","project_dir":"/"},"task":"t","command":"x"}}"#);
+        assert_eq!(c, codes::INVALID_PARAMS);
+        assert!(m.starts_with("invalid params: command:"), "{m}");
+        let (_, c, m) = code(r#"{"jsonrpc":"2.0","id":1,"method":"check_agent_run","params":{"run_id":"x","bogus":1}}"#);
+        assert_eq!(c, codes::INVALID_PARAMS);
+        assert!(m.contains("bogus"), "{m}");
+        let big = format!("\"{}\"", "a".repeat(MAX_LINE + 1));
+        assert_eq!(code(&big).1, codes::INVALID_REQUEST);
+    }
+
+    #[test]
+    fn notifications_have_no_id() {
+        let Decoded::Request(r) = decode(br#"{"jsonrpc":"2.0","method":"ping"}"#) else {
+            panic!()
+        };
+        assert_eq!(r.id, None);
+        assert_eq!(r.call, Call::Ping);
+    }
+}

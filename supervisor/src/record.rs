@@ -1,0 +1,295 @@
+//! run.json: the durable record of one run, rewritten atomically on every
+//! state change.
+
+use crate::ids::RunId;
+use crate::timefmt::rfc3339_ms;
+use policy::{Audience, Limits};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The version of run.json this code writes.
+pub const RECORD_FORMAT: u32 = 1;
+
+/// A run's lifecycle: `accepted` → `running` → one terminal state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Durably recorded, waiting for a slot.
+    Accepted,
+    /// Its runner is alive.
+    Running,
+    /// The agent exited with code 0.
+    Succeeded,
+    /// A non-zero exit, a signal we did not send, or a start failure.
+    Failed,
+    /// Cancelled on request.
+    Cancelled,
+    /// Its wall time passed; the whole tree was killed.
+    TimedOut,
+    /// The supervisor can no longer know the outcome; `reason` says why.
+    Lost,
+}
+
+impl RunState {
+    /// Whether the run has ended.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, RunState::Accepted | RunState::Running)
+    }
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Accepted => "accepted",
+            RunState::Running => "running",
+            RunState::Succeeded => "succeeded",
+            RunState::Failed => "failed",
+            RunState::Cancelled => "cancelled",
+            RunState::TimedOut => "timed_out",
+            RunState::Lost => "lost",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<RunState> {
+        serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
+    }
+
+    /// The exit code `subagent wait` and `subagent run` use for this state.
+    pub fn cli_exit_code(self, exit_code: Option<i32>, signal: Option<i32>) -> i32 {
+        match self {
+            RunState::Succeeded => 0,
+            RunState::Failed => match (exit_code, signal) {
+                (Some(c), _) if c != 0 => c,
+                (_, Some(s)) => 128 + s,
+                _ => 1,
+            },
+            RunState::TimedOut => 124,
+            RunState::Cancelled => 130,
+            RunState::Lost => 125,
+            RunState::Accepted | RunState::Running => 125,
+        }
+    }
+}
+
+/// Everything known about a run; the body of run.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// run.json's format version.
+    pub format: u32,
+    /// The run's id.
+    pub run_id: RunIdText,
+    /// The parent session.
+    pub session_id: String,
+    /// The parent's audience.
+    pub audience: Audience,
+    /// The child's working directory.
+    pub project_dir: PathBuf,
+    /// The task text.
+    pub task: String,
+    /// The context text, if any.
+    pub context: Option<String>,
+    /// The agent program's argv.
+    pub command: Vec<String>,
+    /// The request's extra environment.
+    pub env: BTreeMap<String, String>,
+    /// The requested limits.
+    pub limits: Limits,
+    /// Keep temp_dir after the run.
+    pub keep_temp: bool,
+    /// The current state.
+    pub state: RunState,
+    /// The exit code, when the agent exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the agent, when one did.
+    pub signal: Option<i32>,
+    /// Why the run is in its state.
+    pub reason: Option<String>,
+    /// A cancel was asked for.
+    pub cancel_requested: bool,
+    /// When the run was accepted (ms since the epoch).
+    pub created_at_ms: u64,
+    /// When the agent started.
+    pub started_at_ms: Option<u64>,
+    /// When the run ended.
+    pub ended_at_ms: Option<u64>,
+    /// The child's temp dir.
+    pub temp_dir: PathBuf,
+    /// The run folder.
+    pub run_dir: PathBuf,
+    /// The runner's pid while it lives.
+    pub runner_pid: Option<i32>,
+    /// The runner's start time in clock ticks, to tell pid reuse apart.
+    pub runner_start_ticks: Option<u64>,
+    /// child.log was cut at the output cap.
+    pub log_truncated: bool,
+    /// The run's end has been fully handled: result.md written, notice
+    /// stored, temp_dir removed. Done exactly once.
+    pub finalized: bool,
+}
+
+/// A run id as stored (validated when loaded).
+pub type RunIdText = String;
+
+/// run.json could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Reading or writing failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The step.
+        op: &'static str,
+        /// run.json.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The atomic write failed.
+    #[error(transparent)]
+    Atomic(#[from] subagent_runner::atomic::AtomicError),
+    /// The file is corrupt or truncated.
+    #[error("parse {path}: {source}")]
+    Parse {
+        /// run.json.
+        path: PathBuf,
+        /// The parse error.
+        source: serde_json::Error,
+    },
+    /// The record names a malformed run id.
+    #[error("{0}: malformed run id")]
+    BadId(PathBuf),
+}
+
+impl RunRecord {
+    /// The run's id.
+    pub fn id(&self) -> Option<RunId> {
+        RunId::parse(&self.run_id)
+    }
+
+    /// The run folder's files.
+    pub fn files(&self) -> crate::paths::RunFiles {
+        crate::paths::RunFiles {
+            dir: self.run_dir.clone(),
+        }
+    }
+
+    /// Writes run.json atomically (temp file, fsync, rename, fsync folder).
+    pub fn save(&self) -> Result<(), RecordError> {
+        let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
+        bytes.push(b'\n');
+        subagent_runner::atomic::write_atomic(&self.files().record(), &bytes)?;
+        Ok(())
+    }
+
+    /// Reads a run.json.
+    pub fn load(path: &Path) -> Result<RunRecord, RecordError> {
+        let bytes = std::fs::read(path).map_err(|source| RecordError::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let rec: RunRecord = serde_json::from_slice(&bytes).map_err(|source| RecordError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if rec.id().is_none() {
+            return Err(RecordError::BadId(path.to_path_buf()));
+        }
+        Ok(rec)
+    }
+
+    /// The status object the protocol returns for this run.
+    pub fn status(&self) -> RunStatus {
+        let files = self.files();
+        RunStatus {
+            run_id: self.run_id.clone(),
+            session_id: self.session_id.clone(),
+            state: self.state,
+            exit_code: self.exit_code,
+            signal: self.signal,
+            reason: self.reason.clone(),
+            created_at: rfc3339_ms(self.created_at_ms),
+            started_at: self.started_at_ms.map(rfc3339_ms),
+            ended_at: self.ended_at_ms.map(rfc3339_ms),
+            temp_dir: self.temp_dir.clone(),
+            artifact_dir: files.artifacts(),
+            log_path: files.log(),
+            result_path: files.result(),
+            project_dir: self.project_dir.clone(),
+            command: self.command.clone(),
+            cancel_requested: self.cancel_requested,
+            log_truncated: self.log_truncated,
+        }
+    }
+}
+
+/// A run's status as check_agent_run, wait_agent_run and list_agent_runs
+/// return it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunStatus {
+    /// The run's id.
+    pub run_id: String,
+    /// The parent session.
+    pub session_id: String,
+    /// The current state.
+    pub state: RunState,
+    /// The agent's exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the agent, when one did.
+    pub signal: Option<i32>,
+    /// Why the run is in its state.
+    pub reason: Option<String>,
+    /// When it was accepted (RFC 3339 UTC).
+    pub created_at: String,
+    /// When the agent started.
+    pub started_at: Option<String>,
+    /// When the run ended.
+    pub ended_at: Option<String>,
+    /// The child's temp dir (removed at the end unless kept).
+    pub temp_dir: PathBuf,
+    /// The child's artifact dir.
+    pub artifact_dir: PathBuf,
+    /// child.log.
+    pub log_path: PathBuf,
+    /// result.md (exists once the run has ended).
+    pub result_path: PathBuf,
+    /// The child's working directory.
+    pub project_dir: PathBuf,
+    /// The agent program's argv.
+    pub command: Vec<String>,
+    /// A cancel was asked for.
+    pub cancel_requested: bool,
+    /// child.log was cut at the output cap.
+    pub log_truncated: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_exit_codes() {
+        assert_eq!(RunState::Succeeded.cli_exit_code(Some(0), None), 0);
+        assert_eq!(RunState::Failed.cli_exit_code(Some(3), None), 3);
+        assert_eq!(RunState::Failed.cli_exit_code(None, Some(9)), 137);
+        assert_eq!(RunState::TimedOut.cli_exit_code(None, Some(9)), 124);
+        assert_eq!(RunState::Cancelled.cli_exit_code(None, None), 130);
+        assert_eq!(RunState::Lost.cli_exit_code(None, None), 125);
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for s in [
+            RunState::Accepted,
+            RunState::Running,
+            RunState::Succeeded,
+            RunState::Failed,
+            RunState::Cancelled,
+            RunState::TimedOut,
+            RunState::Lost,
+        ] {
+            assert_eq!(RunState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(RunState::parse("done"), None);
+    }
+}

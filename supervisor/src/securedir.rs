@@ -1,0 +1,238 @@
+//! Private directories under shared parents (/tmp) without following
+//! symlinks: every component is created or opened relative to its parent's
+//! descriptor with O_NOFOLLOW and checked (a directory, owned by us, not
+//! writable by group or others) before the next one is made inside it.
+
+use nix::errno::Errno;
+use nix::fcntl::{open, openat, OFlag};
+use nix::sys::stat::{fstat, mkdirat, Mode};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// Why a private directory could not be made or trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum SecureDirError {
+    /// A component is a symlink; it is never followed.
+    #[error("{0}: is a symlink; refusing to follow it")]
+    Symlink(PathBuf),
+    /// A component exists but is not a directory.
+    #[error("{0}: exists and is not a directory")]
+    NotDir(PathBuf),
+    /// A component belongs to someone else.
+    #[error("{path}: owned by uid {owner}, expected uid {expected}")]
+    WrongOwner {
+        /// The component.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// Our uid.
+        expected: u32,
+    },
+    /// A component is writable by group or others.
+    #[error("{path}: mode {mode:o} is writable by group or others")]
+    Writable {
+        /// The component.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A system call failed.
+    #[error("{op} {path}: {errno}")]
+    Sys {
+        /// The operation.
+        op: &'static str,
+        /// The component.
+        path: PathBuf,
+        /// The errno.
+        errno: Errno,
+    },
+    /// A name is empty, "." or "..", or holds a slash.
+    #[error("{0:?}: not a single path component")]
+    BadName(String),
+}
+
+/// An open, verified private directory.
+pub struct PrivateDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+fn sys<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> SecureDirError + 'a {
+    move |errno| SecureDirError::Sys {
+        op,
+        path: path.to_path_buf(),
+        errno,
+    }
+}
+
+fn check_name(name: &str) -> Result<(), SecureDirError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0')
+    {
+        return Err(SecureDirError::BadName(name.to_owned()));
+    }
+    Ok(())
+}
+
+impl PrivateDir {
+    /// Opens `dir` (an existing directory the caller trusts, e.g. /tmp).
+    pub fn open_trusted(dir: &Path) -> Result<PrivateDir, SecureDirError> {
+        let fd = open(
+            dir,
+            OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .map_err(sys("open", dir))?;
+        Ok(PrivateDir {
+            fd,
+            path: dir.to_path_buf(),
+        })
+    }
+
+    /// The directory's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Creates `name` (mode 0700) inside this directory unless it exists,
+    /// then opens it without following symlinks and verifies it.
+    pub fn ensure_child(&self, name: &str, owner: u32) -> Result<PrivateDir, SecureDirError> {
+        check_name(name)?;
+        let path = self.path.join(name);
+        match mkdirat(self.fd.as_fd(), name, Mode::S_IRWXU) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(sys("mkdir", &path)(e)),
+        }
+        self.open_verified(name, path, owner)
+    }
+
+    /// Creates `name` (mode 0700) inside this directory; fails with EEXIST
+    /// when it exists already.
+    pub fn create_child(&self, name: &str, owner: u32) -> Result<PrivateDir, SecureDirError> {
+        check_name(name)?;
+        let path = self.path.join(name);
+        mkdirat(self.fd.as_fd(), name, Mode::S_IRWXU).map_err(sys("mkdir", &path))?;
+        self.open_verified(name, path, owner)
+    }
+
+    fn open_verified(
+        &self,
+        name: &str,
+        path: PathBuf,
+        owner: u32,
+    ) -> Result<PrivateDir, SecureDirError> {
+        let fd = match openat(
+            self.fd.as_fd(),
+            name,
+            OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP) => return Err(SecureDirError::Symlink(path)),
+            Err(Errno::ENOTDIR) => return Err(SecureDirError::NotDir(path)),
+            Err(e) => return Err(sys("open", &path)(e)),
+        };
+        let st = fstat(&fd).map_err(sys("stat", &path))?;
+        if st.st_uid != owner {
+            return Err(SecureDirError::WrongOwner {
+                path,
+                owner: st.st_uid,
+                expected: owner,
+            });
+        }
+        let mode = st.st_mode & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(SecureDirError::Writable { path, mode });
+        }
+        Ok(PrivateDir { fd, path })
+    }
+}
+
+/// Makes `<parent>/<name>` a private directory, creating it if needed,
+/// where `parent` itself is trusted. Returns its path.
+pub fn ensure_private_dir(parent: &Path, name: &str) -> Result<PathBuf, SecureDirError> {
+    let owner = crate::paths::uid();
+    let dir = PrivateDir::open_trusted(parent)?.ensure_child(name, owner)?;
+    Ok(dir.path)
+}
+
+/// Creates a child's temp dir `<base>/<session>/c<8 hex>` (base =
+/// /tmp/subagentd-<uid>), verifying each component. Returns its path.
+pub fn make_temp_dir(base: &Path, session: &str) -> Result<PathBuf, SecureDirError> {
+    let owner = crate::paths::uid();
+    let (parent, name) = split(base)?;
+    let base_dir = PrivateDir::open_trusted(&parent)?.ensure_child(&name, owner)?;
+    let session_dir = base_dir.ensure_child(session, owner)?;
+    loop {
+        let leaf = format!("c{}", crate::ids::random_hex8());
+        match session_dir.create_child(&leaf, owner) {
+            Ok(dir) => return Ok(dir.path),
+            Err(SecureDirError::Sys {
+                errno: Errno::EEXIST,
+                ..
+            }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn split(path: &Path) -> Result<(PathBuf, String), SecureDirError> {
+    let bad = || SecureDirError::BadName(path.display().to_string());
+    let parent = path.parent().ok_or_else(bad)?.to_path_buf();
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(bad)?;
+    Ok((parent, name.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn creates_private_dirs_and_refuses_symlinks() {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().join("subagentd-test");
+        let t = make_temp_dir(&base, "sess").unwrap();
+        assert!(t.starts_with(base.join("sess")));
+        let name = t.file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with('c') && name.len() == 9, "{name}");
+        let mode = std::fs::metadata(&t).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+
+        // A symlink in place of the session dir is refused.
+        let elsewhere = root.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, base.join("evil")).unwrap();
+        let err = make_temp_dir(&base, "evil").unwrap_err();
+        assert!(matches!(err, SecureDirError::Symlink(_)), "{err}");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+
+        // A symlink in place of the base is refused too.
+        let base2 = root.path().join("subagentd-link");
+        std::os::unix::fs::symlink(&elsewhere, &base2).unwrap();
+        assert!(matches!(
+            make_temp_dir(&base2, "s").unwrap_err(),
+            SecureDirError::Symlink(_)
+        ));
+    }
+
+    #[test]
+    fn group_writable_component_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().join("b");
+        std::fs::create_dir(&base).unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = make_temp_dir(&base, "s").unwrap_err();
+        assert!(matches!(err, SecureDirError::Writable { .. }), "{err}");
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        for bad in ["..", ".", "a/b", ""] {
+            assert!(matches!(
+                make_temp_dir(root.path(), bad).unwrap_err(),
+                SecureDirError::BadName(_)
+            ));
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! One handler per connection: reads request lines (at most 1 MiB each),
+//! runs requests concurrently (responses carry their ids, so they may be
+//! pipelined), writes responses and notifications through one writer.
+
+use super::dispatch;
+use crate::engine::Supervisor;
+use crate::protocol::{self, codes, Call, Decoded, RpcError, MAX_LINE};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::{broadcast, mpsc, Notify, Semaphore};
+use tokio::task::JoinSet;
+
+/// Outgoing lines buffered per connection; a subscriber that lets this
+/// fill up is disconnected rather than slowing anyone else.
+const OUTBOX: usize = 1024;
+/// Requests in flight per connection; more wait for one to finish.
+const IN_FLIGHT: usize = 64;
+
+enum Line {
+    Complete,
+    TooLong,
+    Eof,
+}
+
+/// Reads one line into `buf` (without the newline). Cancel-safe: partial
+/// data stays in `buf` until a line completes.
+async fn read_line(
+    r: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Line> {
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            return Ok(if buf.is_empty() { Line::Eof } else { Line::Complete });
+        }
+        match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                let fits = buf.len() + i <= MAX_LINE;
+                if fits {
+                    buf.extend_from_slice(&avail[..i]);
+                }
+                r.consume(i + 1);
+                return Ok(if fits { Line::Complete } else { Line::TooLong });
+            }
+            None => {
+                let n = avail.len();
+                if buf.len() + n > MAX_LINE {
+                    r.consume(n);
+                    return Ok(Line::TooLong);
+                }
+                buf.extend_from_slice(avail);
+                r.consume(n);
+            }
+        }
+    }
+}
+
+/// Serves one connection until the peer closes it, it breaks the rules, or
+/// the daemon shuts down.
+pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast::Receiver<()>) {
+    let (rd, mut wr) = stream.into_split();
+    let mut reader = BufReader::with_capacity(64 * 1024, rd);
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
+    let writer = tokio::spawn(async move {
+        while let Some(buf) = rx.recv().await {
+            if wr.write_all(&buf).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    let close = Arc::new(Notify::new());
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut requests = JoinSet::new();
+    let mut subscriptions = JoinSet::new();
+    let mut buf = Vec::new();
+    loop {
+        tokio::select! {
+            line = read_line(&mut reader, &mut buf) => match line {
+                Ok(Line::Complete) => {
+                    let line = std::mem::take(&mut buf);
+                    match protocol::decode(&line) {
+                        Decoded::Error { id, error } => {
+                            if tx.send(protocol::error_response(&id, &error)).await.is_err() {
+                                break;
+                            }
+                        }
+                        Decoded::Request(req) => {
+                            let reply_id = req.id.clone();
+                            if let Call::Subscribe(p) = req.call {
+                                let result = subscribe(&sup, p.session_id, &tx, &close, &mut subscriptions);
+                                if let Some(id) = reply_id {
+                                    let line = match result {
+                                        Ok(v) => protocol::response(&id, &v),
+                                        Err(e) => protocol::error_response(&id, &e),
+                                    };
+                                    if tx.send(line).await.is_err() {
+                                        break;
+                                    }
+                                }
+                                continue;
+                            }
+                            let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
+                            let (sup, tx) = (sup.clone(), tx.clone());
+                            requests.spawn(async move {
+                                let result = dispatch::execute(&sup, req.call).await;
+                                if let Some(id) = reply_id {
+                                    let line = match result {
+                                        Ok(v) => protocol::response(&id, &v),
+                                        Err(e) => protocol::error_response(&id, &e),
+                                    };
+                                    let _ = tx.send(line).await;
+                                }
+                                drop(permit);
+                            });
+                        }
+                    }
+                }
+                Ok(Line::TooLong) => {
+                    let e = RpcError::new(
+                        codes::INVALID_REQUEST,
+                        format!("request line exceeds the limit of {MAX_LINE} bytes (1 MiB); closing the connection"),
+                    );
+                    let _ = tx.send(protocol::error_response(&Value::Null, &e)).await;
+                    break;
+                }
+                Ok(Line::Eof) | Err(_) => break,
+            },
+            Some(_) = requests.join_next(), if !requests.is_empty() => {}
+            _ = close.notified() => break,
+            _ = shutdown.recv() => break,
+        }
+    }
+    subscriptions.abort_all();
+    // Answer what is in flight unless the peer is gone.
+    tokio::select! {
+        _ = async { while requests.join_next().await.is_some() {} } => {}
+        _ = tx.closed() => requests.abort_all(),
+        _ = shutdown.recv() => requests.abort_all(),
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+/// Starts forwarding finished-run notices (of one session, or all) to this
+/// connection.
+fn subscribe(
+    sup: &Supervisor,
+    session: Option<String>,
+    tx: &mpsc::Sender<Vec<u8>>,
+    close: &Arc<Notify>,
+    tasks: &mut JoinSet<()>,
+) -> Result<Value, RpcError> {
+    if let Some(s) = &session {
+        crate::ids::check_session_id(s).map_err(|e| RpcError::invalid_params("session_id", e))?;
+    }
+    let mut rx = sup.subscribe();
+    let (tx, close) = (tx.clone(), close.clone());
+    let filter = session.clone();
+    tasks.spawn(async move {
+        loop {
+            match rx.recv().await {
+                Ok(n) => {
+                    if filter.as_ref().is_some_and(|s| *s != n.session_id) {
+                        continue;
+                    }
+                    let params = serde_json::to_value(&n).unwrap_or(Value::Null);
+                    let line = protocol::notification("agent_run_finished", &params);
+                    if tx.try_send(line).is_err() {
+                        tracing::warn!("dropping a subscriber that does not read its notifications");
+                        close.notify_one();
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "dropping a subscriber that fell behind");
+                    close.notify_one();
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    Ok(json!({ "subscribed": true, "session_id": session }))
+}

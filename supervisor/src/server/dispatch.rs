@@ -1,0 +1,64 @@
+//! One call to the engine per request; the result as JSON.
+
+use crate::engine::Supervisor;
+use crate::ids::RunId;
+use crate::protocol::{Call, RpcError};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn run_id(s: &str) -> Result<RunId, RpcError> {
+    RunId::parse(s).ok_or_else(|| RpcError::invalid_params("run_id", format!("{s:?} is not a run id")))
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// Executes `call` (every method but `subscribe`, which belongs to the
+/// connection).
+pub async fn execute(sup: &Supervisor, call: Call) -> Result<Value, RpcError> {
+    let r = |e: crate::engine::EngineError| RpcError::from(&e);
+    match call {
+        Call::SpawnAgent(p) => {
+            let id = sup.spawn(p).await.map_err(r)?;
+            Ok(json!({"run_id": id.as_str(), "state": "accepted"}))
+        }
+        Call::CheckAgentRun(p) => {
+            let id = run_id(&p.run_id)?;
+            let status = if p.cancel {
+                sup.cancel(&id).await.map_err(r)?
+            } else {
+                sup.status(&id).map_err(r)?
+            };
+            Ok(to_value(&status))
+        }
+        Call::WaitAgentRun(p) => {
+            let id = run_id(&p.run_id)?;
+            let status = sup
+                .wait(&id, p.timeout_ms.map(Duration::from_millis))
+                .await
+                .map_err(r)?;
+            Ok(to_value(&status))
+        }
+        Call::CancelAgentRun(p) => {
+            let id = run_id(&p.run_id)?;
+            Ok(to_value(&sup.cancel(&id).await.map_err(r)?))
+        }
+        Call::ListAgentRuns(p) => {
+            let runs = sup.list(p.session_id.as_deref(), p.state);
+            Ok(json!({ "runs": runs }))
+        }
+        Call::TakeNotices(p) => {
+            let notices = sup.take_notices(&p.session_id).await.map_err(r)?;
+            Ok(json!({ "notices": notices }))
+        }
+        Call::Ping => Ok(json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+        })),
+        Call::Subscribe(_) => Err(RpcError::new(
+            crate::protocol::codes::INTERNAL_ERROR,
+            "subscribe is handled by the connection",
+        )),
+    }
+}
