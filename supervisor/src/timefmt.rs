@@ -44,6 +44,27 @@ pub fn rfc3339_ms(ms: u64) -> String {
     )
 }
 
+/// Parses the RFC 3339 form [`rfc3339_ms`] writes back to ms since the epoch.
+pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    if b.len() != 24 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[23] != b'Z' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec, ms) = (num(11..13)?, num(14..16)?, num(17..19)?, num(20..23)?);
+    // Howard Hinnant's days-from-civil algorithm.
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let total = ((days * 86_400 + h * 3600 + mi * 60 + sec) * 1000) + ms;
+    u64::try_from(total).ok()
+}
+
 /// A short human duration: `850ms`, `12.3s`, `4m05s`, `2h03m`.
 pub fn human_duration(ms: u64) -> String {
     if ms < 1000 {
@@ -67,6 +88,14 @@ mod tests {
         assert_eq!(rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339_ms(1_796_018_409_474), "2026-11-30T06:00:09.474Z");
         assert_eq!(rfc3339_ms(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn parses_what_it_formats() {
+        for ms in [0, 951_782_400_000, 1_796_018_409_474, 4_102_444_799_999] {
+            assert_eq!(parse_rfc3339_ms(&rfc3339_ms(ms)), Some(ms));
+        }
+        assert_eq!(parse_rfc3339_ms("2026-11-30 06:00:09Z"), None);
     }
 
     #[test]

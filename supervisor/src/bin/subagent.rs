@@ -1,1 +1,5 @@
-fn main(){}
+//! `subagent`: the command-line client of subagentd.
+
+fn main() -> std::process::ExitCode {
+    subagentd::cli::main()
+}

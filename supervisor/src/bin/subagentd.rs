@@ -1,1 +1,120 @@
-fn main(){}
+//! `subagentd`: the supervisor daemon. Runs in the foreground; serves the
+//! control socket until SIGTERM or SIGINT, then removes the socket and exits.
+//! Running children are left running: their runners do not need the daemon.
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+use std::path::PathBuf;
+use subagentd::engine::{Config, Supervisor};
+use tokio::signal::unix::{signal, SignalKind};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The subagentd daemon.
+#[derive(Debug, Parser)]
+#[command(name = "subagentd", version, about = "Supervisor for sandboxed AI subagents")]
+struct Args {
+    /// The control socket.
+    #[arg(long, env = "SUBAGENTD_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// The state dir.
+    #[arg(long, env = "SUBAGENTD_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// At most this many children at once (default: 2 × CPU cores).
+    #[arg(long, value_name = "N")]
+    max_concurrent: Option<usize>,
+    /// The subagent-runner binary (default: next to this executable).
+    #[arg(long, env = "SUBAGENTD_RUNNER", value_name = "PATH")]
+    runner: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let socket_path = args.socket.unwrap_or_else(subagentd::paths::default_socket);
+    let state_dir = args.state_dir.unwrap_or_else(subagentd::paths::default_state_dir);
+    let mut cfg = Config::new(state_dir.clone());
+    if let Some(n) = args.max_concurrent {
+        anyhow::ensure!(n > 0, "--max-concurrent must be at least 1");
+        cfg.max_concurrent = n;
+    }
+    if let Some(r) = args.runner {
+        cfg.runner = r;
+    }
+    anyhow::ensure!(
+        cfg.runner.is_file(),
+        "the runner {} does not exist (give --runner)",
+        cfg.runner.display()
+    );
+    let bound = subagentd::server::socket::bind_socket(&socket_path)
+        .with_context(|| format!("setting up the socket {}", socket_path.display()))?;
+    let sup = Supervisor::start(cfg.clone())
+        .await
+        .with_context(|| format!("opening the state dir {}", state_dir.display()))?;
+    tracing::info!(
+        socket = %socket_path.display(),
+        state_dir = %state_dir.display(),
+        max_concurrent = cfg.max_concurrent,
+        pid = std::process::id(),
+        "subagentd listening"
+    );
+    subagentd::server::serve(sup, &bound, shutdown_signal())
+        .await
+        .context("serving the socket")?;
+    drop(bound);
+    tracing::info!("socket removed; running children keep running");
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    init_tracing(args.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("subagentd: starting the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(run(args));
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("subagentd: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

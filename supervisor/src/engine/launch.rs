@@ -7,6 +7,7 @@ use crate::paths::RunFiles;
 use crate::record::RunState;
 use nix::sys::signal::{sigprocmask, SigmaskHow};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -37,6 +38,7 @@ pub fn start_runner(runner: &Path, files: &RunFiles) -> Result<Launched, String>
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(files.runner_log())
         .map_err(|e| format!("open {}: {e}", files.runner_log().display()))?;
     let log2 = log

@@ -1,0 +1,215 @@
+//! The commands that talk to the daemon, and `logs`.
+
+use super::{follow, show, Command, RunArgs, EXIT_STILL_RUNNING};
+use crate::client::{Client, ClientError};
+use crate::ids::RunId;
+use crate::paths::StateLayout;
+use crate::protocol::{SessionParams, SpawnParams};
+use crate::record::{RunState, RunStatus};
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Where the client looks.
+pub struct Ctx {
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    /// The state dir.
+    pub state_dir: PathBuf,
+    /// Print JSON.
+    pub json: bool,
+    /// The state dir was given explicitly.
+    pub explicit_state_dir: bool,
+}
+
+impl Ctx {
+    fn client(&self) -> Result<Client> {
+        Ok(Client::connect(&self.socket)?)
+    }
+
+    fn call(&self, method: &str, params: Value) -> Result<Value> {
+        Ok(self.client()?.call(method, params)?)
+    }
+}
+
+/// The spawn params for `args` (the session defaults to `default_session`).
+pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams> {
+    let project_dir = match &args.project_dir {
+        Some(d) => std::path::absolute(d).with_context(|| format!("project dir {}", d.display()))?,
+        None => std::env::current_dir().context("current directory")?,
+    };
+    let audience = serde_json::from_value(json!(args.audience))
+        .map_err(|_| anyhow!("--audience must be personal or team, not {:?}", args.audience))?;
+    let mut env = BTreeMap::new();
+    for kv in &args.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--env {kv:?}: expected NAME=VALUE"))?;
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(SpawnParams {
+        session: SessionParams {
+            id: args.session.clone().unwrap_or_else(|| default_session.to_owned()),
+            audience,
+            project_dir,
+        },
+        task: args.task.clone(),
+        context: args.context.clone(),
+        command: args.command.clone(),
+        env,
+        limits: policy::Limits {
+            wall_time_s: args.wall_time,
+            output_mb: args.output_mb,
+            ..Default::default()
+        },
+        keep_temp: args.keep_temp,
+    })
+}
+
+fn print_status(ctx: &Ctx, v: &Value) -> Result<RunStatus> {
+    let status: RunStatus = serde_json::from_value(v.clone()).context("bad status from the daemon")?;
+    if ctx.json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else {
+        print!("{}", show::status_block(&status));
+    }
+    Ok(status)
+}
+
+/// The exit code for a status `wait` returned.
+pub fn wait_exit_code(s: &RunStatus) -> u8 {
+    if !s.state.is_terminal() {
+        return EXIT_STILL_RUNNING;
+    }
+    (s.state.cli_exit_code(s.exit_code, s.signal) & 0xff) as u8
+}
+
+fn wait(ctx: &Ctx, run: &str, timeout: Option<f64>) -> Result<u8> {
+    let mut params = json!({ "run_id": run });
+    if let Some(t) = timeout {
+        if !(t.is_finite() && t >= 0.0) {
+            bail!("--timeout must be a number of seconds");
+        }
+        params["timeout_ms"] = json!((t * 1000.0) as u64);
+    }
+    let v = ctx.call("wait_agent_run", params)?;
+    let status = print_status(ctx, &v)?;
+    Ok(wait_exit_code(&status))
+}
+
+/// Finds a run's folder: from the daemon when it answers, else by scanning
+/// the state dir.
+fn run_dir(ctx: &Ctx, run: &str) -> Result<PathBuf> {
+    let id = RunId::parse(run).ok_or_else(|| anyhow!("{run:?} is not a run id"))?;
+    match ctx.call("check_agent_run", json!({ "run_id": run })) {
+        Ok(v) => {
+            let status: RunStatus = serde_json::from_value(v)?;
+            if let Some(dir) = status.log_path.parent() {
+                return Ok(dir.to_path_buf());
+            }
+        }
+        Err(e) => {
+            if let Some(ClientError::Rpc(r)) = e.downcast_ref::<ClientError>() {
+                if r.code != crate::protocol::codes::RUN_NOT_FOUND {
+                    bail!("{e}");
+                }
+            }
+        }
+    }
+    StateLayout {
+        root: ctx.state_dir.clone(),
+    }
+    .find_run_dir(&id)
+    .ok_or_else(|| {
+        anyhow!(
+            "run {run} not found (asked the daemon at {}, looked in {})",
+            ctx.socket.display(),
+            ctx.state_dir.display()
+        )
+    })
+}
+
+/// Runs one of the socket commands (or `logs`); returns the exit code.
+pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
+    match cmd {
+        Command::Spawn { run, wait: w } => {
+            let params = spawn_params(&run, "default")?;
+            let v = ctx.call("spawn_agent", serde_json::to_value(&params)?)?;
+            let id = v["run_id"].as_str().ok_or_else(|| anyhow!("no run_id in {v}"))?.to_owned();
+            if ctx.json && !w {
+                println!("{v}");
+            } else {
+                println!("{id}");
+            }
+            if w {
+                return wait(ctx, &id, None);
+            }
+            Ok(0)
+        }
+        Command::Check { run } => {
+            let v = ctx.call("check_agent_run", json!({ "run_id": run }))?;
+            print_status(ctx, &v)?;
+            Ok(0)
+        }
+        Command::Wait { run, timeout } => wait(ctx, &run, timeout),
+        Command::Cancel { run } => {
+            let v = ctx.call("cancel_agent_run", json!({ "run_id": run }))?;
+            print_status(ctx, &v)?;
+            Ok(0)
+        }
+        Command::Ls { session, state } => {
+            if let Some(s) = &state {
+                RunState::parse(s).ok_or_else(|| anyhow!("--state {s:?} is not a run state"))?;
+            }
+            let v = ctx.call("list_agent_runs", json!({ "session_id": session, "state": state }))?;
+            if ctx.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let runs: Vec<RunStatus> = serde_json::from_value(v["runs"].clone())?;
+                print!("{}", show::table(&runs));
+            }
+            Ok(0)
+        }
+        Command::Notices { session } => {
+            let v = ctx.call("take_notices", json!({ "session_id": session }))?;
+            if ctx.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let notices: Vec<crate::protocol::Notice> = serde_json::from_value(v["notices"].clone())?;
+                for n in notices {
+                    println!("{}  {:<9}  {}  {}", n.ended_at, n.state.as_str(), n.run_id, n.result_path.display());
+                }
+            }
+            Ok(0)
+        }
+        Command::Logs { run, follow: f, tail } => {
+            let dir = run_dir(ctx, &run)?;
+            let from = match tail {
+                Some(n) => follow::tail_offset(&dir.join("child.log"), n).unwrap_or(0),
+                None => 0,
+            };
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            match follow::print_log(&dir, from, f, &mut out) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+                other => other.map(|_| 0).with_context(|| format!("reading {}", dir.join("child.log").display())),
+            }
+        }
+        Command::Ping => {
+            let v = ctx.call("ping", json!({}))?;
+            if ctx.json {
+                println!("{v}");
+            } else {
+                println!(
+                    "subagentd {} (pid {}) at {}",
+                    v["version"].as_str().unwrap_or("?"),
+                    v["pid"],
+                    ctx.socket.display()
+                );
+            }
+            Ok(0)
+        }
+        Command::Run { .. } => bail!("run is handled separately"),
+    }
+}

@@ -1,0 +1,144 @@
+//! Reading a run's child.log from the file itself, so it works for ended
+//! runs and while the daemon is down. Following stops once the run has
+//! ended and everything it wrote has been printed.
+
+use crate::record::RunRecord;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsFd;
+use std::path::Path;
+
+/// Whether the run in `dir` has ended, judged from its files alone: the
+/// runner wrote exit.json (after the last byte of the log), run.json is in
+/// a terminal state, or the runner's lock was released without an
+/// exit.json (the runner died).
+pub fn run_ended(dir: &Path) -> bool {
+    if dir.join("exit.json").exists() {
+        return true;
+    }
+    if RunRecord::load(&dir.join("run.json")).is_ok_and(|r| r.state.is_terminal()) {
+        return true;
+    }
+    crate::engine::lockfile::is_held(&dir.join("runner.lock")) == Some(false)
+}
+
+/// The byte offset where the last `n` lines of `path` begin.
+pub fn tail_offset(path: &Path, n: usize) -> std::io::Result<u64> {
+    let mut f = File::open(path)?;
+    let len = f.metadata()?.len();
+    if n == 0 {
+        return Ok(len);
+    }
+    let mut pos = len;
+    let mut newlines = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    // A final newline ends the last line; it does not start a new one.
+    let mut skip_last = true;
+    while pos > 0 {
+        let take = (pos as usize).min(buf.len());
+        pos -= take as u64;
+        f.seek(SeekFrom::Start(pos))?;
+        f.read_exact(&mut buf[..take])?;
+        for i in (0..take).rev() {
+            if buf[i] == b'\n' {
+                if skip_last && pos + i as u64 == len - 1 {
+                    continue;
+                }
+                newlines += 1;
+                if newlines == n {
+                    return Ok(pos + i as u64 + 1);
+                }
+            }
+            skip_last = false;
+        }
+    }
+    Ok(0)
+}
+
+fn copy_from(f: &mut File, out: &mut dyn Write, buf: &mut [u8]) -> std::io::Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = f.read(buf)?;
+        if n == 0 {
+            out.flush()?;
+            return Ok(total);
+        }
+        out.write_all(&buf[..n])?;
+        total += n as u64;
+    }
+}
+
+/// Prints child.log of the run in `dir` from byte `from`; with `follow`,
+/// keeps printing what is appended until the run has ended and the log is
+/// drained.
+pub fn print_log(dir: &Path, from: u64, follow: bool, out: &mut dyn Write) -> std::io::Result<()> {
+    let log = dir.join("child.log");
+    let mut buf = vec![0u8; 256 * 1024];
+    let inotify = if follow {
+        Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .and_then(|i| {
+                i.add_watch(
+                    dir,
+                    AddWatchFlags::IN_MODIFY
+                        | AddWatchFlags::IN_CREATE
+                        | AddWatchFlags::IN_MOVED_TO
+                        | AddWatchFlags::IN_CLOSE_WRITE
+                        | AddWatchFlags::IN_ATTRIB,
+                )
+                .map(|_| i)
+            })
+            .ok()
+    } else {
+        None
+    };
+    let mut file: Option<File> = None;
+    loop {
+        if file.is_none() {
+            if let Ok(mut f) = File::open(&log) {
+                f.seek(SeekFrom::Start(from))?;
+                file = Some(f);
+            }
+        }
+        // Check for the end before draining: whatever the run wrote before
+        // it ended is then certainly read below.
+        let ended = !follow || run_ended(dir);
+        if let Some(f) = file.as_mut() {
+            copy_from(f, out, &mut buf)?;
+        }
+        if ended {
+            return Ok(());
+        }
+        match &inotify {
+            Some(i) => {
+                let mut fds = [PollFd::new(i.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(&mut fds, PollTimeout::from(250u16));
+                while let Ok(events) = i.read_events() {
+                    if events.is_empty() {
+                        break;
+                    }
+                }
+            }
+            None => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l");
+        std::fs::write(&p, "a\nb\nc\n").unwrap();
+        assert_eq!(tail_offset(&p, 1).unwrap(), 4);
+        assert_eq!(tail_offset(&p, 2).unwrap(), 2);
+        assert_eq!(tail_offset(&p, 5).unwrap(), 0);
+        assert_eq!(tail_offset(&p, 0).unwrap(), 6);
+        std::fs::write(&p, "a\nb\nno newline").unwrap();
+        assert_eq!(tail_offset(&p, 1).unwrap(), 4);
+    }
+}

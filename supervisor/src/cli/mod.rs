@@ -1,0 +1,171 @@
+//! The `subagent` command: a client of the daemon's socket, plus `logs`
+//! (which reads files directly) and `run` (which embeds the engine when no
+//! daemon answers).
+//!
+//! - [`follow`]: printing and following child.log from the file.
+//! - [`show`]: human output (status blocks, the `ls` table).
+//! - [`commands`]: the socket commands.
+//! - [`run`]: `subagent run`, for CI.
+
+pub mod commands;
+pub mod follow;
+pub mod run;
+pub mod show;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Exit code of `wait` when `--timeout` passed before the run ended.
+pub const EXIT_STILL_RUNNING: u8 = 75;
+/// Exit code when the client itself failed (no daemon, bad answer).
+pub const EXIT_CLIENT_ERROR: u8 = 1;
+
+/// The `subagent` command line.
+#[derive(Debug, Parser)]
+#[command(name = "subagent", version, about = "Run and inspect sandboxed AI subagents through subagentd")]
+pub struct Cli {
+    /// The daemon's socket.
+    #[arg(long, global = true, env = "SUBAGENTD_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The state dir, for `logs` without a daemon and for `run`'s embedded
+    /// supervisor.
+    #[arg(long, global = true, env = "SUBAGENTD_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What a new run needs; shared by `spawn` and `run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// The parent session's id.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// The parent's audience: personal or team.
+    #[arg(long, default_value = "personal")]
+    pub audience: String,
+    /// The child's working directory (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub project_dir: Option<PathBuf>,
+    /// The task.
+    #[arg(long)]
+    pub task: String,
+    /// Background for the task.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Wall-clock limit in seconds.
+    #[arg(long, value_name = "S")]
+    pub wall_time: Option<u64>,
+    /// Cap on child.log in MiB.
+    #[arg(long, value_name = "MB")]
+    pub output_mb: Option<u64>,
+    /// Extra environment for the child (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// Keep the temp dir after the run.
+    #[arg(long)]
+    pub keep_temp: bool,
+    /// The agent program and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start a run through the daemon and print its id.
+    Spawn {
+        /// The run.
+        #[command(flatten)]
+        run: RunArgs,
+        /// Wait for the run to end and exit as `wait` does.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Print a run's status.
+    Check {
+        /// The run id.
+        run: String,
+    },
+    /// Wait for a run to end; exit with its code (0 succeeded, the child's
+    /// code or 128+signal when failed, 124 timed_out, 130 cancelled, 125 lost).
+    Wait {
+        /// The run id.
+        run: String,
+        /// Give up after this many seconds (exit 75 when still running).
+        #[arg(long, value_name = "S")]
+        timeout: Option<f64>,
+    },
+    /// Cancel a run.
+    Cancel {
+        /// The run id.
+        run: String,
+    },
+    /// List runs.
+    Ls {
+        /// Only this session's runs.
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// Only runs in this state.
+        #[arg(long, value_name = "STATE")]
+        state: Option<String>,
+    },
+    /// Take a session's finished-run notices (each is shown once).
+    Notices {
+        /// The session.
+        #[arg(long, value_name = "ID")]
+        session: String,
+    },
+    /// Print a run's log (works for ended runs and without the daemon).
+    Logs {
+        /// The run id.
+        run: String,
+        /// Keep printing until the run has ended and its log is drained.
+        #[arg(short, long)]
+        follow: bool,
+        /// Start with the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+    },
+    /// Run a task to its end for CI: stream its log, print result.md's
+    /// path on stderr, exit with the run's code. Uses the daemon when one
+    /// answers, else an embedded supervisor.
+    Run {
+        /// The run.
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Check that the daemon answers.
+    Ping,
+}
+
+/// Runs the `subagent` command line; returns the process exit code.
+pub fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let socket = cli.socket.clone().unwrap_or_else(crate::paths::default_socket);
+    let state_dir = cli
+        .state_dir
+        .clone()
+        .unwrap_or_else(crate::paths::default_state_dir);
+    let ctx = commands::Ctx {
+        socket,
+        state_dir,
+        json: cli.json,
+        explicit_state_dir: cli.state_dir.is_some(),
+    };
+    let result = match cli.command {
+        Command::Run { run } => return run::main(&ctx, run),
+        other => commands::execute(&ctx, other),
+    };
+    match result {
+        Ok(code) => std::process::ExitCode::from(code),
+        Err(e) => {
+            eprintln!("subagent: {e:#}");
+            std::process::ExitCode::from(EXIT_CLIENT_ERROR)
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! `subagent run`: one run to its end, for CI. It uses the daemon when one
+//! answers on the socket, otherwise the same engine in-process with a state
+//! dir of its own. The child's log streams to stdout as it is written;
+//! result.md's path goes to stderr; the exit code is the run's:
+//! 0 succeeded, the child's code or 128+signal when failed, 124 timed_out,
+//! 130 cancelled, 125 lost (and 125 when `subagent run` itself fails).
+
+use super::commands::{spawn_params, wait_exit_code, Ctx};
+use super::{follow, RunArgs};
+use crate::client::Client;
+use crate::engine::{Config, Supervisor};
+use crate::ids::RunId;
+use crate::record::RunStatus;
+use anyhow::{anyhow, Context, Result};
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Exit code when `subagent run` itself failed.
+pub const EXIT_RUN_ERROR: u8 = 125;
+
+enum Backend {
+    Daemon(PathBuf),
+    Embedded(Supervisor),
+}
+
+impl Backend {
+    async fn call(&self, method: &'static str, params: serde_json::Value) -> Result<serde_json::Value> {
+        let Backend::Daemon(socket) = self else {
+            return Err(anyhow!("not connected to a daemon"));
+        };
+        let socket = socket.clone();
+        tokio::task::spawn_blocking(move || Ok(Client::connect(&socket)?.call(method, params)?))
+            .await?
+    }
+
+    async fn spawn(&self, params: crate::protocol::SpawnParams) -> Result<RunId> {
+        match self {
+            Backend::Embedded(sup) => Ok(sup.spawn(params).await?),
+            Backend::Daemon(_) => {
+                let v = self.call("spawn_agent", serde_json::to_value(&params)?).await?;
+                let id = v["run_id"].as_str().unwrap_or_default();
+                RunId::parse(id).ok_or_else(|| anyhow!("bad run id from the daemon: {v}"))
+            }
+        }
+    }
+
+    async fn wait(&self, id: &RunId) -> Result<RunStatus> {
+        match self {
+            Backend::Embedded(sup) => Ok(sup.wait(id, None).await?),
+            Backend::Daemon(_) => {
+                let v = self.call("wait_agent_run", json!({ "run_id": id.as_str() })).await?;
+                Ok(serde_json::from_value(v)?)
+            }
+        }
+    }
+
+    async fn status(&self, id: &RunId) -> Result<RunStatus> {
+        match self {
+            Backend::Embedded(sup) => Ok(sup.status(id)?),
+            Backend::Daemon(_) => {
+                let v = self.call("check_agent_run", json!({ "run_id": id.as_str() })).await?;
+                Ok(serde_json::from_value(v)?)
+            }
+        }
+    }
+
+    async fn cancel(&self, id: &RunId) -> Result<()> {
+        match self {
+            Backend::Embedded(sup) => {
+                sup.cancel(id).await?;
+            }
+            Backend::Daemon(_) => {
+                self.call("cancel_agent_run", json!({ "run_id": id.as_str() })).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn backend(ctx: &Ctx) -> Result<Backend> {
+    if Client::connect(&ctx.socket).is_ok() {
+        return Ok(Backend::Daemon(ctx.socket.clone()));
+    }
+    let state_dir = if ctx.explicit_state_dir {
+        ctx.state_dir.clone()
+    } else {
+        tempfile::Builder::new()
+            .prefix("subagent-run-")
+            .tempdir_in(std::env::temp_dir())
+            .context("creating a state dir for the embedded supervisor")?
+            .keep()
+    };
+    eprintln!(
+        "subagent: no daemon at {}; running in-process with state dir {}",
+        ctx.socket.display(),
+        state_dir.display()
+    );
+    let sup = Supervisor::start(Config::new(state_dir)).await?;
+    Ok(Backend::Embedded(sup))
+}
+
+async fn run(ctx: &Ctx, args: RunArgs) -> Result<u8> {
+    let params = spawn_params(&args, "ci")?;
+    let backend = backend(ctx).await?;
+    let id = backend.spawn(params).await?;
+    eprintln!("subagent: run {id} accepted");
+    let status = backend.status(&id).await?;
+    let dir = status
+        .log_path
+        .parent()
+        .ok_or_else(|| anyhow!("bad log path {}", status.log_path.display()))?
+        .to_path_buf();
+    let mut streamer = tokio::task::spawn_blocking(move || {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        follow::print_log(&dir, 0, true, &mut out)
+    });
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut cancelled = false;
+    loop {
+        tokio::select! {
+            r = &mut streamer => {
+                match r {
+                    Ok(Err(e)) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                        eprintln!("subagent: streaming the log: {e}");
+                    }
+                    _ => {}
+                }
+                break;
+            }
+            _ = term.recv(), if !cancelled => cancelled = true,
+            _ = int.recv(), if !cancelled => cancelled = true,
+        }
+        if cancelled {
+            eprintln!("subagent: cancelling run {id}");
+            backend.cancel(&id).await?;
+        }
+    }
+    let status = backend.wait(&id).await?;
+    let reason = status.reason.as_deref().unwrap_or("");
+    eprintln!(
+        "subagent: run {id} {} ({reason}); result: {}",
+        status.state.as_str(),
+        status.result_path.display()
+    );
+    Ok(wait_exit_code(&status))
+}
+
+/// Entry point of `subagent run`.
+pub fn main(ctx: &Ctx, args: RunArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("subagent: starting the runtime: {e}");
+            return ExitCode::from(EXIT_RUN_ERROR);
+        }
+    };
+    let code = match rt.block_on(run(ctx, args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("subagent: {e:#}");
+            EXIT_RUN_ERROR
+        }
+    };
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    ExitCode::from(code)
+}

@@ -1,0 +1,92 @@
+//! Human output: a status block, the `ls` table, notices.
+
+use crate::record::RunStatus;
+use crate::timefmt::{human_duration, now_ms, parse_rfc3339_ms};
+use std::fmt::Write as _;
+
+/// A status as `key: value` lines.
+pub fn status_block(s: &RunStatus) -> String {
+    let mut out = String::new();
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    let num = |v: Option<i32>| v.map_or("-".into(), |n| n.to_string());
+    let rows = [
+        ("run", s.run_id.clone()),
+        ("session", s.session_id.clone()),
+        ("state", s.state.as_str().to_owned()),
+        ("exit_code", num(s.exit_code)),
+        ("signal", num(s.signal)),
+        ("reason", opt(&s.reason)),
+        ("command", s.command.join(" ")),
+        ("project_dir", s.project_dir.display().to_string()),
+        ("created_at", s.created_at.clone()),
+        ("started_at", opt(&s.started_at)),
+        ("ended_at", opt(&s.ended_at)),
+        ("temp_dir", s.temp_dir.display().to_string()),
+        ("artifact_dir", s.artifact_dir.display().to_string()),
+        ("log_path", s.log_path.display().to_string()),
+        ("result_path", s.result_path.display().to_string()),
+    ];
+    for (k, v) in rows {
+        let _ = writeln!(out, "{k:<13}{v}");
+    }
+    if s.cancel_requested && !s.state.is_terminal() {
+        let _ = writeln!(out, "{:<13}yes", "cancelling");
+    }
+    out
+}
+
+fn age(s: &RunStatus, now: u64) -> String {
+    parse_rfc3339_ms(&s.created_at).map_or("-".into(), |c| human_duration(now.saturating_sub(c)))
+}
+
+fn duration(s: &RunStatus, now: u64) -> String {
+    let start = s.started_at.as_deref().and_then(parse_rfc3339_ms);
+    let end = s.ended_at.as_deref().and_then(parse_rfc3339_ms).unwrap_or(now);
+    start.map_or("-".into(), |st| human_duration(end.saturating_sub(st)))
+}
+
+/// The `ls` table: run, session, state, age, duration, command.
+pub fn table(runs: &[RunStatus]) -> String {
+    let now = now_ms();
+    let rows: Vec<[String; 6]> = runs
+        .iter()
+        .map(|r| {
+            let mut cmd = r.command.join(" ");
+            if cmd.chars().count() > 60 {
+                cmd = cmd.chars().take(59).collect::<String>() + "…";
+            }
+            [
+                r.run_id.clone(),
+                r.session_id.clone(),
+                r.state.as_str().to_owned(),
+                age(r, now),
+                duration(r, now),
+                cmd,
+            ]
+        })
+        .collect();
+    let header = ["RUN", "SESSION", "STATE", "AGE", "DURATION", "COMMAND"];
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[String]| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(c);
+            } else {
+                let _ = write!(l, "{:<w$}  ", c, w = widths[i]);
+            }
+        }
+        let _ = writeln!(out, "{}", l.trim_end());
+    };
+    line(&header.map(String::from));
+    for row in &rows {
+        line(row);
+    }
+    out
+}
