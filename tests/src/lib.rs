@@ -1,1 +1,298 @@
-//! Helpers for the end-to-end tests.
+//! Helpers for the end-to-end tests: the real binaries (built by
+//! `cargo build --workspace --bins`, which scripts/test runs first), a
+//! daemon on a socket in a temp dir, a line-oriented JSON-RPC connection,
+//! and polling with deadlines (never fixed sleeps).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory holding the workspace's binaries (target/debug).
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SUBAGENT_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().unwrap();
+    // target/debug/deps/<test> -> target/debug
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// The path of one of the workspace's binaries; panics with a hint when
+/// it has not been built.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: run `cargo build --workspace --bins` first (scripts/test does)",
+        p.display()
+    );
+    p
+}
+
+/// Polls `cond` every few ms until it holds or `limit` passes.
+pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    let mut pause = Duration::from_millis(1);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// A session id no other test uses.
+pub fn session(prefix: &str) -> String {
+    let mut buf = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut buf)
+        .unwrap();
+    format!("{prefix}-{}", buf.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// A daemon under test.
+pub struct Daemon {
+    /// The daemon process.
+    pub child: Child,
+    /// Holds the socket, the state dir and the daemon's stderr.
+    pub dir: tempfile::TempDir,
+    /// The socket.
+    pub socket: PathBuf,
+    /// The state dir.
+    pub state: PathBuf,
+}
+
+/// How to start a daemon.
+#[derive(Default, Clone)]
+pub struct DaemonOpts {
+    /// --max-concurrent.
+    pub max_concurrent: Option<usize>,
+    /// Extra environment for the daemon.
+    pub env: Vec<(String, String)>,
+}
+
+impl Daemon {
+    /// Starts a daemon with default options.
+    pub fn start() -> Daemon {
+        Daemon::start_with(DaemonOpts::default())
+    }
+
+    /// Starts a daemon and waits until it answers ping.
+    pub fn start_with(opts: DaemonOpts) -> Daemon {
+        let dir = tempfile::Builder::new().prefix("sa-e2e-").tempdir_in("/tmp").unwrap();
+        let socket = dir.path().join("d.sock");
+        let state = dir.path().join("state");
+        let child = Self::spawn_process(&socket, &state, dir.path(), &opts);
+        let d = Daemon {
+            child,
+            dir,
+            socket,
+            state,
+        };
+        d.wait_ready();
+        d
+    }
+
+    /// Starts the daemon process (without waiting for it).
+    pub fn spawn_process(socket: &Path, state: &Path, dir: &Path, opts: &DaemonOpts) -> Child {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("daemon.log"))
+            .unwrap();
+        let mut cmd = Command::new(bin("subagentd"));
+        cmd.arg("--socket")
+            .arg(socket)
+            .arg("--state-dir")
+            .arg(state)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        if let Some(n) = opts.max_concurrent {
+            cmd.arg("--max-concurrent").arg(n.to_string());
+        }
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().unwrap()
+    }
+
+    /// Waits until the daemon answers ping.
+    pub fn wait_ready(&self) {
+        wait_until(Duration::from_secs(20), "the daemon to answer", || {
+            Conn::try_connect(&self.socket).is_some_and(|mut c| c.call("ping", json!({})).is_ok())
+        });
+    }
+
+    /// A new connection.
+    pub fn conn(&self) -> Conn {
+        Conn::connect(&self.socket)
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// The daemon's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Runs `subagent` against this daemon.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(bin("subagent"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// Sends SIGTERM and waits for the daemon to exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        unsafe_kill(self.pid(), libc::SIGTERM);
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            unsafe_kill(self.pid(), libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Sends a signal (test helper around libc::kill).
+pub fn unsafe_kill(pid: i32, sig: i32) -> bool {
+    // SAFETY: kill only sends a signal; it touches no memory.
+    unsafe { libc::kill(pid, sig) == 0 }
+}
+
+/// Whether a process exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s.rsplit_once(')').map(|(_, r)| r.trim_start().chars().next());
+            state != Some(Some('Z'))
+        }
+        Err(_) => false,
+    }
+}
+
+/// A JSON-RPC connection to the daemon.
+pub struct Conn {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    next_id: u64,
+    /// Notifications read while waiting for responses.
+    pub notifications: Vec<Value>,
+}
+
+impl Conn {
+    /// Connects, or panics.
+    pub fn connect(socket: &Path) -> Conn {
+        Self::try_connect(socket).unwrap_or_else(|| panic!("cannot connect to {}", socket.display()))
+    }
+
+    /// Connects, or `None`.
+    pub fn try_connect(socket: &Path) -> Option<Conn> {
+        let s = UnixStream::connect(socket).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+        Some(Conn {
+            writer: s.try_clone().ok()?,
+            reader: BufReader::new(s),
+            next_id: 1,
+            notifications: Vec::new(),
+        })
+    }
+
+    /// Sends raw bytes.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.writer.write_all(bytes)
+    }
+
+    /// Reads one message (a response or a notification); `None` on EOF.
+    pub fn read_msg(&mut self) -> Option<Value> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad line {line:?}: {e}"))),
+        }
+    }
+
+    /// Sends a request and returns its whole response message.
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.send_raw(format!("{line}\n").as_bytes()).unwrap();
+        loop {
+            let msg = self.read_msg().expect("connection closed before the response");
+            if msg.get("id") == Some(&json!(id)) {
+                return msg;
+            }
+            assert!(msg.get("method").is_some(), "unexpected message {msg}");
+            self.notifications.push(msg);
+        }
+    }
+
+    /// Calls a method: Ok(result) or Err(error object).
+    pub fn call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
+        let msg = self.request(method, params);
+        match msg.get("error") {
+            Some(e) => Err(e.clone()),
+            None => Ok(msg["result"].clone()),
+        }
+    }
+
+    /// Spawns `command` in `session` (project_dir /tmp unless given) and
+    /// returns the run id.
+    pub fn spawn(&mut self, session: &str, command: &[&str], extra: Value) -> String {
+        let mut params = json!({
+            "session": {"id": session, "audience": "personal", "project_dir": "/tmp"},
+            "task": "test task",
+            "command": command,
+        });
+        if let Value::Object(m) = extra {
+            for (k, v) in m {
+                params[k] = v;
+            }
+        }
+        let r = self.call("spawn_agent", params).unwrap_or_else(|e| panic!("spawn failed: {e}"));
+        assert_eq!(r["state"], "accepted");
+        assert_eq!(r.as_object().unwrap().len(), 2, "exactly run_id and state: {r}");
+        r["run_id"].as_str().unwrap().to_owned()
+    }
+
+    /// Waits for a run to end and returns its status.
+    pub fn wait(&mut self, run: &str) -> Value {
+        let s = self.call("wait_agent_run", json!({"run_id": run, "timeout_ms": 60_000})).unwrap();
+        assert!(
+            !matches!(s["state"].as_str(), Some("accepted" | "running")),
+            "run {run} still {} after 60 s",
+            s["state"]
+        );
+        s
+    }
+}
+
+/// Writes an executable shell script into `dir` and returns its path.
+pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}

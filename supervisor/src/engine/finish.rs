@@ -82,7 +82,7 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
             reason = next.reason.as_deref().unwrap_or(""),
             "run ended"
         );
-        if let Err(e) = sup.persist(&mut rec, next.clone()).await {
+        if let Err(e) = sup.persist(slot, &mut rec, next.clone()).await {
             tracing::error!(run_id = %next.run_id, "recording the end: {e}");
             *rec = next;
         }
@@ -162,11 +162,11 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
     };
     let mut next = rec.clone();
     next.finalized = true;
-    if let Err(e) = sup.persist(&mut rec, next.clone()).await {
+    if let Err(e) = sup.persist(slot, &mut rec, next.clone()).await {
         tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
         *rec = next;
+        slot.published.send_replace(rec.clone());
     }
-    slot.published.send_replace(rec.clone());
     if let Some(n) = notice {
         let _ = sup.inner.finished.send(n);
     }

@@ -108,14 +108,14 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
             next.runner_pid = Some(l.pid);
             next.runner_start_ticks = Some(l.start_ticks);
             let id = next.run_id.clone();
-            if let Err(e) = sup.persist(&mut rec, next.clone()).await {
+            if let Err(e) = sup.persist(&slot, &mut rec, next.clone()).await {
                 // The runner is already going; keep watching it.
                 tracing::error!(run_id = %id, "recording the running state: {e}");
                 *rec = next;
+                slot.published.send_replace(rec.clone());
             }
             let fd = Arc::new(l.pidfd);
             *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), l.pid));
-            slot.published.send_replace(rec.clone());
             tracing::info!(run_id = %id, runner_pid = l.pid, "run started");
             drop(rec);
             watch(sup, slot, fd).await;
@@ -125,7 +125,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
             next.state = RunState::Failed;
             next.reason = Some(format!("could not start the runner: {reason}"));
             next.ended_at_ms = Some(crate::timefmt::now_ms());
-            if let Err(e) = sup.persist(&mut rec, next).await {
+            if let Err(e) = sup.persist(&slot, &mut rec, next).await {
                 tracing::error!("{e}");
             }
             drop(rec);

@@ -235,14 +235,14 @@ impl Supervisor {
                 next.cancel_requested = true;
                 next.reason = Some("cancelled before it started".into());
                 next.ended_at_ms = Some(crate::timefmt::now_ms());
-                self.persist(&mut rec, next).await?;
+                self.persist(&slot, &mut rec, next).await?;
                 drop(rec);
                 finish::finalize(self, &slot).await;
             }
             RunState::Running if !rec.cancel_requested => {
                 let mut next = rec.clone();
                 next.cancel_requested = true;
-                self.persist(&mut rec, next).await?;
+                self.persist(&slot, &mut rec, next).await?;
                 let runner = slot
                     .runner
                     .lock()
@@ -305,18 +305,30 @@ impl Supervisor {
         self.inner.accepting.store(false, Ordering::SeqCst);
     }
 
-    /// Replaces the record with `next`, durably, and remembers it. Waiters
-    /// see it only when it is published.
-    async fn persist(&self, current: &mut RunRecord, next: RunRecord) -> Result<(), EngineError> {
+    /// Replaces the record with `next`, durably, and publishes it to
+    /// status readers and waiters, except for a terminal state that is not
+    /// finalized yet: nobody sees a run as ended before its result.md and
+    /// notice exist.
+    async fn persist(
+        &self,
+        slot: &Slot,
+        current: &mut RunRecord,
+        next: RunRecord,
+    ) -> Result<(), EngineError> {
         let to_save = next.clone();
-        blocking(move || {
+        let saved = blocking(move || {
             to_save
                 .save()
                 .map_err(|e| EngineError::Storage(e.to_string()))
         })
-        .await?;
-        *current = next;
-        Ok(())
+        .await;
+        if saved.is_ok() {
+            *current = next;
+            if !current.state.is_terminal() || current.finalized {
+                slot.published.send_replace(current.clone());
+            }
+        }
+        saved
     }
 }
 

@@ -99,10 +99,9 @@ pub async fn recover(sup: &Supervisor) {
                         next.state = RunState::Running;
                         next.runner_pid = Some(pid);
                         next.started_at_ms = next.started_at_ms.or(Some(crate::timefmt::now_ms()));
-                        if let Err(e) = sup.persist(&mut r, next).await {
+                        if let Err(e) = sup.persist(&slot, &mut r, next).await {
                             tracing::error!("{e}");
                         }
-                        slot.published.send_replace(r.clone());
                     }
                     *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), pid));
                     let permit = sup.inner.slots.clone().try_acquire_owned().ok();

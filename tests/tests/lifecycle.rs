@@ -1,0 +1,294 @@
+//! A run's life through the real daemon: success, failure, signals,
+//! timeouts, cancel, FIFO queueing, the child's environment and files.
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+use subagentd_e2e::{alive, session, wait_until, Conn, Daemon, DaemonOpts};
+
+fn path(v: &Value) -> PathBuf {
+    PathBuf::from(v.as_str().unwrap())
+}
+
+#[test]
+fn success_writes_log_artifacts_and_result() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let s = session("ok");
+    let run = c.spawn(
+        &s,
+        &["sh", "-c", "echo hello from child; echo data > \"$SUBAGENT_ARTIFACT_DIR/out.txt\"; echo oops >&2"],
+        json!({"context": "some background"}),
+    );
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(st["exit_code"], 0);
+    assert_eq!(st["signal"], Value::Null);
+    assert_eq!(st["session_id"], s.as_str());
+    for k in ["created_at", "started_at", "ended_at"] {
+        let t = st[k].as_str().unwrap();
+        assert!(t.ends_with('Z') && t.len() == 24, "{k}: {t}");
+    }
+    let log = std::fs::read_to_string(path(&st["log_path"])).unwrap();
+    assert_eq!(log, "hello from child\noops\n");
+    let art = path(&st["artifact_dir"]);
+    assert_eq!(std::fs::read_to_string(art.join("out.txt")).unwrap(), "data\n");
+    let result = std::fs::read_to_string(path(&st["result_path"])).unwrap();
+    for needle in [
+        run.as_str(),
+        "**succeeded**",
+        "exit code: 0",
+        st["log_path"].as_str().unwrap(),
+        st["artifact_dir"].as_str().unwrap(),
+        "`out.txt` (5 bytes)",
+        "hello from child",
+    ] {
+        assert!(result.contains(needle), "result.md lacks {needle:?}:\n{result}");
+    }
+    let run_dir = path(&st["log_path"]).parent().unwrap().to_path_buf();
+    let first = std::fs::read_to_string(run_dir.join("context/first_message.md")).unwrap();
+    assert_eq!(first, "Context: some background\nTask: test task\n");
+    let rec: Value = serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
+    assert_eq!(rec["state"], "succeeded");
+    assert_eq!(rec["finalized"], true);
+    // The temp dir is removed when the run ends.
+    assert!(!path(&st["temp_dir"]).exists());
+    let temp = path(&st["temp_dir"]);
+    let name = temp.file_name().unwrap().to_str().unwrap();
+    assert!(name.starts_with('c') && name.len() == 9, "{name}");
+    assert_eq!(
+        temp.parent().unwrap(),
+        PathBuf::from(format!("/tmp/subagentd-{}/{s}", unsafe_uid()))
+    );
+}
+
+fn unsafe_uid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+#[test]
+fn failure_keeps_the_exit_code() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(&session("fail"), &["sh", "-c", "echo failing; exit 7"], json!({}));
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "failed");
+    assert_eq!(st["exit_code"], 7);
+    assert!(st["reason"].as_str().unwrap().contains("code 7"), "{st}");
+}
+
+#[test]
+fn death_by_signal_is_failed_with_the_signal() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(&session("sig"), &["sh", "-c", "kill -KILL $$"], json!({}));
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "failed");
+    assert_eq!(st["exit_code"], Value::Null);
+    assert_eq!(st["signal"], 9);
+    assert!(st["reason"].as_str().unwrap().contains("SIGKILL"), "{st}");
+}
+
+#[test]
+fn a_program_that_cannot_start_fails_with_127() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(&session("nf"), &["/nonexistent/agent-program"], json!({}));
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "failed");
+    assert_eq!(st["exit_code"], 127);
+    assert!(st["reason"].as_str().unwrap().contains("cannot execute"), "{st}");
+}
+
+/// Starts a child that leaves a double-forked, setsid'ed grandchild
+/// behind (its pid in gc.pid in the artifact dir), then sleeps.
+const LEAVES_GRANDCHILD: &str = r#"( setsid sh -c 'echo $$ > "$SUBAGENT_ARTIFACT_DIR/gc.pid.tmp"; mv "$SUBAGENT_ARTIFACT_DIR/gc.pid.tmp" "$SUBAGENT_ARTIFACT_DIR/gc.pid"; exec sleep 300' & ); sleep 300"#;
+
+fn grandchild_pid(c: &mut Conn, run: &str) -> i32 {
+    let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
+    let f = path(&st["artifact_dir"]).join("gc.pid");
+    wait_until(Duration::from_secs(20), "the grandchild to start", || f.exists());
+    let pid: i32 = std::fs::read_to_string(&f).unwrap().trim().parse().unwrap();
+    assert!(alive(pid));
+    pid
+}
+
+#[test]
+fn timeout_kills_the_whole_tree() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("to"),
+        &["sh", "-c", LEAVES_GRANDCHILD],
+        json!({"limits": {"wall_time_s": 2}}),
+    );
+    let gc = grandchild_pid(&mut c, &run);
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "timed_out", "{st}");
+    assert!(st["reason"].as_str().unwrap().contains("wall time limit (2 s)"), "{st}");
+    // The runner kills the tree before it records the end.
+    assert!(!alive(gc), "the setsid grandchild {gc} outlived the run");
+}
+
+#[test]
+fn a_normal_exit_kills_what_the_child_left_behind() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let script = LEAVES_GRANDCHILD.replace("; sleep 300", "; while [ ! -e \"$SUBAGENT_ARTIFACT_DIR/gc.pid\" ]; do sleep 0.01; done; exit 0");
+    let run = c.spawn(&session("left"), &["sh", "-c", &script], json!({}));
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let pid: i32 = std::fs::read_to_string(path(&st["artifact_dir"]).join("gc.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!alive(pid), "the setsid grandchild {pid} outlived the run");
+}
+
+fn wait_running(c: &mut Conn, run: &str) {
+    wait_until(Duration::from_secs(20), "the run to start", || {
+        c.call("check_agent_run", json!({"run_id": run})).unwrap()["state"] == "running"
+    });
+}
+
+#[test]
+fn cancel_terminates_the_tree() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(&session("cancel"), &["sh", "-c", LEAVES_GRANDCHILD], json!({}));
+    let gc = grandchild_pid(&mut c, &run);
+    wait_running(&mut c, &run);
+    let st = c.call("cancel_agent_run", json!({"run_id": run})).unwrap();
+    assert_eq!(st["cancel_requested"], true);
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "cancelled", "{st}");
+    // A cooperative tree dies of the SIGTERM itself.
+    assert_eq!(st["signal"], 15, "{st}");
+    assert!(!alive(gc));
+    // Cancelling an ended run changes nothing.
+    let again = c.call("cancel_agent_run", json!({"run_id": run})).unwrap();
+    assert_eq!(again["state"], "cancelled");
+}
+
+#[test]
+fn cancel_kills_a_child_that_ignores_sigterm_after_the_grace() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("stubborn"),
+        &["sh", "-c", "trap '' TERM; touch \"$SUBAGENT_ARTIFACT_DIR/ready\"; while :; do sleep 0.1; done"],
+        json!({}),
+    );
+    let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
+    let ready = path(&st["artifact_dir"]).join("ready");
+    wait_until(Duration::from_secs(20), "the trap to be set", || ready.exists());
+    let st = c.call("check_agent_run", json!({"run_id": run, "cancel": true})).unwrap();
+    assert_eq!(st["cancel_requested"], true);
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "cancelled", "{st}");
+    assert_eq!(st["signal"], 9, "the SIGKILL after the grace ended it: {st}");
+}
+
+#[test]
+fn queued_runs_start_in_fifo_order_and_can_be_cancelled_before_starting() {
+    let d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(1),
+        ..Default::default()
+    });
+    let mut c = d.conn();
+    let s = session("fifo");
+    let blocker = c.spawn(&s, &["sh", "-c", "sleep 300"], json!({}));
+    wait_running(&mut c, &blocker);
+    let runs: Vec<String> = (0..4)
+        .map(|i| c.spawn(&s, &["sh", "-c", &format!("echo {i}")], json!({})))
+        .collect();
+    let dropped = c.spawn(&s, &["sh", "-c", "echo never"], json!({}));
+    for r in runs.iter().chain([&dropped]) {
+        let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
+        assert_eq!(st["state"], "accepted", "only one may run at once: {st}");
+    }
+    let st = c.call("cancel_agent_run", json!({"run_id": dropped})).unwrap();
+    assert_eq!(st["state"], "cancelled");
+    assert_eq!(st["reason"], "cancelled before it started");
+    assert_eq!(st["started_at"], Value::Null);
+    c.call("cancel_agent_run", json!({"run_id": blocker})).unwrap();
+    let statuses: Vec<Value> = runs.iter().map(|r| c.wait(r)).collect();
+    for w in statuses.windows(2) {
+        assert_eq!(w[1]["state"], "succeeded");
+        let (end0, start1) = (w[0]["ended_at"].as_str().unwrap(), w[1]["started_at"].as_str().unwrap());
+        assert!(start1 >= end0, "FIFO and one at a time: {end0} then {start1}");
+    }
+    let log = std::fs::read_to_string(path(&c.wait(&dropped)["log_path"])).unwrap_or_default();
+    assert_eq!(log, "", "a run cancelled before it started never ran");
+}
+
+#[test]
+fn the_child_gets_only_the_allowlisted_environment() {
+    let d = Daemon::start_with(DaemonOpts {
+        env: vec![
+            ("SECRET_TOKEN".into(), "hunter2-do-not-leak".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("LC_TIME".into(), "C".into()),
+        ],
+        ..Default::default()
+    });
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("env"),
+        &["sh", "-c", "echo $$ > \"$SUBAGENT_ARTIFACT_DIR/pid.tmp\"; mv \"$SUBAGENT_ARTIFACT_DIR/pid.tmp\" \"$SUBAGENT_ARTIFACT_DIR/pid\"; exec sleep 300"],
+        json!({"env": {"MODEL": "m-1"}, "keep_temp": true}),
+    );
+    let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
+    let pid_file = path(&st["artifact_dir"]).join("pid");
+    wait_until(Duration::from_secs(20), "the child to start", || pid_file.exists());
+    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    // Read the live agent process's environment and descriptors.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let env: Vec<String> = environ
+        .split(|&b| b == 0)
+        .filter(|v| !v.is_empty())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .collect();
+    fds.sort();
+    let stdin = std::fs::read_link(format!("/proc/{pid}/fd/0")).unwrap();
+    c.call("cancel_agent_run", json!({"run_id": run})).unwrap();
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "cancelled", "{st}");
+
+    let joined = env.join("\n");
+    assert!(!joined.contains("hunter2"), "a daemon secret leaked:\n{joined}");
+    // PWD is exported by sh itself before its exec.
+    let allowed = [
+        "PATH", "LANG", "TZ", "TERM", "HOME", "TMPDIR", "MODEL", "PWD", "SUBAGENT_RUN_ID",
+        "SUBAGENT_SESSION_ID", "SUBAGENT_TEMP_DIR", "SUBAGENT_ARTIFACT_DIR", "SUBAGENT_LOG_PATH",
+        "SUBAGENT_CONTEXT_DIR", "SUBAGENT_DELTA_PATH",
+    ];
+    for kv in &env {
+        let name = kv.split_once('=').map_or(kv.as_str(), |(k, _)| k);
+        assert!(allowed.contains(&name) || name.starts_with("LC_"), "unexpected variable {name}:\n{joined}");
+    }
+    let temp = st["temp_dir"].as_str().unwrap();
+    for want in [
+        format!("HOME={temp}"),
+        format!("TMPDIR={temp}"),
+        format!("SUBAGENT_TEMP_DIR={temp}"),
+        format!("SUBAGENT_RUN_ID={run}"),
+        "MODEL=m-1".to_owned(),
+        "LANG=C.UTF-8".to_owned(),
+        "LC_TIME=C".to_owned(),
+        format!("SUBAGENT_LOG_PATH={}", st["log_path"].as_str().unwrap()),
+    ] {
+        assert!(env.contains(&want), "missing {want}:\n{joined}");
+    }
+    // keep_temp kept it.
+    assert!(PathBuf::from(temp).is_dir());
+    std::fs::remove_dir_all(temp).unwrap();
+    assert_eq!(fds, [0, 1, 2], "descriptors the agent inherited");
+    assert_eq!(stdin, PathBuf::from("/dev/null"));
+}
