@@ -2,7 +2,7 @@
 //! runs and while the daemon is down. Following stops once the run has
 //! ended and everything it wrote has been printed.
 
-use crate::record::RunRecord;
+use crate::record::{RunRecord, RunState};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use std::fs::File;
@@ -12,16 +12,20 @@ use std::path::Path;
 
 /// Whether the run in `dir` has ended, judged from its files alone: the
 /// runner wrote exit.json (after the last byte of the log), run.json is in
-/// a terminal state, or the runner's lock was released without an
-/// exit.json (the runner died).
+/// a terminal state, or run.json says running but the runner's lock is free
+/// (the runner died without an exit.json). A free lock alone proves
+/// nothing: the daemon creates it just before it starts the runner.
 pub fn run_ended(dir: &Path) -> bool {
     if dir.join("exit.json").exists() {
         return true;
     }
-    if RunRecord::load(&dir.join("run.json")).is_ok_and(|r| r.state.is_terminal()) {
-        return true;
+    match RunRecord::load(&dir.join("run.json")) {
+        Ok(r) if r.state.is_terminal() => true,
+        Ok(r) if r.state == RunState::Running => {
+            crate::engine::lockfile::is_held(&dir.join("runner.lock")) == Some(false)
+        }
+        _ => false,
     }
-    crate::engine::lockfile::is_held(&dir.join("runner.lock")) == Some(false)
 }
 
 /// The byte offset where the last `n` lines of `path` begin.

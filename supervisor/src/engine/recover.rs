@@ -57,6 +57,25 @@ fn runner_alive(pid: i32, start_ticks: Option<u64>) -> bool {
     }
 }
 
+/// Whether no runner ever got going for this run: no runner.lock, or one
+/// that nobody holds and no runner wrote its pid into (the previous engine
+/// stopped between creating it and starting the runner). Such a run is
+/// safely started again; any other unrecorded start is `lost`, so that an
+/// agent never runs twice.
+fn never_started(files: &crate::paths::RunFiles) -> bool {
+    match lockfile::is_held(&files.runner_lock()) {
+        None => true,
+        Some(true) => false,
+        Some(false) => {
+            !files.exit().exists()
+                && lockfile::open(&files.runner_lock())
+                    .ok()
+                    .and_then(|mut f| lockfile::read_pid(&mut f))
+                    .is_none()
+        }
+    }
+}
+
 /// Reconciles every loaded run with reality.
 pub async fn recover(sup: &Supervisor) {
     let layout = sup.inner.layout.clone();
@@ -118,7 +137,7 @@ pub async fn recover(sup: &Supervisor) {
                     tokio::spawn(async move { finish::finish_run(&sup, &slot, None).await });
                 }
             },
-            (RunState::Accepted, None) if lockfile::is_held(&files.runner_lock()).is_none() => {
+            (RunState::Accepted, None) if never_started(&files) => {
                 queued += 1;
                 if let Some(id) = rec.id() {
                     let _ = sup.inner.queue.send(id);

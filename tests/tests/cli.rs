@@ -1,0 +1,158 @@
+//! The `subagent` client: logs -f, wait's exit codes, and `subagent run`
+//! for CI, embedded and through a daemon, with each exit code.
+
+use serde_json::json;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use subagentd_e2e::{bin, session, unsafe_kill, wait_until, Daemon};
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn logs_follow_sees_every_line_of_a_live_child_and_stops_at_the_end() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("follow"),
+        &["sh", "-c", "i=1; while [ $i -le 300 ]; do echo line $i; i=$((i+1)); [ $((i % 50)) -eq 0 ] && sleep 0.05; done; printf 'no newline at the end'"],
+        json!({}),
+    );
+    let out = d.cli(&["logs", "-f", &run]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut want: String = (1..=300).map(|i| format!("line {i}\n")).collect();
+    want.push_str("no newline at the end");
+    assert_eq!(text(&out.stdout), want);
+    assert_eq!(c.wait(&run)["state"], "succeeded");
+    // --tail on the ended run.
+    let out = d.cli(&["logs", "--tail", "2", &run]);
+    assert_eq!(text(&out.stdout), "line 300\nno newline at the end");
+}
+
+#[test]
+fn logs_work_while_the_daemon_is_down() {
+    let mut d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(&session("down"), &["sh", "-c", "echo kept"], json!({}));
+    c.wait(&run);
+    drop(c);
+    d.stop();
+    let out = d.cli(&["logs", &run]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "kept\n");
+    let out = d.cli(&["logs", "../../etc"]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn wait_exits_with_the_run_code() {
+    let d = Daemon::start();
+    let s = session("wait");
+    for (cmd, code) in [("exit 0", 0), ("exit 3", 3), ("kill -TERM $$", 128 + 15)] {
+        let out = d.cli(&["spawn", "--session", &s, "--task", "t", "--wait", "--", "sh", "-c", cmd]);
+        assert_eq!(out.status.code(), Some(code), "{cmd}: {}", text(&out.stderr));
+    }
+    let out = d.cli(&["spawn", "--session", &s, "--task", "t", "--wall-time", "1", "--", "sleep", "30"]);
+    let run = text(&out.stdout).trim().to_owned();
+    let out = d.cli(&["wait", &run, "--timeout", "0.1"]);
+    assert_eq!(out.status.code(), Some(75), "still running");
+    let out = d.cli(&["wait", &run]);
+    assert_eq!(out.status.code(), Some(124), "timed out");
+    assert!(text(&out.stdout).contains("timed_out"));
+    let out = d.cli(&["--json", "check", &run]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "timed_out");
+    let out = d.cli(&["ls", "--session", &s]);
+    let table = text(&out.stdout);
+    assert!(table.starts_with("RUN"), "{table}");
+    assert_eq!(table.lines().count(), 5, "{table}");
+    assert!(table.contains(&run) && table.contains("timed_out") && table.contains("sleep 30"));
+    let out = d.cli(&["notices", "--session", &s]);
+    assert_eq!(text(&out.stdout).lines().count(), 4);
+    let out = d.cli(&["notices", "--session", &s]);
+    assert_eq!(text(&out.stdout), "");
+}
+
+/// Runs `subagent run` (embedded when `socket` has no daemon).
+fn ci_run(socket: &Path, state: Option<&Path>, args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(bin("subagent"));
+    cmd.arg("--socket").arg(socket);
+    if let Some(s) = state {
+        cmd.arg("--state-dir").arg(s);
+    }
+    cmd.arg("run").args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+const CASES: &[(&str, &str, i32)] = &[
+    ("succeeded", "echo streamed; exit 0", 0),
+    ("failed", "echo streamed; exit 3", 3),
+    ("signal", "echo streamed; kill -KILL $$", 137),
+    ("lost", "echo streamed; kill -KILL $PPID; sleep 30", 125),
+];
+
+fn check_codes(socket: &Path, state: Option<&Path>) {
+    let s = session("ci");
+    for (name, script, code) in CASES {
+        let out = ci_run(socket, state, &["--session", &s, "--task", name, "--", "sh", "-c", script]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(*code), "{name}: {err}");
+        if *name != "lost" {
+            // (A killed runner never copied what was still in its pipe.)
+            assert_eq!(text(&out.stdout), "streamed\n", "{name}: the log streams to stdout");
+        }
+        let result = err
+            .lines()
+            .find_map(|l| l.split_once("result: ").map(|(_, p)| p.to_owned()))
+            .unwrap_or_else(|| panic!("no result path on stderr: {err}"));
+        assert!(Path::new(&result).is_file(), "{result}");
+    }
+    let out = ci_run(socket, state, &["--session", &s, "--task", "t", "--wall-time", "1", "--", "sleep", "30"]);
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+}
+
+#[test]
+fn run_embedded_exits_with_each_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nobody-here.sock");
+    check_codes(&socket, Some(&dir.path().join("state")));
+    // Without --state-dir it makes one of its own and says where.
+    let out = ci_run(&socket, None, &["--task", "t", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stderr).contains("running in-process with state dir"));
+}
+
+#[test]
+fn run_through_a_daemon_exits_with_each_code() {
+    let d = Daemon::start();
+    check_codes(&d.socket, None);
+    let mut c = d.conn();
+    let listed = c.call("list_agent_runs", json!({})).unwrap();
+    assert_eq!(listed["runs"].as_array().unwrap().len(), CASES.len() + 1, "the runs went through the daemon");
+}
+
+#[test]
+fn interrupting_run_cancels_the_run() {
+    let d = Daemon::start();
+    let s = session("int");
+    let child = Command::new(bin("subagent"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["run", "--session", &s, "--task", "t", "--", "sleep", "300"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut c = d.conn();
+    wait_until(Duration::from_secs(20), "the run to start", || {
+        let v = c.call("list_agent_runs", json!({"session_id": s, "state": "running"})).unwrap();
+        !v["runs"].as_array().unwrap().is_empty()
+    });
+    unsafe_kill(child.id() as i32, libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    let v = c.call("list_agent_runs", json!({"session_id": s})).unwrap();
+    assert_eq!(v["runs"][0]["state"], "cancelled");
+}
