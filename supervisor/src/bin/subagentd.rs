@@ -48,21 +48,22 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-async fn shutdown_signal() {
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-    }
+/// Resolves on the first SIGTERM or SIGINT. The handlers are installed
+/// when this is called, before the socket exists, so a signal never finds
+/// the daemon without them.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    })
 }
 
 async fn run(args: Args) -> Result<()> {
+    let shutdown = shutdown_signal()?;
     let socket_path = args.socket.unwrap_or_else(subagentd::paths::default_socket);
     let state_dir = args.state_dir.unwrap_or_else(subagentd::paths::default_state_dir);
     let mut cfg = Config::new(state_dir.clone());
@@ -90,7 +91,7 @@ async fn run(args: Args) -> Result<()> {
         pid = std::process::id(),
         "subagentd listening"
     );
-    subagentd::server::serve(sup, &bound, shutdown_signal())
+    subagentd::server::serve(sup, &bound, shutdown)
         .await
         .context("serving the socket")?;
     drop(bound);
