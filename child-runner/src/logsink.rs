@@ -98,7 +98,10 @@ mod tests {
         assert!(truncated);
         assert!(err.is_none());
         let text = std::fs::read_to_string(&p).unwrap();
-        assert!(text.starts_with("1234567890\n[subagentd: log cut at 10 bytes"), "{text}");
+        assert!(
+            text.starts_with("1234567890\n[subagentd: log cut at 10 bytes"),
+            "{text}"
+        );
         assert!(!text.contains("abc"));
         assert_eq!(written as usize, text.len());
     }

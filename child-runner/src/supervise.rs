@@ -98,7 +98,7 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
     let _ = crate::sys::set_pipe_size(std::os::fd::AsRawFd::as_raw_fd(&pipe_r), 1 << 20);
     // The child's end must block: clear O_NONBLOCK on the write side.
     nix::fcntl::fcntl(&pipe_w, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))
-    .map_err(setup("fcntl(pipe)"))?;
+        .map_err(setup("fcntl(pipe)"))?;
 
     let started_at_ms = now_unix_ms();
     let child = match launch::start(spec, pipe_w) {
@@ -122,7 +122,10 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
         }
     };
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(spec.wall_time_s);
+    // Far-future limits saturate instead of overflowing the clock.
+    let deadline = started
+        .checked_add(Duration::from_secs(spec.wall_time_s))
+        .unwrap_or(started + Duration::from_secs(100 * 365 * 24 * 3600));
     let grace = Duration::from_millis(spec.kill_grace_ms);
     let mut st = Loop {
         child_pid: child.id() as i32,
@@ -170,7 +173,12 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
             match poll(&mut fds, timeout) {
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(RunnerError::Setup { op: "poll", source: e }),
+                Err(e) => {
+                    return Err(RunnerError::Setup {
+                        op: "poll",
+                        source: e,
+                    })
+                }
             }
             let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
             (fds.get(1).is_some_and(ready), ready(&fds[0]))
@@ -231,7 +239,10 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
     let (outcome, reason) = if st.timed_out {
         (
             Outcome::TimedOut,
-            format!("wall time limit ({} s) exceeded; the process tree was killed", spec.wall_time_s),
+            format!(
+                "wall time limit ({} s) exceeded; the process tree was killed",
+                spec.wall_time_s
+            ),
         )
     } else if st.cancelled {
         (Outcome::Cancelled, "cancelled on request".to_owned())
@@ -265,5 +276,7 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
 
 /// The conventional name of a signal number, e.g. "SIGKILL".
 pub fn signal_name(sig: i32) -> &'static str {
-    Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("unknown signal")
+    Signal::try_from(sig)
+        .map(|s| s.as_str())
+        .unwrap_or("unknown signal")
 }

@@ -51,7 +51,11 @@ pub fn descendants(root: i32) -> Vec<i32> {
     let mut children: HashMap<i32, Vec<ProcStat>> = HashMap::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
                 continue;
             };
             if let Some(st) = read_stat(pid) {

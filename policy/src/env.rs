@@ -169,8 +169,10 @@ mod tests {
 
     #[test]
     fn request_entries_are_added_and_override_passthrough() {
-        let req: BTreeMap<String, String> = [("PATH".to_string(), "/opt/bin".to_string()),
-            ("MODEL".to_string(), "m1".to_string())]
+        let req: BTreeMap<String, String> = [
+            ("PATH".to_string(), "/opt/bin".to_string()),
+            ("MODEL".to_string(), "m1".to_string()),
+        ]
         .into_iter()
         .collect();
         let env = child_env(&daemon(), &req, &paths()).unwrap();
@@ -188,7 +190,10 @@ mod tests {
     fn reserved_and_malformed_names_are_refused() {
         for (name, want) in [
             ("HOME", EnvError::Reserved("HOME".into())),
-            ("SUBAGENT_RUN_ID", EnvError::Reserved("SUBAGENT_RUN_ID".into())),
+            (
+                "SUBAGENT_RUN_ID",
+                EnvError::Reserved("SUBAGENT_RUN_ID".into()),
+            ),
             ("A=B", EnvError::InvalidName("A=B".into())),
             ("", EnvError::InvalidName(String::new())),
         ] {

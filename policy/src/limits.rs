@@ -7,6 +7,11 @@ pub const DEFAULT_WALL_TIME_S: u64 = 3600;
 /// Default cap on child.log, in MiB.
 pub const DEFAULT_OUTPUT_MB: u64 = 100;
 
+/// The longest wall time accepted: 30 days.
+pub const MAX_WALL_TIME_S: u64 = 30 * 24 * 3600;
+/// The largest log cap accepted: 1 TiB.
+pub const MAX_OUTPUT_MB: u64 = 1024 * 1024;
+
 /// Limits as the request gives them; `None` means "the default".
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,17 +43,19 @@ impl Limits {
             .saturating_mul(1024 * 1024)
     }
 
-    /// Checks that every given limit is positive; names the first bad field.
-    pub fn validate(&self) -> Result<(), &'static str> {
+    /// Checks every given limit; names the first bad field and why.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
         let fields = [
-            ("wall_time_s", self.wall_time_s),
-            ("memory_mb", self.memory_mb),
-            ("pids", self.pids),
-            ("output_mb", self.output_mb),
+            ("wall_time_s", self.wall_time_s, MAX_WALL_TIME_S),
+            ("memory_mb", self.memory_mb, u64::MAX),
+            ("pids", self.pids, u64::MAX),
+            ("output_mb", self.output_mb, MAX_OUTPUT_MB),
         ];
-        for (name, value) in fields {
-            if value == Some(0) {
-                return Err(name);
+        for (name, value, max) in fields {
+            match value {
+                Some(0) => return Err((name, "must be positive".to_owned())),
+                Some(v) if v > max => return Err((name, format!("must be at most {max}"))),
+                _ => {}
             }
         }
         Ok(())
@@ -72,7 +79,12 @@ mod tests {
             pids: Some(0),
             ..Limits::default()
         };
-        assert_eq!(l.validate(), Err("pids"));
+        assert_eq!(l.validate(), Err(("pids", "must be positive".to_owned())));
+        let long = Limits {
+            wall_time_s: Some(MAX_WALL_TIME_S + 1),
+            ..Limits::default()
+        };
+        assert_eq!(long.validate().unwrap_err().0, "wall_time_s");
         let ok = Limits {
             wall_time_s: Some(1),
             ..Limits::default()

@@ -5,6 +5,7 @@
 
 use crate::paths::StateLayout;
 use crate::protocol::Notice;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use subagent_runner::atomic::{fsync_dir, write_atomic, AtomicError};
@@ -62,12 +63,15 @@ impl NoticeStore {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let (pending, taken) = self.dirs(&notice.session_id);
         let name = format!("{ended_ms:013}-{}.json", notice.run_id);
-        if pending.join(&name).exists() || taken.join(format!("{}.json", notice.run_id)).exists()
-        {
+        if pending.join(&name).exists() || taken.join(format!("{}.json", notice.run_id)).exists() {
             return Ok(false);
         }
         for dir in [&pending, &taken] {
-            std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(io("create", dir))?;
         }
         let mut bytes = serde_json::to_vec(notice).unwrap_or_default();
         bytes.push(b'\n');
@@ -135,7 +139,12 @@ mod tests {
         assert!(store.store(&notice("b"), 2).unwrap());
         assert!(store.store(&notice("a"), 1).unwrap());
         assert!(!store.store(&notice("a"), 1).unwrap());
-        let got: Vec<String> = store.take("s").unwrap().into_iter().map(|n| n.run_id).collect();
+        let got: Vec<String> = store
+            .take("s")
+            .unwrap()
+            .into_iter()
+            .map(|n| n.run_id)
+            .collect();
         assert_eq!(got, ["a", "b"]);
         assert!(store.take("s").unwrap().is_empty());
         // Storing again after the take does not bring it back.

@@ -57,7 +57,10 @@ impl RpcError {
 
     /// -32602 naming the offending field.
     pub fn invalid_params(field: &str, problem: impl std::fmt::Display) -> RpcError {
-        RpcError::new(codes::INVALID_PARAMS, format!("invalid params: {field}: {problem}"))
+        RpcError::new(
+            codes::INVALID_PARAMS,
+            format!("invalid params: {field}: {problem}"),
+        )
     }
 }
 
@@ -204,7 +207,12 @@ pub enum Decoded {
         id: Value,
         /// The error.
         error: RpcError,
+        /// False for a well-formed notification (no `id` member) whose
+        /// method or params are bad: JSON-RPC forbids answering those.
+        reply: bool,
     },
+    /// A blank line: ignored.
+    Blank,
 }
 
 fn params<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, RpcError> {
@@ -229,7 +237,11 @@ pub fn decode(line: &[u8]) -> Decoded {
     let err = |id: Value, code, msg: String| Decoded::Error {
         id,
         error: RpcError::new(code, msg),
+        reply: true,
     };
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Decoded::Blank;
+    }
     if line.len() > MAX_LINE {
         return err(
             Value::Null,
@@ -310,6 +322,7 @@ pub fn decode(line: &[u8]) -> Decoded {
     match call {
         Ok(call) => Decoded::Request(Request { id, call }),
         Err(error) => Decoded::Error {
+            reply: id.is_some(),
             id: reply_id,
             error,
         },
@@ -359,8 +372,11 @@ mod tests {
 
     fn code(line: &str) -> (Value, i64, String) {
         match decode(line.as_bytes()) {
-            Decoded::Error { id, error } => (id, error.code, error.message),
-            Decoded::Request(r) => panic!("decoded {r:?}"),
+            Decoded::Error { id, error, reply } => {
+                assert!(reply);
+                (id, error.code, error.message)
+            }
+            other => panic!("decoded {other:?}"),
         }
     }
 
@@ -371,7 +387,9 @@ mod tests {
             panic!()
         };
         assert_eq!(r.id, Some(json!(7)));
-        let Call::SpawnAgent(p) = r.call else { panic!() };
+        let Call::SpawnAgent(p) = r.call else {
+            panic!()
+        };
         assert_eq!(p.session.audience, Audience::Team);
         assert_eq!(p.limits.wall_time_s, Some(5));
     }
@@ -381,19 +399,47 @@ mod tests {
         assert_eq!(code("{nope").1, codes::PARSE_ERROR);
         assert_eq!(code("\u{0}").1, codes::PARSE_ERROR);
         assert_eq!(code("[1]").1, codes::INVALID_REQUEST);
-        assert_eq!(code(r#"{"id":1,"method":"ping"}"#).1, codes::INVALID_REQUEST);
-        assert_eq!(code(r#"{"jsonrpc":"2.0","id":1,"method":"nope"}"#), (json!(1), codes::METHOD_NOT_FOUND, "method not found: nope".into()));
-        let (_, c, m) = code(r#"{"jsonrpc":"2.0","id":"a","method":"spawn_agent","params":{"session":{"id":"s","audience":"team"},"task":"t","command":["x"]}}"#);
+        assert_eq!(
+            code(r#"{"id":1,"method":"ping"}"#).1,
+            codes::INVALID_REQUEST
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"method":"nope"}"#),
+            (
+                json!(1),
+                codes::METHOD_NOT_FOUND,
+                "method not found: nope".into()
+            )
+        );
+        let (_, c, m) = code(
+            r#"{"jsonrpc":"2.0","id":"a","method":"spawn_agent","params":{"session":{"id":"s","audience":"team"},"task":"t","command":["x"]}}"#,
+        );
         assert_eq!(c, codes::INVALID_PARAMS);
         assert!(m.contains("session") && m.contains("project_dir"), "{m}");
-        let (_, c, m) = code(r#"{"jsonrpc":"2.0","id":"a","method":"spawn_agent","params":{"session":{"id":"s","audience":"team","project_dir":"/"},"task":"t","command":"x"}}"#);
+        let (_, c, m) = code(
+            r#"{"jsonrpc":"2.0","id":"a","method":"spawn_agent","params":{"session":{"id":"s","audience":"team","project_dir":"/"},"task":"t","command":"x"}}"#,
+        );
         assert_eq!(c, codes::INVALID_PARAMS);
         assert!(m.starts_with("invalid params: command:"), "{m}");
-        let (_, c, m) = code(r#"{"jsonrpc":"2.0","id":1,"method":"check_agent_run","params":{"run_id":"x","bogus":1}}"#);
+        let (_, c, m) = code(
+            r#"{"jsonrpc":"2.0","id":1,"method":"check_agent_run","params":{"run_id":"x","bogus":1}}"#,
+        );
         assert_eq!(c, codes::INVALID_PARAMS);
         assert!(m.contains("bogus"), "{m}");
         let big = format!("\"{}\"", "a".repeat(MAX_LINE + 1));
         assert_eq!(code(&big).1, codes::INVALID_REQUEST);
+    }
+
+    #[test]
+    fn bad_notifications_get_no_reply_and_blank_lines_are_ignored() {
+        let Decoded::Error { reply, error, .. } = decode(br#"{"jsonrpc":"2.0","method":"nope"}"#)
+        else {
+            panic!()
+        };
+        assert!(!reply);
+        assert_eq!(error.code, codes::METHOD_NOT_FOUND);
+        assert_eq!(decode(b"  \r"), Decoded::Blank);
+        assert_eq!(decode(b""), Decoded::Blank);
     }
 
     #[test]

@@ -126,6 +126,17 @@ pub struct RunRecord {
     /// The run's end has been fully handled: result.md written, notice
     /// stored, temp_dir removed. Done exactly once.
     pub finalized: bool,
+    /// Why finalizing failed, when it did; retried at the next start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalize_error: Option<String>,
+}
+
+impl RunRecord {
+    /// Whether waiters may stop waiting: the run ended and its end was
+    /// handled (or handling it failed and says why).
+    pub fn settled(&self) -> bool {
+        self.state.is_terminal() && (self.finalized || self.finalize_error.is_some())
+    }
 }
 
 /// A run id as stored (validated when loaded).
@@ -188,10 +199,11 @@ impl RunRecord {
             path: path.to_path_buf(),
             source,
         })?;
-        let rec: RunRecord = serde_json::from_slice(&bytes).map_err(|source| RecordError::Parse {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let rec: RunRecord =
+            serde_json::from_slice(&bytes).map_err(|source| RecordError::Parse {
+                path: path.to_path_buf(),
+                source,
+            })?;
         if rec.id().is_none() {
             return Err(RecordError::BadId(path.to_path_buf()));
         }
@@ -219,6 +231,7 @@ impl RunRecord {
             command: self.command.clone(),
             cancel_requested: self.cancel_requested,
             log_truncated: self.log_truncated,
+            finalize_error: self.finalize_error.clone(),
         }
     }
 }
@@ -261,6 +274,10 @@ pub struct RunStatus {
     pub cancel_requested: bool,
     /// child.log was cut at the output cap.
     pub log_truncated: bool,
+    /// Present only when writing result.md or the notice failed (the run
+    /// ended; the supervisor retries at its next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalize_error: Option<String>,
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@
 //! writable by group or others) before the next one is made inside it.
 
 use nix::errno::Errno;
+use nix::fcntl::AtFlags;
 use nix::fcntl::{open, openat, OFlag};
-use nix::sys::stat::{fstat, mkdirat, Mode};
+use nix::sys::stat::{fstat, fstatat, mkdirat, Mode};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -66,8 +67,7 @@ fn sys<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> SecureDirE
 }
 
 fn check_name(name: &str) -> Result<(), SecureDirError> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0')
-    {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
         return Err(SecureDirError::BadName(name.to_owned()));
     }
     Ok(())
@@ -127,8 +127,16 @@ impl PrivateDir {
             Mode::empty(),
         ) {
             Ok(fd) => fd,
-            Err(Errno::ELOOP) => return Err(SecureDirError::Symlink(path)),
-            Err(Errno::ENOTDIR) => return Err(SecureDirError::NotDir(path)),
+            Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                // O_DIRECTORY may win over O_NOFOLLOW: look at the entry itself.
+                let st = fstatat(self.fd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map_err(sys("stat", &path))?;
+                return Err(if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    SecureDirError::Symlink(path)
+                } else {
+                    SecureDirError::NotDir(path)
+                });
+            }
             Err(e) => return Err(sys("open", &path)(e)),
         };
         let st = fstat(&fd).map_err(sys("stat", &path))?;

@@ -31,7 +31,11 @@ pub fn civil(secs: u64) -> ((i64, u32, u32), (u32, u32, u32)) {
     let year = yoe + era * 400 + i64::from(month <= 2);
     (
         (year, month, day),
-        ((rem / 3600) as u32, (rem % 3600 / 60) as u32, (rem % 60) as u32),
+        (
+            (rem / 3600) as u32,
+            (rem % 3600 / 60) as u32,
+            (rem % 60) as u32,
+        ),
     )
 }
 

@@ -39,7 +39,10 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     let mut pause = Duration::from_millis(1);
     while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(50));
     }
@@ -52,7 +55,10 @@ pub fn session(prefix: &str) -> String {
         .unwrap()
         .read_exact(&mut buf)
         .unwrap();
-    format!("{prefix}-{}", buf.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    format!(
+        "{prefix}-{}",
+        buf.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
 }
 
 /// A daemon under test.
@@ -84,7 +90,10 @@ impl Daemon {
 
     /// Starts a daemon and waits until it answers ping.
     pub fn start_with(opts: DaemonOpts) -> Daemon {
-        let dir = tempfile::Builder::new().prefix("sa-e2e-").tempdir_in("/tmp").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("sa-e2e-")
+            .tempdir_in("/tmp")
+            .unwrap();
         let socket = dir.path().join("d.sock");
         let state = dir.path().join("state");
         let child = Self::spawn_process(&socket, &state, dir.path(), &opts);
@@ -184,7 +193,9 @@ pub fn unsafe_kill(pid: i32, sig: i32) -> bool {
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => {
-            let state = s.rsplit_once(')').map(|(_, r)| r.trim_start().chars().next());
+            let state = s
+                .rsplit_once(')')
+                .map(|(_, r)| r.trim_start().chars().next());
             state != Some(Some('Z'))
         }
         Err(_) => false,
@@ -203,7 +214,8 @@ pub struct Conn {
 impl Conn {
     /// Connects, or panics.
     pub fn connect(socket: &Path) -> Conn {
-        Self::try_connect(socket).unwrap_or_else(|| panic!("cannot connect to {}", socket.display()))
+        Self::try_connect(socket)
+            .unwrap_or_else(|| panic!("cannot connect to {}", socket.display()))
     }
 
     /// Connects, or `None`.
@@ -228,7 +240,9 @@ impl Conn {
         let mut line = String::new();
         match self.reader.read_line(&mut line) {
             Ok(0) | Err(_) => None,
-            Ok(_) => Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad line {line:?}: {e}"))),
+            Ok(_) => Some(
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad line {line:?}: {e}")),
+            ),
         }
     }
 
@@ -239,7 +253,9 @@ impl Conn {
         let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         self.send_raw(format!("{line}\n").as_bytes()).unwrap();
         loop {
-            let msg = self.read_msg().expect("connection closed before the response");
+            let msg = self
+                .read_msg()
+                .expect("connection closed before the response");
             if msg.get("id") == Some(&json!(id)) {
                 return msg;
             }
@@ -270,15 +286,26 @@ impl Conn {
                 params[k] = v;
             }
         }
-        let r = self.call("spawn_agent", params).unwrap_or_else(|e| panic!("spawn failed: {e}"));
+        let r = self
+            .call("spawn_agent", params)
+            .unwrap_or_else(|e| panic!("spawn failed: {e}"));
         assert_eq!(r["state"], "accepted");
-        assert_eq!(r.as_object().unwrap().len(), 2, "exactly run_id and state: {r}");
+        assert_eq!(
+            r.as_object().unwrap().len(),
+            2,
+            "exactly run_id and state: {r}"
+        );
         r["run_id"].as_str().unwrap().to_owned()
     }
 
     /// Waits for a run to end and returns its status.
     pub fn wait(&mut self, run: &str) -> Value {
-        let s = self.call("wait_agent_run", json!({"run_id": run, "timeout_ms": 60_000})).unwrap();
+        let s = self
+            .call(
+                "wait_agent_run",
+                json!({"run_id": run, "timeout_ms": 60_000}),
+            )
+            .unwrap();
         assert!(
             !matches!(s["state"].as_str(), Some("accepted" | "running")),
             "run {run} still {} after 60 s",

@@ -1,6 +1,8 @@
 //! The `subagent` client: logs -f, wait's exit codes, and `subagent run`
 //! for CI, embedded and through a daemon, with each exit code.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::json;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -51,10 +53,37 @@ fn wait_exits_with_the_run_code() {
     let d = Daemon::start();
     let s = session("wait");
     for (cmd, code) in [("exit 0", 0), ("exit 3", 3), ("kill -TERM $$", 128 + 15)] {
-        let out = d.cli(&["spawn", "--session", &s, "--task", "t", "--wait", "--", "sh", "-c", cmd]);
-        assert_eq!(out.status.code(), Some(code), "{cmd}: {}", text(&out.stderr));
+        let out = d.cli(&[
+            "spawn",
+            "--session",
+            &s,
+            "--task",
+            "t",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            cmd,
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{cmd}: {}",
+            text(&out.stderr)
+        );
     }
-    let out = d.cli(&["spawn", "--session", &s, "--task", "t", "--wall-time", "1", "--", "sleep", "30"]);
+    let out = d.cli(&[
+        "spawn",
+        "--session",
+        &s,
+        "--task",
+        "t",
+        "--wall-time",
+        "1",
+        "--",
+        "sleep",
+        "30",
+    ]);
     let run = text(&out.stdout).trim().to_owned();
     let out = d.cli(&["wait", &run, "--timeout", "0.1"]);
     assert_eq!(out.status.code(), Some(75), "still running");
@@ -82,7 +111,11 @@ fn ci_run(socket: &Path, state: Option<&Path>, args: &[&str]) -> std::process::O
     if let Some(s) = state {
         cmd.arg("--state-dir").arg(s);
     }
-    cmd.arg("run").args(args).stdin(Stdio::null()).output().unwrap()
+    cmd.arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 const CASES: &[(&str, &str, i32)] = &[
@@ -95,12 +128,20 @@ const CASES: &[(&str, &str, i32)] = &[
 fn check_codes(socket: &Path, state: Option<&Path>) {
     let s = session("ci");
     for (name, script, code) in CASES {
-        let out = ci_run(socket, state, &["--session", &s, "--task", name, "--", "sh", "-c", script]);
+        let out = ci_run(
+            socket,
+            state,
+            &["--session", &s, "--task", name, "--", "sh", "-c", script],
+        );
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(*code), "{name}: {err}");
         if *name != "lost" {
             // (A killed runner never copied what was still in its pipe.)
-            assert_eq!(text(&out.stdout), "streamed\n", "{name}: the log streams to stdout");
+            assert_eq!(
+                text(&out.stdout),
+                "streamed\n",
+                "{name}: the log streams to stdout"
+            );
         }
         let result = err
             .lines()
@@ -108,7 +149,21 @@ fn check_codes(socket: &Path, state: Option<&Path>) {
             .unwrap_or_else(|| panic!("no result path on stderr: {err}"));
         assert!(Path::new(&result).is_file(), "{result}");
     }
-    let out = ci_run(socket, state, &["--session", &s, "--task", "t", "--wall-time", "1", "--", "sleep", "30"]);
+    let out = ci_run(
+        socket,
+        state,
+        &[
+            "--session",
+            &s,
+            "--task",
+            "t",
+            "--wall-time",
+            "1",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
     assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
 }
 
@@ -129,7 +184,11 @@ fn run_through_a_daemon_exits_with_each_code() {
     check_codes(&d.socket, None);
     let mut c = d.conn();
     let listed = c.call("list_agent_runs", json!({})).unwrap();
-    assert_eq!(listed["runs"].as_array().unwrap().len(), CASES.len() + 1, "the runs went through the daemon");
+    assert_eq!(
+        listed["runs"].as_array().unwrap().len(),
+        CASES.len() + 1,
+        "the runs went through the daemon"
+    );
 }
 
 #[test]
@@ -147,7 +206,12 @@ fn interrupting_run_cancels_the_run() {
         .unwrap();
     let mut c = d.conn();
     wait_until(Duration::from_secs(20), "the run to start", || {
-        let v = c.call("list_agent_runs", json!({"session_id": s, "state": "running"})).unwrap();
+        let v = c
+            .call(
+                "list_agent_runs",
+                json!({"session_id": s, "state": "running"}),
+            )
+            .unwrap();
         !v["runs"].as_array().unwrap().is_empty()
     });
     unsafe_kill(child.id() as i32, libc::SIGINT);

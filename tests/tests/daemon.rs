@@ -1,6 +1,8 @@
 //! The daemon process: socket hygiene, shutdown that leaves children
 //! running, and picking runs up again after a restart.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::json;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::process::{Command, Stdio};
@@ -16,15 +18,29 @@ fn socket_and_its_new_directory_are_private() {
     let dir = tempfile::tempdir().unwrap();
     let sock_dir = dir.path().join("run").join("subagentd");
     let socket = sock_dir.join("s.sock");
-    let mut child = Daemon::spawn_process(&socket, &dir.path().join("state"), dir.path(), &DaemonOpts::default());
-    wait_until(Duration::from_secs(20), "the socket", || Conn::try_connect(&socket).is_some());
+    let mut child = Daemon::spawn_process(
+        &socket,
+        &dir.path().join("state"),
+        dir.path(),
+        &DaemonOpts::default(),
+    );
+    wait_until(Duration::from_secs(20), "the socket", || {
+        Conn::try_connect(&socket).is_some()
+    });
     assert_eq!(mode(&sock_dir), 0o700);
     assert_eq!(mode(&socket), 0o600);
-    assert!(std::fs::symlink_metadata(&socket).unwrap().file_type().is_socket());
+    assert!(std::fs::symlink_metadata(&socket)
+        .unwrap()
+        .file_type()
+        .is_socket());
     assert_eq!(mode(&dir.path().join("state")), 0o700);
     subagentd_e2e::unsafe_kill(child.id() as i32, libc::SIGINT);
     let status = child.wait().unwrap();
-    assert!(status.success(), "{status:?}: {}", std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default());
+    assert!(
+        status.success(),
+        "{status:?}: {}",
+        std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
+    );
     assert!(!socket.exists(), "removed on SIGINT");
 }
 
@@ -35,10 +51,17 @@ fn a_stale_socket_is_replaced_and_a_live_one_is_refused() {
     // A socket file nobody listens on any more.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
     assert!(socket.exists());
-    let mut first = Daemon::spawn_process(&socket, &d0.path().join("state"), d0.path(), &DaemonOpts::default());
-    wait_until(Duration::from_secs(20), "the daemon to take over the stale socket", || {
-        Conn::try_connect(&socket).is_some_and(|mut c| c.call("ping", json!({})).is_ok())
-    });
+    let mut first = Daemon::spawn_process(
+        &socket,
+        &d0.path().join("state"),
+        d0.path(),
+        &DaemonOpts::default(),
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "the daemon to take over the stale socket",
+        || Conn::try_connect(&socket).is_some_and(|mut c| c.call("ping", json!({})).is_ok()),
+    );
     // A second daemon on the same socket exits non-zero, naming the path.
     let out = Command::new(bin("subagentd"))
         .arg("--socket")
@@ -50,7 +73,10 @@ fn a_stale_socket_is_replaced_and_a_live_one_is_refused() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(socket.to_str().unwrap()) && err.contains("already listening"), "{err}");
+    assert!(
+        err.contains(socket.to_str().unwrap()) && err.contains("already listening"),
+        "{err}"
+    );
     // The first one still serves.
     assert!(Conn::connect(&socket).call("ping", json!({})).is_ok());
     // A second daemon on the same state dir is refused too.
@@ -87,16 +113,28 @@ fn shutdown_leaves_children_running_and_a_restart_picks_them_up() {
     let s = session("restart");
     let mut c = d.conn();
     let marker = "echo $$ > \"$SUBAGENT_ARTIFACT_DIR/pid.tmp\"; mv \"$SUBAGENT_ARTIFACT_DIR/pid.tmp\" \"$SUBAGENT_ARTIFACT_DIR/pid\"";
-    let long = c.spawn(&s, &["sh", "-c", &format!("{marker}; exec sleep 300")], json!({}));
+    let long = c.spawn(
+        &s,
+        &["sh", "-c", &format!("{marker}; exec sleep 300")],
+        json!({}),
+    );
     let short = c.spawn(&s, &["sh", "-c", &format!("{marker}; while [ ! -e \"$SUBAGENT_ARTIFACT_DIR/go\" ]; do sleep 0.02; done; echo finished while away; exit 4")], json!({}));
     let art = |run: &str, c: &mut Conn| {
-        std::path::PathBuf::from(c.call("check_agent_run", json!({"run_id": run})).unwrap()["artifact_dir"].as_str().unwrap())
+        std::path::PathBuf::from(
+            c.call("check_agent_run", json!({"run_id": run})).unwrap()["artifact_dir"]
+                .as_str()
+                .unwrap(),
+        )
     };
     let (long_art, short_art) = (art(&long, &mut c), art(&short, &mut c));
     wait_until(Duration::from_secs(20), "both children to start", || {
         long_art.join("pid").exists() && short_art.join("pid").exists()
     });
-    let pid: i32 = std::fs::read_to_string(long_art.join("pid")).unwrap().trim().parse().unwrap();
+    let pid: i32 = std::fs::read_to_string(long_art.join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     drop(c);
     assert!(d.stop().success());
     assert!(!d.socket.exists());
@@ -104,16 +142,26 @@ fn shutdown_leaves_children_running_and_a_restart_picks_them_up() {
     // One run ends while no daemon is up.
     std::fs::write(short_art.join("go"), "").unwrap();
     let short_exit = short_art.parent().unwrap().join("exit.json");
-    wait_until(Duration::from_secs(20), "the short run to end", || short_exit.exists());
+    wait_until(Duration::from_secs(20), "the short run to end", || {
+        short_exit.exists()
+    });
 
-    d.child = Daemon::spawn_process(&d.socket.clone(), &d.state.clone(), d.dir.path(), &DaemonOpts::default());
+    d.child = Daemon::spawn_process(
+        &d.socket.clone(),
+        &d.state.clone(),
+        d.dir.path(),
+        &DaemonOpts::default(),
+    );
     d.wait_ready();
     let mut c = d.conn();
     let st = c.wait(&short);
     assert_eq!(st["state"], "failed", "finished from exit.json: {st}");
     assert_eq!(st["exit_code"], 4);
     let st = c.call("check_agent_run", json!({"run_id": long})).unwrap();
-    assert_eq!(st["state"], "running", "the live runner is watched again: {st}");
+    assert_eq!(
+        st["state"], "running",
+        "the live runner is watched again: {st}"
+    );
     c.call("cancel_agent_run", json!({"run_id": long})).unwrap();
     let st = c.wait(&long);
     assert_eq!(st["state"], "cancelled");

@@ -1,6 +1,8 @@
 //! A run's life through the real daemon: success, failure, signals,
 //! timeouts, cancel, FIFO queueing, the child's environment and files.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,7 +19,11 @@ fn success_writes_log_artifacts_and_result() {
     let s = session("ok");
     let run = c.spawn(
         &s,
-        &["sh", "-c", "echo hello from child; echo data > \"$SUBAGENT_ARTIFACT_DIR/out.txt\"; echo oops >&2"],
+        &[
+            "sh",
+            "-c",
+            "echo hello from child; echo data > \"$SUBAGENT_ARTIFACT_DIR/out.txt\"; echo oops >&2",
+        ],
         json!({"context": "some background"}),
     );
     let st = c.wait(&run);
@@ -32,7 +38,10 @@ fn success_writes_log_artifacts_and_result() {
     let log = std::fs::read_to_string(path(&st["log_path"])).unwrap();
     assert_eq!(log, "hello from child\noops\n");
     let art = path(&st["artifact_dir"]);
-    assert_eq!(std::fs::read_to_string(art.join("out.txt")).unwrap(), "data\n");
+    assert_eq!(
+        std::fs::read_to_string(art.join("out.txt")).unwrap(),
+        "data\n"
+    );
     let result = std::fs::read_to_string(path(&st["result_path"])).unwrap();
     for needle in [
         run.as_str(),
@@ -43,12 +52,16 @@ fn success_writes_log_artifacts_and_result() {
         "`out.txt` (5 bytes)",
         "hello from child",
     ] {
-        assert!(result.contains(needle), "result.md lacks {needle:?}:\n{result}");
+        assert!(
+            result.contains(needle),
+            "result.md lacks {needle:?}:\n{result}"
+        );
     }
     let run_dir = path(&st["log_path"]).parent().unwrap().to_path_buf();
     let first = std::fs::read_to_string(run_dir.join("context/first_message.md")).unwrap();
     assert_eq!(first, "Context: some background\nTask: test task\n");
-    let rec: Value = serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
+    let rec: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
     assert_eq!(rec["state"], "succeeded");
     assert_eq!(rec["finalized"], true);
     // The temp dir is removed when the run ends.
@@ -71,7 +84,11 @@ fn unsafe_uid() -> u32 {
 fn failure_keeps_the_exit_code() {
     let d = Daemon::start();
     let mut c = d.conn();
-    let run = c.spawn(&session("fail"), &["sh", "-c", "echo failing; exit 7"], json!({}));
+    let run = c.spawn(
+        &session("fail"),
+        &["sh", "-c", "echo failing; exit 7"],
+        json!({}),
+    );
     let st = c.wait(&run);
     assert_eq!(st["state"], "failed");
     assert_eq!(st["exit_code"], 7);
@@ -98,7 +115,10 @@ fn a_program_that_cannot_start_fails_with_127() {
     let st = c.wait(&run);
     assert_eq!(st["state"], "failed");
     assert_eq!(st["exit_code"], 127);
-    assert!(st["reason"].as_str().unwrap().contains("cannot execute"), "{st}");
+    assert!(
+        st["reason"].as_str().unwrap().contains("cannot execute"),
+        "{st}"
+    );
 }
 
 /// Starts a child that leaves a double-forked, setsid'ed grandchild
@@ -108,7 +128,9 @@ const LEAVES_GRANDCHILD: &str = r#"( setsid sh -c 'echo $$ > "$SUBAGENT_ARTIFACT
 fn grandchild_pid(c: &mut Conn, run: &str) -> i32 {
     let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
     let f = path(&st["artifact_dir"]).join("gc.pid");
-    wait_until(Duration::from_secs(20), "the grandchild to start", || f.exists());
+    wait_until(Duration::from_secs(20), "the grandchild to start", || {
+        f.exists()
+    });
     let pid: i32 = std::fs::read_to_string(&f).unwrap().trim().parse().unwrap();
     assert!(alive(pid));
     pid
@@ -126,7 +148,13 @@ fn timeout_kills_the_whole_tree() {
     let gc = grandchild_pid(&mut c, &run);
     let st = c.wait(&run);
     assert_eq!(st["state"], "timed_out", "{st}");
-    assert!(st["reason"].as_str().unwrap().contains("wall time limit (2 s)"), "{st}");
+    assert!(
+        st["reason"]
+            .as_str()
+            .unwrap()
+            .contains("wall time limit (2 s)"),
+        "{st}"
+    );
     // The runner kills the tree before it records the end.
     assert!(!alive(gc), "the setsid grandchild {gc} outlived the run");
 }
@@ -135,7 +163,10 @@ fn timeout_kills_the_whole_tree() {
 fn a_normal_exit_kills_what_the_child_left_behind() {
     let d = Daemon::start();
     let mut c = d.conn();
-    let script = LEAVES_GRANDCHILD.replace("; sleep 300", "; while [ ! -e \"$SUBAGENT_ARTIFACT_DIR/gc.pid\" ]; do sleep 0.01; done; exit 0");
+    let script = LEAVES_GRANDCHILD.replace(
+        "; sleep 300",
+        "; while [ ! -e \"$SUBAGENT_ARTIFACT_DIR/gc.pid\" ]; do sleep 0.01; done; exit 0",
+    );
     let run = c.spawn(&session("left"), &["sh", "-c", &script], json!({}));
     let st = c.wait(&run);
     assert_eq!(st["state"], "succeeded", "{st}");
@@ -157,7 +188,11 @@ fn wait_running(c: &mut Conn, run: &str) {
 fn cancel_terminates_the_tree() {
     let d = Daemon::start();
     let mut c = d.conn();
-    let run = c.spawn(&session("cancel"), &["sh", "-c", LEAVES_GRANDCHILD], json!({}));
+    let run = c.spawn(
+        &session("cancel"),
+        &["sh", "-c", LEAVES_GRANDCHILD],
+        json!({}),
+    );
     let gc = grandchild_pid(&mut c, &run);
     wait_running(&mut c, &run);
     let st = c.call("cancel_agent_run", json!({"run_id": run})).unwrap();
@@ -178,17 +213,28 @@ fn cancel_kills_a_child_that_ignores_sigterm_after_the_grace() {
     let mut c = d.conn();
     let run = c.spawn(
         &session("stubborn"),
-        &["sh", "-c", "trap '' TERM; touch \"$SUBAGENT_ARTIFACT_DIR/ready\"; while :; do sleep 0.1; done"],
+        &[
+            "sh",
+            "-c",
+            "trap '' TERM; touch \"$SUBAGENT_ARTIFACT_DIR/ready\"; while :; do sleep 0.1; done",
+        ],
         json!({}),
     );
     let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
     let ready = path(&st["artifact_dir"]).join("ready");
-    wait_until(Duration::from_secs(20), "the trap to be set", || ready.exists());
-    let st = c.call("check_agent_run", json!({"run_id": run, "cancel": true})).unwrap();
+    wait_until(Duration::from_secs(20), "the trap to be set", || {
+        ready.exists()
+    });
+    let st = c
+        .call("check_agent_run", json!({"run_id": run, "cancel": true}))
+        .unwrap();
     assert_eq!(st["cancel_requested"], true);
     let st = c.wait(&run);
     assert_eq!(st["state"], "cancelled", "{st}");
-    assert_eq!(st["signal"], 9, "the SIGKILL after the grace ended it: {st}");
+    assert_eq!(
+        st["signal"], 9,
+        "the SIGKILL after the grace ended it: {st}"
+    );
 }
 
 #[test]
@@ -209,16 +255,25 @@ fn queued_runs_start_in_fifo_order_and_can_be_cancelled_before_starting() {
         let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
         assert_eq!(st["state"], "accepted", "only one may run at once: {st}");
     }
-    let st = c.call("cancel_agent_run", json!({"run_id": dropped})).unwrap();
+    let st = c
+        .call("cancel_agent_run", json!({"run_id": dropped}))
+        .unwrap();
     assert_eq!(st["state"], "cancelled");
     assert_eq!(st["reason"], "cancelled before it started");
     assert_eq!(st["started_at"], Value::Null);
-    c.call("cancel_agent_run", json!({"run_id": blocker})).unwrap();
+    c.call("cancel_agent_run", json!({"run_id": blocker}))
+        .unwrap();
     let statuses: Vec<Value> = runs.iter().map(|r| c.wait(r)).collect();
     for w in statuses.windows(2) {
         assert_eq!(w[1]["state"], "succeeded");
-        let (end0, start1) = (w[0]["ended_at"].as_str().unwrap(), w[1]["started_at"].as_str().unwrap());
-        assert!(start1 >= end0, "FIFO and one at a time: {end0} then {start1}");
+        let (end0, start1) = (
+            w[0]["ended_at"].as_str().unwrap(),
+            w[1]["started_at"].as_str().unwrap(),
+        );
+        assert!(
+            start1 >= end0,
+            "FIFO and one at a time: {end0} then {start1}"
+        );
     }
     let log = std::fs::read_to_string(path(&c.wait(&dropped)["log_path"])).unwrap_or_default();
     assert_eq!(log, "", "a run cancelled before it started never ran");
@@ -242,8 +297,14 @@ fn the_child_gets_only_the_allowlisted_environment() {
     );
     let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
     let pid_file = path(&st["artifact_dir"]).join("pid");
-    wait_until(Duration::from_secs(20), "the child to start", || pid_file.exists());
-    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    wait_until(Duration::from_secs(20), "the child to start", || {
+        pid_file.exists()
+    });
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     // Read the live agent process's environment and descriptors.
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
     let env: Vec<String> = environ
@@ -262,16 +323,34 @@ fn the_child_gets_only_the_allowlisted_environment() {
     assert_eq!(st["state"], "cancelled", "{st}");
 
     let joined = env.join("\n");
-    assert!(!joined.contains("hunter2"), "a daemon secret leaked:\n{joined}");
+    assert!(
+        !joined.contains("hunter2"),
+        "a daemon secret leaked:\n{joined}"
+    );
     // PWD is exported by sh itself before its exec.
     let allowed = [
-        "PATH", "LANG", "TZ", "TERM", "HOME", "TMPDIR", "MODEL", "PWD", "SUBAGENT_RUN_ID",
-        "SUBAGENT_SESSION_ID", "SUBAGENT_TEMP_DIR", "SUBAGENT_ARTIFACT_DIR", "SUBAGENT_LOG_PATH",
-        "SUBAGENT_CONTEXT_DIR", "SUBAGENT_DELTA_PATH",
+        "PATH",
+        "LANG",
+        "TZ",
+        "TERM",
+        "HOME",
+        "TMPDIR",
+        "MODEL",
+        "PWD",
+        "SUBAGENT_RUN_ID",
+        "SUBAGENT_SESSION_ID",
+        "SUBAGENT_TEMP_DIR",
+        "SUBAGENT_ARTIFACT_DIR",
+        "SUBAGENT_LOG_PATH",
+        "SUBAGENT_CONTEXT_DIR",
+        "SUBAGENT_DELTA_PATH",
     ];
     for kv in &env {
         let name = kv.split_once('=').map_or(kv.as_str(), |(k, _)| k);
-        assert!(allowed.contains(&name) || name.starts_with("LC_"), "unexpected variable {name}:\n{joined}");
+        assert!(
+            allowed.contains(&name) || name.starts_with("LC_"),
+            "unexpected variable {name}:\n{joined}"
+        );
     }
     let temp = st["temp_dir"].as_str().unwrap();
     for want in [

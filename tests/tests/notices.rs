@@ -1,6 +1,8 @@
 //! Finished-run notices: durable, each taken exactly once, also when the
 //! parent was away; subscriptions push them as they happen.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -34,7 +36,9 @@ fn notices_survive_a_daemon_restart() {
     let mut d = Daemon::start();
     let s = session("durable");
     let mut c = d.conn();
-    let runs: Vec<String> = (0..3).map(|i| c.spawn(&s, &["sh", "-c", &format!("exit {i}")], json!({}))).collect();
+    let runs: Vec<String> = (0..3)
+        .map(|i| c.spawn(&s, &["sh", "-c", &format!("exit {i}")], json!({})))
+        .collect();
     for r in &runs {
         c.wait(r);
     }
@@ -47,14 +51,33 @@ fn notices_survive_a_daemon_restart() {
     d.wait_ready();
     let mut c = d.conn();
     let taken = c.call("take_notices", json!({"session_id": s})).unwrap();
-    let got: Vec<&str> = taken["notices"].as_array().unwrap().iter().map(|n| n["run_id"].as_str().unwrap()).collect();
-    assert_eq!(got, runs.iter().map(String::as_str).collect::<Vec<_>>(), "oldest first");
-    let states: Vec<&str> = taken["notices"].as_array().unwrap().iter().map(|n| n["state"].as_str().unwrap()).collect();
+    let got: Vec<&str> = taken["notices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        runs.iter().map(String::as_str).collect::<Vec<_>>(),
+        "oldest first"
+    );
+    let states: Vec<&str> = taken["notices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["state"].as_str().unwrap())
+        .collect();
     assert_eq!(states, ["succeeded", "failed", "failed"]);
     // The runs themselves are still known after the restart.
-    let st = c.call("check_agent_run", json!({"run_id": runs[1]})).unwrap();
+    let st = c
+        .call("check_agent_run", json!({"run_id": runs[1]}))
+        .unwrap();
     assert_eq!(st["exit_code"], 1);
-    assert_eq!(c.call("take_notices", json!({"session_id": s})).unwrap()["notices"], json!([]));
+    assert_eq!(
+        c.call("take_notices", json!({"session_id": s})).unwrap()["notices"],
+        json!([])
+    );
 }
 
 #[test]
@@ -85,15 +108,23 @@ fn subscribers_are_told_when_runs_end() {
 }
 
 fn fd_count(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 fn zombies_of(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_str().unwrap_or("x").parse::<i32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
-        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let Ok(p) = e.file_name().to_str().unwrap_or("x").parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
         let mut f = rest.split_whitespace();
         let (state, ppid) = (f.next(), f.next().and_then(|x| x.parse::<i32>().ok()));
         if ppid == Some(pid) && state == Some("Z") {
@@ -114,7 +145,8 @@ fn a_burst_of_200_spawns_from_20_connections_delivers_every_notice_once() {
         let mut c = d.conn();
         let r = c.spawn(&sessions[0], &["true"], json!({}));
         c.wait(&r);
-        c.call("take_notices", json!({"session_id": sessions[0]})).unwrap();
+        c.call("take_notices", json!({"session_id": sessions[0]}))
+            .unwrap();
         assert_eq!(sub.read_msg().unwrap()["params"]["run_id"], r.as_str());
     }
     let baseline = fd_count(d.pid());
@@ -131,9 +163,16 @@ fn a_burst_of_200_spawns_from_20_connections_delivers_every_notice_once() {
             })
         })
         .collect();
-    let runs: Vec<String> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let runs: Vec<String> = workers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
     assert_eq!(runs.len(), 200);
-    assert_eq!(runs.iter().collect::<BTreeSet<_>>().len(), 200, "run ids are unique");
+    assert_eq!(
+        runs.iter().collect::<BTreeSet<_>>().len(),
+        200,
+        "run ids are unique"
+    );
     let mut c = d.conn();
     for r in &runs {
         let st = c.wait(r);
@@ -151,7 +190,12 @@ fn a_burst_of_200_spawns_from_20_connections_delivers_every_notice_once() {
             std::thread::spawn(move || {
                 let mut c = Conn::connect(&socket);
                 let v = c.call("take_notices", json!({"session_id": s})).unwrap();
-                v["notices"].as_array().unwrap().iter().map(|n| n["run_id"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+                v["notices"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n["run_id"].as_str().unwrap().to_owned())
+                    .collect::<Vec<_>>()
             })
         })
         .collect();
@@ -166,14 +210,21 @@ fn a_burst_of_200_spawns_from_20_connections_delivers_every_notice_once() {
     let mut pushed: BTreeMap<String, usize> = BTreeMap::new();
     while pushed.len() < 200 {
         let n: Value = sub.read_msg().expect("subscriber closed");
-        *pushed.entry(n["params"]["run_id"].as_str().unwrap().to_owned()).or_default() += 1;
+        *pushed
+            .entry(n["params"]["run_id"].as_str().unwrap().to_owned())
+            .or_default() += 1;
     }
     assert!(pushed.values().all(|&n| n == 1));
-    assert_eq!(pushed.keys().collect::<BTreeSet<_>>(), runs.iter().collect::<BTreeSet<_>>());
+    assert_eq!(
+        pushed.keys().collect::<BTreeSet<_>>(),
+        runs.iter().collect::<BTreeSet<_>>()
+    );
     // Nothing leaks in the daemon: descriptors back to the baseline, no zombies.
     drop(c);
-    wait_until(Duration::from_secs(20), "the daemon's fds to return to the baseline", || {
-        fd_count(d.pid()) <= baseline
-    });
+    wait_until(
+        Duration::from_secs(20),
+        "the daemon's fds to return to the baseline",
+        || fd_count(d.pid()) <= baseline,
+    );
     assert_eq!(zombies_of(d.pid()), Vec::<i32>::new());
 }

@@ -1,12 +1,19 @@
 //! Bad input over the real socket: each answered with its documented error
 //! code, while the daemon keeps serving everyone else.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::{json, Value};
 use subagentd_e2e::{session, Conn, Daemon};
 
 fn error_of(msg: &Value) -> (i64, String) {
-    let e = msg.get("error").unwrap_or_else(|| panic!("expected an error: {msg}"));
-    (e["code"].as_i64().unwrap(), e["message"].as_str().unwrap().to_owned())
+    let e = msg
+        .get("error")
+        .unwrap_or_else(|| panic!("expected an error: {msg}"));
+    (
+        e["code"].as_i64().unwrap(),
+        e["message"].as_str().unwrap().to_owned(),
+    )
 }
 
 fn spawn_params(s: &str) -> Value {
@@ -58,18 +65,102 @@ fn missing_and_ill_typed_fields_are_named() {
     let mut c = d.conn();
     let s = session("params");
     let cases: Vec<(Value, &str)> = vec![
-        ({ let mut p = spawn_params(&s); p.as_object_mut().unwrap().remove("task"); p }, "task"),
-        ({ let mut p = spawn_params(&s); p["command"] = json!("true"); p }, "command"),
-        ({ let mut p = spawn_params(&s); p["command"] = json!([]); p }, "command"),
-        ({ let mut p = spawn_params(&s); p["task"] = json!(""); p }, "task"),
-        ({ let mut p = spawn_params(&s); p["limits"] = json!({"wall_time_s": "soon"}); p }, "limits.wall_time_s"),
-        ({ let mut p = spawn_params(&s); p["session"]["id"] = json!("../evil"); p }, "session.id"),
-        ({ let mut p = spawn_params(&s); p["session"]["audience"] = json!("admin"); p }, "session.audience"),
-        ({ let mut p = spawn_params(&s); p["session"]["project_dir"] = json!("relative/dir"); p }, "session.project_dir"),
-        ({ let mut p = spawn_params(&s); p["session"]["project_dir"] = json!("/nonexistent/xyz"); p }, "session.project_dir"),
-        ({ let mut p = spawn_params(&s); p["env"] = json!({"SUBAGENT_RUN_ID": "x"}); p }, "env.SUBAGENT_RUN_ID"),
-        ({ let mut p = spawn_params(&s); p["surprise"] = json!(1); p }, "surprise"),
-        ({ let mut p = spawn_params(&s); p["task"] = json!("x".repeat(64 * 1024 + 1)); p }, "task"),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p.as_object_mut().unwrap().remove("task");
+                p
+            },
+            "task",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["command"] = json!("true");
+                p
+            },
+            "command",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["command"] = json!([]);
+                p
+            },
+            "command",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["task"] = json!("");
+                p
+            },
+            "task",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["limits"] = json!({"wall_time_s": "soon"});
+                p
+            },
+            "limits.wall_time_s",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["session"]["id"] = json!("../evil");
+                p
+            },
+            "session.id",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["session"]["audience"] = json!("admin");
+                p
+            },
+            "session.audience",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["session"]["project_dir"] = json!("relative/dir");
+                p
+            },
+            "session.project_dir",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["session"]["project_dir"] = json!("/nonexistent/xyz");
+                p
+            },
+            "session.project_dir",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["env"] = json!({"SUBAGENT_RUN_ID": "x"});
+                p
+            },
+            "env.SUBAGENT_RUN_ID",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["surprise"] = json!(1);
+                p
+            },
+            "surprise",
+        ),
+        (
+            {
+                let mut p = spawn_params(&s);
+                p["task"] = json!("x".repeat(64 * 1024 + 1));
+                p
+            },
+            "task",
+        ),
     ];
     for (params, field) in cases {
         let m = c.request("spawn_agent", params);
@@ -96,14 +187,23 @@ fn public_sessions_get_no_subagents() {
 fn run_ids_that_are_not_run_ids_never_reach_the_file_system() {
     let d = Daemon::start();
     let mut c = d.conn();
-    for bad in ["../../etc", "../../../tmp", "/etc/passwd", "", "20261130T055552.123456Z-a1b2c3d4/../x"] {
+    for bad in [
+        "../../etc",
+        "../../../tmp",
+        "/etc/passwd",
+        "",
+        "20261130T055552.123456Z-a1b2c3d4/../x",
+    ] {
         for method in ["check_agent_run", "wait_agent_run", "cancel_agent_run"] {
             let (code, msg) = error_of(&c.request(method, json!({"run_id": bad})));
             assert_eq!(code, -32602, "{method} {bad:?}: {msg}");
             assert!(msg.contains("run_id"), "{msg}");
         }
     }
-    let (code, _) = error_of(&c.request("check_agent_run", json!({"run_id": "20261130T055552.123456Z-a1b2c3d4"})));
+    let (code, _) = error_of(&c.request(
+        "check_agent_run",
+        json!({"run_id": "20261130T055552.123456Z-a1b2c3d4"}),
+    ));
     assert_eq!(code, -32000, "a well-formed id that does not exist");
     let (code, msg) = error_of(&c.request("take_notices", json!({"session_id": "../x"})));
     assert_eq!(code, -32602, "{msg}");
@@ -141,7 +241,10 @@ fn pipelined_requests_are_answered_by_id_and_notifications_get_no_answer() {
     );
     c.send_raw(batch.as_bytes()).unwrap();
     let first = c.read_msg().unwrap();
-    assert_eq!(first["id"], "fast", "ping does not wait behind wait_agent_run: {first}");
+    assert_eq!(
+        first["id"], "fast",
+        "ping does not wait behind wait_agent_run: {first}"
+    );
     let second = c.read_msg().unwrap();
     assert_eq!(second["id"], "slow");
     assert_eq!(second["result"]["state"], "succeeded");
@@ -155,8 +258,13 @@ fn wait_with_a_timeout_returns_the_current_status() {
     let d = Daemon::start();
     let mut c = d.conn();
     let run = c.spawn(&session("wt"), &["sh", "-c", "sleep 300"], json!({}));
-    let st = c.call("wait_agent_run", json!({"run_id": run, "timeout_ms": 100})).unwrap();
-    assert!(matches!(st["state"].as_str(), Some("accepted" | "running")), "{st}");
+    let st = c
+        .call("wait_agent_run", json!({"run_id": run, "timeout_ms": 100}))
+        .unwrap();
+    assert!(
+        matches!(st["state"].as_str(), Some("accepted" | "running")),
+        "{st}"
+    );
     c.call("cancel_agent_run", json!({"run_id": run})).unwrap();
     assert_eq!(c.wait(&run)["state"], "cancelled");
 }
@@ -194,4 +302,105 @@ fn many_bad_clients_do_not_disturb_a_good_one() {
         t.join().unwrap();
     }
     assert_alive(&d);
+}
+
+#[test]
+fn bad_notifications_and_blank_lines_get_no_answer() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    c.send_raw(b"\n   \n{\"jsonrpc\":\"2.0\",\"method\":\"no_such\"}\n{\"jsonrpc\":\"2.0\",\"method\":\"check_agent_run\",\"params\":{\"run_id\":5}}\n")
+        .unwrap();
+    // The first message back answers this request: nothing before it.
+    let m = c.request("ping", json!({}));
+    assert!(m.get("result").is_some(), "{m}");
+    assert!(c.notifications.is_empty());
+}
+
+#[test]
+fn limits_that_cannot_be_enforced_are_refused() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    for field in ["memory_mb", "pids"] {
+        let mut p = spawn_params(&session("lim"));
+        p["limits"] = json!({ field: 64 });
+        let (code, msg) = error_of(&c.request("spawn_agent", p));
+        assert_eq!(code, -32602);
+        assert!(
+            msg.contains(&format!("limits.{field}")) && msg.contains("cannot be enforced"),
+            "{msg}"
+        );
+    }
+    let mut p = spawn_params(&session("lim"));
+    p["limits"] = json!({"wall_time_s": u64::MAX});
+    let (code, msg) = error_of(&c.request("spawn_agent", p));
+    assert_eq!(code, -32602);
+    assert!(msg.contains("limits.wall_time_s"), "{msg}");
+}
+
+#[test]
+fn a_second_subscribe_replaces_the_first() {
+    let d = Daemon::start();
+    let s = session("resub");
+    let mut sub = d.conn();
+    sub.call("subscribe", json!({})).unwrap();
+    sub.call("subscribe", json!({"session_id": s})).unwrap();
+    let mut c = d.conn();
+    let run = c.spawn(&s, &["true"], json!({}));
+    c.wait(&run);
+    let n = sub.read_msg().unwrap();
+    assert_eq!(n["params"]["run_id"], run.as_str());
+    let m = sub.request("ping", json!({}));
+    assert!(m.get("result").is_some());
+    assert!(
+        sub.notifications.is_empty(),
+        "delivered twice: {:?}",
+        sub.notifications
+    );
+}
+
+#[test]
+fn shutdown_answers_a_pending_wait() {
+    let mut d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(&session("shut"), &["sleep", "300"], json!({}));
+    subagentd_e2e::wait_until(
+        std::time::Duration::from_secs(20),
+        "the run to start",
+        || c.call("check_agent_run", json!({"run_id": run})).unwrap()["state"] == "running",
+    );
+    c.send_raw(
+        format!(
+            "{}\n",
+            json!({"jsonrpc":"2.0","id":9,"method":"wait_agent_run","params":{"run_id": run}})
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    // The wait is in flight once a later ping on the same connection is answered.
+    let m = c.request("ping", json!({}));
+    assert!(m.get("result").is_some());
+    subagentd_e2e::unsafe_kill(d.pid(), libc::SIGTERM);
+    let m = c.read_msg().expect("an answer before the close");
+    assert_eq!(m["id"], 9);
+    assert_eq!(error_of(&m).0, -32004, "{m}");
+    assert!(d.child.wait().unwrap().success());
+    // The run is still going without the daemon; end it by hand.
+    let rec: Value = serde_json::from_slice(
+        &std::fs::read(
+            d.state
+                .join("sessions")
+                .read_dir()
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path()
+                .join("runs")
+                .join(&run)
+                .join("run.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    subagentd_e2e::unsafe_kill(rec["runner_pid"].as_i64().unwrap() as i32, libc::SIGTERM);
 }

@@ -16,7 +16,11 @@ enum LogFormat {
 
 /// The subagentd daemon.
 #[derive(Debug, Parser)]
-#[command(name = "subagentd", version, about = "Supervisor for sandboxed AI subagents")]
+#[command(
+    name = "subagentd",
+    version,
+    about = "Supervisor for sandboxed AI subagents"
+)]
 struct Args {
     /// The control socket.
     #[arg(long, env = "SUBAGENTD_SOCKET", value_name = "PATH")]
@@ -65,7 +69,9 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
 async fn run(args: Args) -> Result<()> {
     let shutdown = shutdown_signal()?;
     let socket_path = args.socket.unwrap_or_else(subagentd::paths::default_socket);
-    let state_dir = args.state_dir.unwrap_or_else(subagentd::paths::default_state_dir);
+    let state_dir = args
+        .state_dir
+        .unwrap_or_else(subagentd::paths::default_state_dir);
     let mut cfg = Config::new(state_dir.clone());
     if let Some(n) = args.max_concurrent {
         anyhow::ensure!(n > 0, "--max-concurrent must be at least 1");
@@ -102,7 +108,10 @@ async fn run(args: Args) -> Result<()> {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     init_tracing(args.log_format);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("subagentd: starting the runtime: {e}");

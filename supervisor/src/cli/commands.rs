@@ -36,11 +36,17 @@ impl Ctx {
 /// The spawn params for `args` (the session defaults to `default_session`).
 pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams> {
     let project_dir = match &args.project_dir {
-        Some(d) => std::path::absolute(d).with_context(|| format!("project dir {}", d.display()))?,
+        Some(d) => {
+            std::path::absolute(d).with_context(|| format!("project dir {}", d.display()))?
+        }
         None => std::env::current_dir().context("current directory")?,
     };
-    let audience = serde_json::from_value(json!(args.audience))
-        .map_err(|_| anyhow!("--audience must be personal or team, not {:?}", args.audience))?;
+    let audience = serde_json::from_value(json!(args.audience)).map_err(|_| {
+        anyhow!(
+            "--audience must be personal or team, not {:?}",
+            args.audience
+        )
+    })?;
     let mut env = BTreeMap::new();
     for kv in &args.env {
         let (k, v) = kv
@@ -50,7 +56,10 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
     }
     Ok(SpawnParams {
         session: SessionParams {
-            id: args.session.clone().unwrap_or_else(|| default_session.to_owned()),
+            id: args
+                .session
+                .clone()
+                .unwrap_or_else(|| default_session.to_owned()),
             audience,
             project_dir,
         },
@@ -68,7 +77,8 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
 }
 
 fn print_status(ctx: &Ctx, v: &Value) -> Result<RunStatus> {
-    let status: RunStatus = serde_json::from_value(v.clone()).context("bad status from the daemon")?;
+    let status: RunStatus =
+        serde_json::from_value(v.clone()).context("bad status from the daemon")?;
     if ctx.json {
         println!("{}", serde_json::to_string_pretty(v)?);
     } else {
@@ -136,7 +146,10 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
         Command::Spawn { run, wait: w } => {
             let params = spawn_params(&run, "default")?;
             let v = ctx.call("spawn_agent", serde_json::to_value(&params)?)?;
-            let id = v["run_id"].as_str().ok_or_else(|| anyhow!("no run_id in {v}"))?.to_owned();
+            let id = v["run_id"]
+                .as_str()
+                .ok_or_else(|| anyhow!("no run_id in {v}"))?
+                .to_owned();
             if ctx.json && !w {
                 println!("{v}");
             } else {
@@ -162,7 +175,10 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             if let Some(s) = &state {
                 RunState::parse(s).ok_or_else(|| anyhow!("--state {s:?} is not a run state"))?;
             }
-            let v = ctx.call("list_agent_runs", json!({ "session_id": session, "state": state }))?;
+            let v = ctx.call(
+                "list_agent_runs",
+                json!({ "session_id": session, "state": state }),
+            )?;
             if ctx.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -176,14 +192,25 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             if ctx.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                let notices: Vec<crate::protocol::Notice> = serde_json::from_value(v["notices"].clone())?;
+                let notices: Vec<crate::protocol::Notice> =
+                    serde_json::from_value(v["notices"].clone())?;
                 for n in notices {
-                    println!("{}  {:<9}  {}  {}", n.ended_at, n.state.as_str(), n.run_id, n.result_path.display());
+                    println!(
+                        "{}  {:<9}  {}  {}",
+                        n.ended_at,
+                        n.state.as_str(),
+                        n.run_id,
+                        n.result_path.display()
+                    );
                 }
             }
             Ok(0)
         }
-        Command::Logs { run, follow: f, tail } => {
+        Command::Logs {
+            run,
+            follow: f,
+            tail,
+        } => {
             let dir = run_dir(ctx, &run)?;
             let from = match tail {
                 Some(n) => follow::tail_offset(&dir.join("child.log"), n).unwrap_or(0),
@@ -193,7 +220,9 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             let mut out = stdout.lock();
             match follow::print_log(&dir, from, f, &mut out) {
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
-                other => other.map(|_| 0).with_context(|| format!("reading {}", dir.join("child.log").display())),
+                other => other
+                    .map(|_| 0)
+                    .with_context(|| format!("reading {}", dir.join("child.log").display())),
             }
         }
         Command::Ping => {

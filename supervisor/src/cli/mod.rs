@@ -22,7 +22,11 @@ pub const EXIT_CLIENT_ERROR: u8 = 1;
 
 /// The `subagent` command line.
 #[derive(Debug, Parser)]
-#[command(name = "subagent", version, about = "Run and inspect sandboxed AI subagents through subagentd")]
+#[command(
+    name = "subagent",
+    version,
+    about = "Run and inspect sandboxed AI subagents through subagentd"
+)]
 pub struct Cli {
     /// The daemon's socket.
     #[arg(long, global = true, env = "SUBAGENTD_SOCKET", value_name = "PATH")]
@@ -146,7 +150,10 @@ pub enum Command {
 /// Runs the `subagent` command line; returns the process exit code.
 pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let socket = cli.socket.clone().unwrap_or_else(crate::paths::default_socket);
+    let socket = cli
+        .socket
+        .clone()
+        .unwrap_or_else(crate::paths::default_socket);
     let state_dir = cli
         .state_dir
         .clone()

@@ -26,7 +26,11 @@ enum Backend {
 }
 
 impl Backend {
-    async fn call(&self, method: &'static str, params: serde_json::Value) -> Result<serde_json::Value> {
+    async fn call(
+        &self,
+        method: &'static str,
+        params: serde_json::Value,
+    ) -> Result<serde_json::Value> {
         let Backend::Daemon(socket) = self else {
             return Err(anyhow!("not connected to a daemon"));
         };
@@ -39,7 +43,9 @@ impl Backend {
         match self {
             Backend::Embedded(sup) => Ok(sup.spawn(params).await?),
             Backend::Daemon(_) => {
-                let v = self.call("spawn_agent", serde_json::to_value(&params)?).await?;
+                let v = self
+                    .call("spawn_agent", serde_json::to_value(&params)?)
+                    .await?;
                 let id = v["run_id"].as_str().unwrap_or_default();
                 RunId::parse(id).ok_or_else(|| anyhow!("bad run id from the daemon: {v}"))
             }
@@ -50,7 +56,9 @@ impl Backend {
         match self {
             Backend::Embedded(sup) => Ok(sup.wait(id, None).await?),
             Backend::Daemon(_) => {
-                let v = self.call("wait_agent_run", json!({ "run_id": id.as_str() })).await?;
+                let v = self
+                    .call("wait_agent_run", json!({ "run_id": id.as_str() }))
+                    .await?;
                 Ok(serde_json::from_value(v)?)
             }
         }
@@ -60,7 +68,9 @@ impl Backend {
         match self {
             Backend::Embedded(sup) => Ok(sup.status(id)?),
             Backend::Daemon(_) => {
-                let v = self.call("check_agent_run", json!({ "run_id": id.as_str() })).await?;
+                let v = self
+                    .call("check_agent_run", json!({ "run_id": id.as_str() }))
+                    .await?;
                 Ok(serde_json::from_value(v)?)
             }
         }
@@ -72,7 +82,8 @@ impl Backend {
                 sup.cancel(id).await?;
             }
             Backend::Daemon(_) => {
-                self.call("cancel_agent_run", json!({ "run_id": id.as_str() })).await?;
+                self.call("cancel_agent_run", json!({ "run_id": id.as_str() }))
+                    .await?;
             }
         }
         Ok(())

@@ -41,7 +41,11 @@ fn age(s: &RunStatus, now: u64) -> String {
 
 fn duration(s: &RunStatus, now: u64) -> String {
     let start = s.started_at.as_deref().and_then(parse_rfc3339_ms);
-    let end = s.ended_at.as_deref().and_then(parse_rfc3339_ms).unwrap_or(now);
+    let end = s
+        .ended_at
+        .as_deref()
+        .and_then(parse_rfc3339_ms)
+        .unwrap_or(now);
     start.map_or("-".into(), |st| human_duration(end.saturating_sub(st)))
 }
 

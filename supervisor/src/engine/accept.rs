@@ -44,7 +44,10 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
     if p.task.len() > MAX_TASK {
         return Err(EngineError::invalid(
             "task",
-            format!("{} bytes is over the limit of {MAX_TASK} bytes (64 KiB)", p.task.len()),
+            format!(
+                "{} bytes is over the limit of {MAX_TASK} bytes (64 KiB)",
+                p.task.len()
+            ),
         ));
     }
     if p.context.as_ref().is_some_and(|c| c.len() > MAX_TASK) {
@@ -67,13 +70,29 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
         ));
     }
     policy::env::validate_request_env(&p.env).map_err(|e| match e {
-        policy::EnvError::InvalidName(n) => EngineError::invalid("env", format!("invalid variable name {n:?}")),
-        policy::EnvError::InvalidValue(n) => EngineError::invalid(&format!("env.{n}"), "contains a NUL byte"),
-        policy::EnvError::Reserved(n) => EngineError::invalid(&format!("env.{n}"), "reserved: the supervisor sets it"),
+        policy::EnvError::InvalidName(n) => {
+            EngineError::invalid("env", format!("invalid variable name {n:?}"))
+        }
+        policy::EnvError::InvalidValue(n) => {
+            EngineError::invalid(&format!("env.{n}"), "contains a NUL byte")
+        }
+        policy::EnvError::Reserved(n) => {
+            EngineError::invalid(&format!("env.{n}"), "reserved: the supervisor sets it")
+        }
     })?;
     p.limits
         .validate()
-        .map_err(|f| EngineError::invalid(&format!("limits.{f}"), "must be positive"))?;
+        .map_err(|(f, why)| EngineError::invalid(&format!("limits.{f}"), why))?;
+    // Fail closed: a limit this build cannot enforce is refused, never
+    // accepted and silently ignored.
+    for (field, given) in [("memory_mb", p.limits.memory_mb), ("pids", p.limits.pids)] {
+        if given.is_some() {
+            return Err(EngineError::invalid(
+                &format!("limits.{field}"),
+                "cannot be enforced: this version of subagentd has no memory or process-count limits yet",
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -115,8 +134,11 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             .map_err(|e| EngineError::Workspace(e.to_string()))?;
         temp_dir = Some(t.clone());
         let first = files.context().join("first_message.md");
-        write_atomic(&first, first_message(p.context.as_deref(), &p.task).as_bytes())
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        write_atomic(
+            &first,
+            first_message(p.context.as_deref(), &p.task).as_bytes(),
+        )
+        .map_err(|e| EngineError::Storage(e.to_string()))?;
         let show = |p: &Path| p.display().to_string();
         let paths = policy::ChildPaths {
             run_id: id.to_string(),
@@ -140,8 +162,8 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             output_bytes: p.limits.output_bytes(),
             kill_grace_ms: inner.cfg.kill_grace_ms,
         };
-        let bytes = serde_json::to_vec_pretty(&spec)
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let bytes =
+            serde_json::to_vec_pretty(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
         write_atomic(&files.runner_spec(), &bytes)
             .map_err(|e| EngineError::Storage(e.to_string()))?;
         let rec = RunRecord {
@@ -170,8 +192,10 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             runner_start_ticks: None,
             log_truncated: false,
             finalized: false,
+            finalize_error: None,
         };
-        rec.save().map_err(|e| EngineError::Storage(e.to_string()))?;
+        rec.save()
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
         // The run folder's own entry must be durable too.
         fsync_dir(&runs_dir).map_err(|e| EngineError::Storage(e.to_string()))?;
         Ok(rec)
@@ -241,6 +265,12 @@ mod tests {
         let mut p = params();
         p.limits.wall_time_s = Some(0);
         assert_eq!(field_of(&p), "limits.wall_time_s");
+        let mut p = params();
+        p.limits.wall_time_s = Some(u64::MAX);
+        assert_eq!(field_of(&p), "limits.wall_time_s");
+        let mut p = params();
+        p.limits.memory_mb = Some(512);
+        assert_eq!(field_of(&p), "limits.memory_mb");
     }
 
     #[test]
@@ -249,7 +279,10 @@ mod tests {
         p.session.audience = Audience::Public;
         let e = validate(&p).unwrap_err();
         assert!(matches!(e, EngineError::Audience(_)));
-        assert_eq!(e.to_string(), "subagents are not available to Public sessions");
+        assert_eq!(
+            e.to_string(),
+            "subagents are not available to Public sessions"
+        );
     }
 
     #[test]

@@ -24,7 +24,8 @@ pub fn apply_exit(
         Ok(Some(x)) => {
             rec.exit_code = x.exit_code;
             rec.signal = x.signal;
-            rec.started_at_ms = Some(x.started_at_ms);
+            // The daemon's launch time stays: it is what status showed.
+            rec.started_at_ms = rec.started_at_ms.or(Some(x.started_at_ms));
             rec.ended_at_ms = Some(x.ended_at_ms);
             rec.log_truncated = x.log_truncated;
             let mut reason = x.reason.clone();
@@ -41,10 +42,10 @@ pub fn apply_exit(
         }
         other => {
             let why = match other {
-                Err(e) => format!("exit.json is unreadable ({e})"),
-                _ => "it left no exit.json".to_owned(),
+                Err(e) => format!("its exit.json is unreadable ({e})"),
+                _ => "left no exit.json".to_owned(),
             };
-            let how = runner_status.unwrap_or("ended");
+            let how = runner_status.unwrap_or("is gone");
             let mut reason = format!("the runner {how} and {why}");
             let last = runner_log.trim().lines().last().unwrap_or("").trim();
             if !last.is_empty() {
@@ -95,8 +96,11 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
 /// Returns the notice when it was newly stored.
 fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, String> {
     let files = rec.files();
-    subagent_runner::atomic::write_atomic(&files.result(), crate::result_md::render(rec).as_bytes())
-        .map_err(|e| e.to_string())?;
+    subagent_runner::atomic::write_atomic(
+        &files.result(),
+        crate::result_md::render(rec).as_bytes(),
+    )
+    .map_err(|e| e.to_string())?;
     let ended = rec.ended_at_ms.unwrap_or_else(now_ms);
     let notice = Notice {
         run_id: rec.run_id.clone(),
@@ -147,21 +151,36 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
     if rec.finalized || !rec.state.is_terminal() {
         return;
     }
-    let snapshot = rec.clone();
-    let sup2 = sup.clone();
-    let done = tokio::task::spawn_blocking(move || finalize_files(&sup2, &snapshot))
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()));
-    let notice = match done {
-        Ok(n) => n,
-        Err(e) => {
-            // Left unfinalized: the next start of the engine tries again.
-            tracing::error!(run_id = %rec.run_id, "finishing the run: {e}");
-            None
+    let mut notice = None;
+    let mut failure = None;
+    for pause_ms in [0, 200, 1000] {
+        tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+        let (snapshot, sup2) = (rec.clone(), sup.clone());
+        match tokio::task::spawn_blocking(move || finalize_files(&sup2, &snapshot))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+        {
+            Ok(n) => {
+                notice = n;
+                failure = None;
+                break;
+            }
+            Err(e) => failure = Some(e),
         }
-    };
+    }
     let mut next = rec.clone();
-    next.finalized = true;
+    match &failure {
+        None => {
+            next.finalized = true;
+            next.finalize_error = None;
+        }
+        Some(e) => {
+            // Left unfinalized: the next start of the engine tries again.
+            // Waiters are released with the reason.
+            tracing::error!(run_id = %rec.run_id, "finishing the run: {e}");
+            next.finalize_error = Some(e.clone());
+        }
+    }
     if let Err(e) = sup.persist(slot, &mut rec, next.clone()).await {
         tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
         *rec = next;
@@ -185,7 +204,7 @@ mod tests {
             "cancel_requested": false, "created_at_ms": 1, "started_at_ms": 2,
             "ended_at_ms": null, "temp_dir": "/tmp/x", "run_dir": "/state/r",
             "runner_pid": 10, "runner_start_ticks": 5, "log_truncated": false,
-            "finalized": false
+            "finalized": false, "finalize_error": null
         }))
         .unwrap()
     }
@@ -212,9 +231,15 @@ mod tests {
             (exit(Outcome::Exited, Some(0), None), RunState::Succeeded),
             (exit(Outcome::Exited, Some(2), None), RunState::Failed),
             (exit(Outcome::Signaled, None, Some(9)), RunState::Failed),
-            (exit(Outcome::SpawnFailed, Some(127), None), RunState::Failed),
+            (
+                exit(Outcome::SpawnFailed, Some(127), None),
+                RunState::Failed,
+            ),
             (exit(Outcome::TimedOut, None, Some(9)), RunState::TimedOut),
-            (exit(Outcome::Cancelled, None, Some(15)), RunState::Cancelled),
+            (
+                exit(Outcome::Cancelled, None, Some(15)),
+                RunState::Cancelled,
+            ),
         ];
         for (x, want) in cases {
             let mut r = rec();
@@ -223,6 +248,7 @@ mod tests {
             assert_eq!(r.exit_code, x.exit_code);
             assert_eq!(r.signal, x.signal);
             assert_eq!(r.ended_at_ms, Some(9));
+            assert_eq!(r.started_at_ms, Some(2), "the launch time is kept");
         }
     }
 
@@ -232,11 +258,14 @@ mod tests {
         apply_exit(
             &mut r,
             Ok(None),
-            Some("killed by signal 9 (SIGKILL)"),
+            Some("was killed by signal 9 (SIGKILL)"),
             "subagent-runner: boom\n",
         );
         assert_eq!(r.state, RunState::Lost);
         let reason = r.reason.unwrap();
-        assert!(reason.contains("SIGKILL") && reason.contains("no exit.json") && reason.contains("boom"), "{reason}");
+        assert_eq!(
+            reason,
+            "the runner was killed by signal 9 (SIGKILL) and left no exit.json; runner.log: subagent-runner: boom"
+        );
     }
 }

@@ -185,7 +185,9 @@ impl Supervisor {
         accept::validate(&params)?;
         let inner = self.inner.clone();
         let rec = blocking(move || accept::create_run(&inner, &params)).await?;
-        let id = rec.id().ok_or_else(|| EngineError::Internal("bad run id".into()))?;
+        let id = rec
+            .id()
+            .ok_or_else(|| EngineError::Internal("bad run id".into()))?;
         self.insert(rec);
         self.inner
             .queue
@@ -209,8 +211,7 @@ impl Supervisor {
     ) -> Result<RunStatus, EngineError> {
         let slot = self.slot(id)?;
         let mut rx = slot.published.subscribe();
-        let done = |r: &RunRecord| r.state.is_terminal() && r.finalized;
-        let wait = rx.wait_for(done);
+        let wait = rx.wait_for(RunRecord::settled);
         match timeout {
             Some(t) => {
                 let _ = tokio::time::timeout(t, wait).await;
@@ -282,8 +283,7 @@ impl Supervisor {
     /// Takes the session's pending notices, oldest first; each is returned
     /// by exactly one call.
     pub async fn take_notices(&self, session: &str) -> Result<Vec<Notice>, EngineError> {
-        crate::ids::check_session_id(session)
-            .map_err(|p| EngineError::invalid("session_id", p))?;
+        crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
         let session = session.to_owned();
         blocking(move || {
@@ -324,7 +324,7 @@ impl Supervisor {
         .await;
         if saved.is_ok() {
             *current = next;
-            if !current.state.is_terminal() || current.finalized {
+            if !current.state.is_terminal() || current.settled() {
                 slot.published.send_replace(current.clone());
             }
         }

@@ -55,7 +55,8 @@ pub fn send_signal(fd: &OwnedFd, pid: i32, sig: i32) -> Result<(), PidfdError> {
     Ok(())
 }
 
-/// How a reaped process ended, as text ("exited with status 0").
+/// How a reaped process ended, as text ("exited with status 0", "was
+/// killed by signal 9 (SIGKILL)").
 /// `None` when the process is not our child (nothing to reap).
 pub fn reap(fd: &OwnedFd) -> Option<String> {
     // SAFETY: siginfo_t is plain data; all-zero is a valid value.
@@ -79,7 +80,7 @@ pub fn reap(fd: &OwnedFd) -> Option<String> {
     Some(match code {
         libc::CLD_EXITED => format!("exited with status {status}"),
         _ => format!(
-            "killed by signal {status} ({})",
+            "was killed by signal {status} ({})",
             subagent_runner::supervise::signal_name(status)
         ),
     })

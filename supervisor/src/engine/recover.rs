@@ -17,7 +17,9 @@ pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError
         .recursive(true)
         .mode(0o700)
         .create(layout.sessions())
-        .map_err(|e| EngineError::Storage(format!("create {}: {e}", layout.sessions().display())))?;
+        .map_err(|e| {
+            EngineError::Storage(format!("create {}: {e}", layout.sessions().display()))
+        })?;
     lockfile::acquire(&layout.root.join("daemon.lock")).map_err(|e| match e {
         lockfile::LockError::Held { .. } => EngineError::Storage(format!(
             "state dir {} is in use by another supervisor: {e}",
@@ -98,7 +100,9 @@ pub async fn recover(sup: &Supervisor) {
             continue;
         }
         // Which runner, if any, is alive for this run?
-        let mut pid = rec.runner_pid.filter(|&p| runner_alive(p, rec.runner_start_ticks));
+        let mut pid = rec
+            .runner_pid
+            .filter(|&p| runner_alive(p, rec.runner_start_ticks));
         if pid.is_none() && lockfile::is_held(&files.runner_lock()) == Some(true) {
             // Started but not yet recorded as running when the last engine
             // stopped: the runner wrote its pid into its lock.
@@ -122,7 +126,8 @@ pub async fn recover(sup: &Supervisor) {
                             tracing::error!("{e}");
                         }
                     }
-                    *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), pid));
+                    *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((fd.clone(), pid));
                     let permit = sup.inner.slots.clone().try_acquire_owned().ok();
                     let (sup, slot) = (sup.clone(), slot.clone());
                     tokio::spawn(async move {

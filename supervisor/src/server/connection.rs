@@ -33,7 +33,11 @@ async fn read_line(
     loop {
         let avail = r.fill_buf().await?;
         if avail.is_empty() {
-            return Ok(if buf.is_empty() { Line::Eof } else { Line::Complete });
+            return Ok(if buf.is_empty() {
+                Line::Eof
+            } else {
+                Line::Complete
+            });
         }
         match avail.iter().position(|&b| b == b'\n') {
             Some(i) => {
@@ -74,7 +78,7 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
     let close = Arc::new(Notify::new());
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut requests = JoinSet::new();
-    let mut subscriptions = JoinSet::new();
+    let mut subscription: Option<tokio::task::JoinHandle<()>> = None;
     let mut buf = Vec::new();
     loop {
         tokio::select! {
@@ -82,7 +86,8 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
                 Ok(Line::Complete) => {
                     let line = std::mem::take(&mut buf);
                     match protocol::decode(&line) {
-                        Decoded::Error { id, error } => {
+                        Decoded::Blank | Decoded::Error { reply: false, .. } => {}
+                        Decoded::Error { id, error, .. } => {
                             if tx.send(protocol::error_response(&id, &error)).await.is_err() {
                                 break;
                             }
@@ -90,7 +95,13 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
                         Decoded::Request(req) => {
                             let reply_id = req.id.clone();
                             if let Call::Subscribe(p) = req.call {
-                                let result = subscribe(&sup, p.session_id, &tx, &close, &mut subscriptions);
+                                let result = subscribe(&sup, p.session_id, &tx, &close).map(|(task, v)| {
+                                    // One subscription per connection: the newest filter wins.
+                                    if let Some(old) = subscription.replace(task) {
+                                        old.abort();
+                                    }
+                                    v
+                                });
                                 if let Some(id) = reply_id {
                                     let line = match result {
                                         Ok(v) => protocol::response(&id, &v),
@@ -104,8 +115,24 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
                             }
                             let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
                             let (sup, tx) = (sup.clone(), tx.clone());
+                            let mut stop = shutdown.resubscribe();
                             requests.spawn(async move {
-                                let result = dispatch::execute(&sup, req.call).await;
+                                // Only a wait is cut short by a shutdown; everything
+                                // else is quick and must finish (a spawn_agent is
+                                // recorded, so its id must reach the caller).
+                                let interruptible = matches!(req.call, Call::WaitAgentRun(_));
+                                let work = dispatch::execute(&sup, req.call);
+                                let result = if interruptible {
+                                    tokio::select! {
+                                        r = work => r,
+                                        _ = stop.recv() => Err(RpcError::new(
+                                            codes::SHUTTING_DOWN,
+                                            "the daemon is shutting down; wait again after it restarts",
+                                        )),
+                                    }
+                                } else {
+                                    work.await
+                                };
                                 if let Some(id) = reply_id {
                                     let line = match result {
                                         Ok(v) => protocol::response(&id, &v),
@@ -133,12 +160,14 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
             _ = shutdown.recv() => break,
         }
     }
-    subscriptions.abort_all();
-    // Answer what is in flight unless the peer is gone.
+    if let Some(task) = subscription {
+        task.abort();
+    }
+    // Answer what is in flight (a shutdown cuts waits short with -32004)
+    // unless the peer is gone.
     tokio::select! {
         _ = async { while requests.join_next().await.is_some() {} } => {}
         _ = tx.closed() => requests.abort_all(),
-        _ = shutdown.recv() => requests.abort_all(),
     }
     drop(tx);
     let _ = writer.await;
@@ -151,15 +180,14 @@ fn subscribe(
     session: Option<String>,
     tx: &mpsc::Sender<Vec<u8>>,
     close: &Arc<Notify>,
-    tasks: &mut JoinSet<()>,
-) -> Result<Value, RpcError> {
+) -> Result<(tokio::task::JoinHandle<()>, Value), RpcError> {
     if let Some(s) = &session {
         crate::ids::check_session_id(s).map_err(|e| RpcError::invalid_params("session_id", e))?;
     }
     let mut rx = sup.subscribe();
     let (tx, close) = (tx.clone(), close.clone());
     let filter = session.clone();
-    tasks.spawn(async move {
+    let task = tokio::spawn(async move {
         loop {
             match rx.recv().await {
                 Ok(n) => {
@@ -169,7 +197,9 @@ fn subscribe(
                     let params = serde_json::to_value(&n).unwrap_or(Value::Null);
                     let line = protocol::notification("agent_run_finished", &params);
                     if tx.try_send(line).is_err() {
-                        tracing::warn!("dropping a subscriber that does not read its notifications");
+                        tracing::warn!(
+                            "dropping a subscriber that does not read its notifications"
+                        );
                         close.notify_one();
                         return;
                     }
@@ -183,5 +213,5 @@ fn subscribe(
             }
         }
     });
-    Ok(json!({ "subscribed": true, "session_id": session }))
+    Ok((task, json!({ "subscribed": true, "session_id": session })))
 }

@@ -7,7 +7,8 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 fn run_id(s: &str) -> Result<RunId, RpcError> {
-    RunId::parse(s).ok_or_else(|| RpcError::invalid_params("run_id", format!("{s:?} is not a run id")))
+    RunId::parse(s)
+        .ok_or_else(|| RpcError::invalid_params("run_id", format!("{s:?} is not a run id")))
 }
 
 fn to_value<T: serde::Serialize>(v: &T) -> Value {
@@ -45,6 +46,10 @@ pub async fn execute(sup: &Supervisor, call: Call) -> Result<Value, RpcError> {
             Ok(to_value(&sup.cancel(&id).await.map_err(r)?))
         }
         Call::ListAgentRuns(p) => {
+            if let Some(s) = &p.session_id {
+                crate::ids::check_session_id(s)
+                    .map_err(|e| RpcError::invalid_params("session_id", e))?;
+            }
             let runs = sup.list(p.session_id.as_deref(), p.state);
             Ok(json!({ "runs": runs }))
         }

@@ -14,6 +14,9 @@ use tokio::sync::{broadcast, Semaphore};
 /// At most this many connections at once; more wait in the backlog.
 pub const MAX_CONNECTIONS: usize = 256;
 
+/// How long a shutdown waits for connections to flush their answers.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Serves `bound` until `shutdown` resolves; then stops accepting spawns,
 /// closes every connection and returns. Runs are not touched.
 pub async fn serve(
@@ -23,6 +26,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = UnixListener::from_std(bound.listener.try_clone()?)?;
     let (stop_tx, _) = broadcast::channel::<()>(1);
+    // Every connection task holds a sender; when all are gone, all are done.
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
@@ -41,13 +46,22 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let (sup, stop) = (sup.clone(), stop_tx.subscribe());
+        let (sup, stop, done) = (sup.clone(), stop_tx.subscribe(), done_tx.clone());
         tokio::spawn(async move {
             connection::serve(sup, stream, stop).await;
             drop(permit);
+            drop(done);
         });
     }
     sup.stop_accepting();
     let _ = stop_tx.send(());
+    drop(done_tx);
+    // Let connections answer what they hold (waits get -32004), briefly.
+    if tokio::time::timeout(SHUTDOWN_GRACE, done_rx.recv())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some connections did not close within {SHUTDOWN_GRACE:?}");
+    }
     Ok(())
 }

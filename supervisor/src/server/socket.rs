@@ -2,7 +2,9 @@
 //! never share a path, a stale socket replaced but a live one never stolen,
 //! mode 0600 set before listen, and removal on exit.
 
-use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{
+    bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
