@@ -220,3 +220,44 @@ fn interrupting_run_cancels_the_run() {
     let v = c.call("list_agent_runs", json!({"session_id": s})).unwrap();
     assert_eq!(v["runs"][0]["state"], "cancelled");
 }
+
+#[test]
+fn interrupting_an_embedded_run_cancels_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let child = Command::new(bin("subagent"))
+        .arg("--socket")
+        .arg(dir.path().join("none.sock"))
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["run", "--task", "t", "--", "sleep", "300"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let running = || -> bool {
+        let Ok(sessions) = std::fs::read_dir(state.join("sessions")) else {
+            return false;
+        };
+        sessions.flatten().any(|s| {
+            std::fs::read_dir(s.path().join("runs"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|r| {
+                    std::fs::read_to_string(r.path().join("run.json"))
+                        .is_ok_and(|t| t.contains("\"state\": \"running\""))
+                })
+        })
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the embedded run to start",
+        running,
+    );
+    unsafe_kill(child.id() as i32, libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("cancelled"));
+}

@@ -169,3 +169,45 @@ fn shutdown_leaves_children_running_and_a_restart_picks_them_up() {
     let notices = c.call("take_notices", json!({"session_id": s})).unwrap();
     assert_eq!(notices["notices"].as_array().unwrap().len(), 2);
 }
+
+#[test]
+fn a_killed_daemon_loses_nothing() {
+    let mut d = Daemon::start();
+    let s = session("kill9");
+    let mut c = d.conn();
+    let run = c.spawn(
+        &s,
+        &["sh", "-c", "while [ ! -e \"$SUBAGENT_ARTIFACT_DIR/go\" ]; do sleep 0.02; done; echo last line; exit 5"],
+        json!({}),
+    );
+    wait_until(Duration::from_secs(20), "the run to start", || {
+        c.call("check_agent_run", json!({"run_id": run})).unwrap()["state"] == "running"
+    });
+    let art = std::path::PathBuf::from(
+        c.call("check_agent_run", json!({"run_id": run})).unwrap()["artifact_dir"]
+            .as_str()
+            .unwrap(),
+    );
+    drop(c);
+    subagentd_e2e::unsafe_kill(d.pid(), libc::SIGKILL);
+    d.child.wait().unwrap();
+    std::fs::write(art.join("go"), "").unwrap();
+    // The stale socket left by the killed daemon is replaced on restart.
+    d.child = Daemon::spawn_process(
+        &d.socket.clone(),
+        &d.state.clone(),
+        d.dir.path(),
+        &DaemonOpts::default(),
+    );
+    d.wait_ready();
+    let mut c = d.conn();
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "failed", "{st}");
+    assert_eq!(st["exit_code"], 5);
+    assert_eq!(
+        std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap(),
+        "last line\n"
+    );
+    let n = c.call("take_notices", json!({"session_id": s})).unwrap();
+    assert_eq!(n["notices"].as_array().unwrap().len(), 1, "{n}");
+}
