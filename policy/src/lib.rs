@@ -7,10 +7,13 @@
 //! - [`audience`]: who may delegate to subagents (Public sessions may not).
 //! - [`env`]: the allowlisted environment a child starts with.
 //! - [`limits`]: resource limits with their defaults.
+//! - [`sandbox`]: the sandbox spec the runner applies (file-system rules,
+//!   seccomp deny-list, cgroup plan, rlimits, required mechanisms).
 
 pub mod audience;
 pub mod env;
 pub mod limits;
+pub mod sandbox;
 
 pub use audience::{Audience, AudienceError};
 pub use env::{child_env, validate_request_env, ChildPaths, EnvError};

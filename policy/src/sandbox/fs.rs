@@ -1,0 +1,238 @@
+//! File-system rules (applied with Landlock): the system is readable and
+//! executable, the run's own temp and artifact dirs are writable, the
+//! project is readable (writable only when granted), and nothing else is
+//! reachable: not the state dir, not $HOME, not other runs' dirs.
+
+use super::SandboxRequest;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// What a rule grants beneath its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    /// Read files and list directories.
+    Read,
+    /// Read, list and execute.
+    ReadExec,
+    /// Every right except execute: read, write, create, remove, rename.
+    ReadWrite,
+}
+
+/// One Landlock rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsRule {
+    /// The file or directory.
+    pub path: PathBuf,
+    /// What it grants.
+    pub access: Access,
+    /// A missing path is an error (true) or skipped (false, for system
+    /// paths some hosts lack, such as /lib32).
+    pub must_exist: bool,
+    /// Why the child gets it.
+    pub reason: String,
+}
+
+/// The file-system rules of a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsRules {
+    /// The rules, in a fixed order.
+    pub rules: Vec<FsRule>,
+    /// Also grant read access to the child's own /proc/<pid> (resolved
+    /// after fork, so it is the child's and no one else's).
+    pub proc_self: bool,
+}
+
+/// The run's paths that the rules are made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunPaths {
+    /// The child's temp dir.
+    pub temp_dir: PathBuf,
+    /// The child's artifact dir.
+    pub artifact_dir: PathBuf,
+    /// The composed context (read only).
+    pub context_dir: PathBuf,
+    /// Where the child writes delta.json.
+    pub delta_dir: PathBuf,
+    /// The project dir (the child's working directory).
+    pub project_dir: PathBuf,
+    /// The agent program, resolved to an absolute path when possible.
+    pub program: Option<PathBuf>,
+}
+
+/// System roots readable and executable by every child.
+pub const SYSTEM_READ_EXEC: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+/// Device files every child may read and write.
+pub const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+/// Read-only host facts programs commonly look up.
+pub const HOST_FACTS: &[&str] = &["/sys/devices/system/cpu"];
+
+fn rule(path: &Path, access: Access, must_exist: bool, reason: &str) -> FsRule {
+    FsRule {
+        path: path.to_path_buf(),
+        access,
+        must_exist,
+        reason: reason.to_owned(),
+    }
+}
+
+/// The rules for `paths` under `request`.
+pub fn rules(paths: &RunPaths, request: &SandboxRequest) -> FsRules {
+    let mut rules = Vec::new();
+    for p in SYSTEM_READ_EXEC {
+        rules.push(rule(Path::new(p), Access::ReadExec, false, "the system"));
+    }
+    for p in DEVICES {
+        rules.push(rule(
+            Path::new(p),
+            Access::ReadWrite,
+            false,
+            "standard devices",
+        ));
+    }
+    for p in HOST_FACTS {
+        rules.push(rule(
+            Path::new(p),
+            Access::Read,
+            false,
+            "host facts (CPU count)",
+        ));
+    }
+    if let Some(program) = &paths.program {
+        rules.push(rule(program, Access::ReadExec, true, "the agent program"));
+    }
+    let project = if request.write_project {
+        (Access::ReadWrite, "the project (write_project granted)")
+    } else {
+        (Access::Read, "the project (read only)")
+    };
+    rules.push(rule(&paths.project_dir, project.0, true, project.1));
+    rules.push(rule(
+        &paths.context_dir,
+        Access::Read,
+        true,
+        "the composed context",
+    ));
+    rules.push(rule(
+        &paths.temp_dir,
+        Access::ReadWrite,
+        true,
+        "the run's temp dir",
+    ));
+    rules.push(rule(
+        &paths.artifact_dir,
+        Access::ReadWrite,
+        true,
+        "the run's artifact dir",
+    ));
+    rules.push(rule(
+        &paths.delta_dir,
+        Access::ReadWrite,
+        true,
+        "where the delta is written",
+    ));
+    for p in &request.read_paths {
+        rules.push(rule(p, Access::Read, true, "sandbox.read_paths"));
+    }
+    for p in &request.write_paths {
+        rules.push(rule(p, Access::ReadWrite, true, "sandbox.write_paths"));
+    }
+    FsRules {
+        rules,
+        proc_self: true,
+    }
+}
+
+/// The strongest access `rules` grant on `path` (the union of every rule
+/// whose path is `path` or one of its ancestors), for tests and reports.
+pub fn access_to(rules: &FsRules, path: &Path) -> Option<Access> {
+    rules
+        .rules
+        .iter()
+        .filter(|r| path.starts_with(&r.path))
+        .map(|r| r.access)
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::tests::paths;
+
+    #[test]
+    fn the_child_reaches_only_its_own_dirs_and_the_system() {
+        let r = rules(&paths(), &SandboxRequest::default());
+        let p = paths();
+        assert_eq!(
+            access_to(&r, &p.temp_dir.join("x")),
+            Some(Access::ReadWrite)
+        );
+        assert_eq!(access_to(&r, &p.artifact_dir), Some(Access::ReadWrite));
+        assert_eq!(
+            access_to(&r, &p.project_dir.join("src/a.rs")),
+            Some(Access::Read)
+        );
+        assert_eq!(access_to(&r, &p.context_dir), Some(Access::Read));
+        assert_eq!(
+            access_to(&r, Path::new("/usr/bin/sh")),
+            Some(Access::ReadExec)
+        );
+        assert_eq!(
+            access_to(&r, Path::new("/opt/agent/bin/agent")),
+            Some(Access::ReadExec)
+        );
+        for denied in [
+            "/state/sessions/s/runs/r/run.json",
+            "/state/sessions/other/runs/q/artifacts",
+            "/root/.ssh/id_ed25519",
+            "/home/user",
+            "/tmp",
+            "/tmp/subagentd-0/s/c2",
+            "/var/lib",
+        ] {
+            assert_eq!(access_to(&r, Path::new(denied)), None, "{denied}");
+        }
+    }
+
+    #[test]
+    fn write_project_and_extra_roots_widen_only_what_they_name() {
+        let req = SandboxRequest {
+            write_project: true,
+            read_paths: vec!["/data/ro".into()],
+            write_paths: vec!["/data/rw".into()],
+            ..Default::default()
+        };
+        let r = rules(&paths(), &req);
+        assert_eq!(
+            access_to(&r, Path::new("/work/project/a")),
+            Some(Access::ReadWrite)
+        );
+        assert_eq!(access_to(&r, Path::new("/data/ro/x")), Some(Access::Read));
+        assert_eq!(
+            access_to(&r, Path::new("/data/rw/x")),
+            Some(Access::ReadWrite)
+        );
+        assert_eq!(access_to(&r, Path::new("/data")), None);
+    }
+
+    #[test]
+    fn run_paths_must_exist_but_system_paths_may_be_missing() {
+        let r = rules(&paths(), &SandboxRequest::default());
+        for rule in &r.rules {
+            let system = SYSTEM_READ_EXEC
+                .iter()
+                .chain(DEVICES)
+                .chain(HOST_FACTS)
+                .any(|p| rule.path == Path::new(p));
+            assert_eq!(rule.must_exist, !system, "{rule:?}");
+        }
+    }
+}

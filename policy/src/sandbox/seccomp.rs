@@ -1,0 +1,159 @@
+//! The seccomp deny-list: syscalls an agent never needs, each refused with
+//! EPERM and kept here with the reason. Everything else is allowed (a
+//! deny-list: agents run arbitrary programs, so an allow-list would break
+//! them); Landlock, the capability drop and namespaces do the rest.
+
+use serde::{Deserialize, Serialize};
+
+/// One refused syscall.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DenyRule {
+    /// The syscall's name (as in `man 2`).
+    pub syscall: String,
+    /// Why no agent needs it.
+    pub reason: String,
+}
+
+/// The filter the runner installs last, just before exec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeccompSpec {
+    /// Syscalls refused outright.
+    pub deny: Vec<DenyRule>,
+    /// clone() with any CLONE_NEW* flag is refused, and clone3() answers
+    /// ENOSYS (its flags sit in memory a filter cannot read) so libc falls
+    /// back to clone().
+    pub deny_new_namespaces: bool,
+    /// socket() and socketpair() are refused for every family but AF_UNIX
+    /// (for runs without network).
+    pub only_unix_sockets: bool,
+}
+
+/// The deny-list: (syscall, reason).
+pub const DENY: &[(&str, &str)] = &[
+    ("ptrace", "inspecting or controlling other processes"),
+    ("process_vm_readv", "reading another process's memory"),
+    ("process_vm_writev", "writing another process's memory"),
+    ("pidfd_getfd", "stealing another process's descriptors"),
+    ("kcmp", "probing other processes' kernel objects"),
+    ("mount", "changing the mount table"),
+    ("umount2", "changing the mount table"),
+    ("pivot_root", "changing the root"),
+    ("chroot", "changing the root"),
+    ("open_tree", "the new mount API"),
+    ("move_mount", "the new mount API"),
+    ("fsopen", "the new mount API"),
+    ("fsconfig", "the new mount API"),
+    ("fsmount", "the new mount API"),
+    ("fspick", "the new mount API"),
+    ("mount_setattr", "the new mount API"),
+    ("unshare", "entering new namespaces"),
+    ("setns", "joining other namespaces"),
+    ("kexec_load", "replacing the kernel"),
+    ("kexec_file_load", "replacing the kernel"),
+    ("init_module", "loading kernel modules"),
+    ("finit_module", "loading kernel modules"),
+    ("delete_module", "unloading kernel modules"),
+    ("bpf", "loading programs into the kernel"),
+    (
+        "perf_event_open",
+        "profiling other processes and the kernel",
+    ),
+    ("keyctl", "the kernel keyring"),
+    ("add_key", "the kernel keyring"),
+    ("request_key", "the kernel keyring"),
+    ("io_uring_setup", "io_uring bypasses this filter"),
+    ("io_uring_enter", "io_uring bypasses this filter"),
+    ("io_uring_register", "io_uring bypasses this filter"),
+    ("reboot", "rebooting the host"),
+    ("swapon", "host swap configuration"),
+    ("swapoff", "host swap configuration"),
+    ("acct", "process accounting"),
+    ("quotactl", "disk quotas"),
+    ("userfaultfd", "a common exploitation primitive"),
+    (
+        "open_by_handle_at",
+        "opening files by handle, outside any path check",
+    ),
+    ("name_to_handle_at", "file handles, outside any path check"),
+    ("syslog", "the kernel log"),
+    ("settimeofday", "setting the host clock"),
+    ("clock_settime", "setting the host clock"),
+    ("clock_adjtime", "setting the host clock"),
+    ("adjtimex", "setting the host clock"),
+    ("iopl", "raw I/O port access"),
+    ("ioperm", "raw I/O port access"),
+    ("fanotify_init", "watching the whole file system"),
+    ("vhangup", "hanging up terminals"),
+    ("lookup_dcookie", "kernel profiling internals"),
+    ("uselib", "an obsolete loader interface"),
+    ("personality", "changing the execution domain (ASLR)"),
+];
+
+/// The seccomp spec; `network` lifts the socket-family restriction.
+pub fn spec(network: bool) -> SeccompSpec {
+    SeccompSpec {
+        deny: DENY
+            .iter()
+            .map(|(s, r)| DenyRule {
+                syscall: (*s).to_owned(),
+                reason: (*r).to_owned(),
+            })
+            .collect(),
+        deny_new_namespaces: true,
+        only_unix_sockets: !network,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_issue_list_is_covered_with_reasons() {
+        let s = spec(false);
+        for must in [
+            "ptrace",
+            "process_vm_readv",
+            "process_vm_writev",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "chroot",
+            "unshare",
+            "setns",
+            "kexec_load",
+            "kexec_file_load",
+            "init_module",
+            "finit_module",
+            "delete_module",
+            "bpf",
+            "perf_event_open",
+            "keyctl",
+            "add_key",
+            "request_key",
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+            "reboot",
+            "swapon",
+            "swapoff",
+            "acct",
+            "quotactl",
+            "userfaultfd",
+        ] {
+            assert!(s.deny.iter().any(|d| d.syscall == must), "{must} missing");
+        }
+        assert!(s.deny.iter().all(|d| !d.reason.is_empty()));
+        let mut names: Vec<_> = s.deny.iter().map(|d| &d.syscall).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), s.deny.len(), "no duplicates");
+    }
+
+    #[test]
+    fn network_only_changes_the_socket_rule() {
+        let (off, on) = (spec(false), spec(true));
+        assert!(off.only_unix_sockets && !on.only_unix_sockets);
+        assert_eq!(off.deny, on.deny);
+    }
+}
