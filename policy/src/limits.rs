@@ -19,10 +19,10 @@ pub struct Limits {
     /// Wall-clock seconds before the run is killed and ends `timed_out`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall_time_s: Option<u64>,
-    /// Memory limit in MiB (enforced by the isolation layer).
+    /// Memory limit in MiB (refused until the sandbox can enforce it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u64>,
-    /// Maximum number of processes (enforced by the isolation layer).
+    /// Maximum number of processes (refused until the sandbox can enforce it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u64>,
     /// Cap on child.log in MiB; past it the log is cut with a marker.

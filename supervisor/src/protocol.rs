@@ -33,7 +33,8 @@ pub mod codes {
     /// The run's directories could not be made safely (e.g. a symlink in
     /// the temp dir's path); nothing was started.
     pub const WORKSPACE: i64 = -32003;
-    /// The daemon is shutting down and accepts no new runs.
+    /// The daemon is shutting down: it accepts no new runs, and a pending
+    /// `wait_agent_run` is answered with this.
     pub const SHUTTING_DOWN: i64 = -32004;
 }
 
@@ -218,7 +219,13 @@ pub enum Decoded {
 fn params<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, RpcError> {
     let value = match value {
         Value::Null => json!({}),
-        v => v,
+        v @ Value::Object(_) => v,
+        _ => {
+            return Err(RpcError::new(
+                codes::INVALID_PARAMS,
+                "invalid params: params must be an object",
+            ))
+        }
     };
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
@@ -291,13 +298,6 @@ pub fn decode(line: &[u8]) -> Decoded {
         }
     };
     let p = obj.remove("params").unwrap_or(Value::Null);
-    if !(p.is_object() || p.is_null()) {
-        return err(
-            reply_id,
-            codes::INVALID_PARAMS,
-            "invalid params: params must be an object".to_owned(),
-        );
-    }
     if let Some(extra) = obj.keys().find(|k| k.as_str() != "jsonrpc") {
         return err(
             reply_id,

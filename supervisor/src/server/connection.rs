@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
-use tokio::sync::{broadcast, mpsc, Notify, Semaphore};
+use tokio::sync::{broadcast, mpsc, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 
 /// Outgoing lines buffered per connection; a subscriber that lets this
@@ -17,6 +17,11 @@ use tokio::task::JoinSet;
 const OUTBOX: usize = 1024;
 /// Requests in flight per connection; more wait for one to finish.
 const IN_FLIGHT: usize = 64;
+
+/// Resolves once the daemon is shutting down (also if it already is).
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
 
 enum Line {
     Complete,
@@ -63,7 +68,7 @@ async fn read_line(
 
 /// Serves one connection until the peer closes it, it breaks the rules, or
 /// the daemon shuts down.
-pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast::Receiver<()>) {
+pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: watch::Receiver<bool>) {
     let (rd, mut wr) = stream.into_split();
     let mut reader = BufReader::with_capacity(64 * 1024, rd);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
@@ -80,6 +85,7 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
     let mut requests = JoinSet::new();
     let mut subscription: Option<tokio::task::JoinHandle<()>> = None;
     let mut buf = Vec::new();
+    let mut stopping = shutdown.clone();
     loop {
         tokio::select! {
             line = read_line(&mut reader, &mut buf) => match line {
@@ -95,13 +101,21 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
                         Decoded::Request(req) => {
                             let reply_id = req.id.clone();
                             if let Call::Subscribe(p) = req.call {
-                                let result = subscribe(&sup, p.session_id, &tx, &close).map(|(task, v)| {
-                                    // One subscription per connection: the newest filter wins.
-                                    if let Some(old) = subscription.replace(task) {
-                                        old.abort();
+                                let result = match check_subscription(&p.session_id) {
+                                    Ok(()) => {
+                                        // One subscription per connection: the newest
+                                        // filter wins; the old one stops first, so no
+                                        // notice is delivered twice.
+                                        if let Some(old) = subscription.take() {
+                                            old.abort();
+                                            let _ = old.await;
+                                        }
+                                        let (task, v) = subscribe(&sup, p.session_id, &tx, &close);
+                                        subscription = Some(task);
+                                        Ok(v)
                                     }
-                                    v
-                                });
+                                    Err(e) => Err(e),
+                                };
                                 if let Some(id) = reply_id {
                                     let line = match result {
                                         Ok(v) => protocol::response(&id, &v),
@@ -113,9 +127,12 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
                                 }
                                 continue;
                             }
-                            let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
+                            let permit = tokio::select! {
+                                p = in_flight.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                                _ = stopped(&mut stopping) => break,
+                            };
                             let (sup, tx) = (sup.clone(), tx.clone());
-                            let mut stop = shutdown.resubscribe();
+                            let mut stop = stopping.clone();
                             requests.spawn(async move {
                                 // Only a wait is cut short by a shutdown; everything
                                 // else is quick and must finish (a spawn_agent is
@@ -125,7 +142,7 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
                                 let result = if interruptible {
                                     tokio::select! {
                                         r = work => r,
-                                        _ = stop.recv() => Err(RpcError::new(
+                                        _ = stopped(&mut stop) => Err(RpcError::new(
                                             codes::SHUTTING_DOWN,
                                             "the daemon is shutting down; wait again after it restarts",
                                         )),
@@ -157,7 +174,7 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
             },
             Some(_) = requests.join_next(), if !requests.is_empty() => {}
             _ = close.notified() => break,
-            _ = shutdown.recv() => break,
+            _ = stopped(&mut shutdown) => break,
         }
     }
     if let Some(task) = subscription {
@@ -173,17 +190,22 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: broadcast:
     let _ = writer.await;
 }
 
+/// Checks a subscribe's params.
+fn check_subscription(session: &Option<String>) -> Result<(), RpcError> {
+    if let Some(s) = session {
+        crate::ids::check_session_id(s).map_err(|e| RpcError::invalid_params("session_id", e))?;
+    }
+    Ok(())
+}
+
 /// Starts forwarding finished-run notices (of one session, or all) to this
-/// connection.
+/// connection; `session` was checked by [`check_subscription`].
 fn subscribe(
     sup: &Supervisor,
     session: Option<String>,
     tx: &mpsc::Sender<Vec<u8>>,
     close: &Arc<Notify>,
-) -> Result<(tokio::task::JoinHandle<()>, Value), RpcError> {
-    if let Some(s) = &session {
-        crate::ids::check_session_id(s).map_err(|e| RpcError::invalid_params("session_id", e))?;
-    }
+) -> (tokio::task::JoinHandle<()>, Value) {
     let mut rx = sup.subscribe();
     let (tx, close) = (tx.clone(), close.clone());
     let filter = session.clone();
@@ -213,5 +235,5 @@ fn subscribe(
             }
         }
     });
-    Ok((task, json!({ "subscribed": true, "session_id": session })))
+    (task, json!({ "subscribed": true, "session_id": session }))
 }

@@ -9,7 +9,7 @@ use crate::engine::Supervisor;
 use socket::BoundSocket;
 use std::sync::Arc;
 use tokio::net::UnixListener;
-use tokio::sync::{broadcast, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
 /// At most this many connections at once; more wait in the backlog.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -25,7 +25,8 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let listener = UnixListener::from_std(bound.listener.try_clone()?)?;
-    let (stop_tx, _) = broadcast::channel::<()>(1);
+    // A watch, not a broadcast: a receiver made after the signal sees it.
+    let (stop_tx, _) = watch::channel(false);
     // Every connection task holds a sender; when all are gone, all are done.
     let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -54,7 +55,7 @@ pub async fn serve(
         });
     }
     sup.stop_accepting();
-    let _ = stop_tx.send(());
+    let _ = stop_tx.send(true);
     drop(done_tx);
     // Let connections answer what they hold (waits get -32004), briefly.
     if tokio::time::timeout(SHUTDOWN_GRACE, done_rx.recv())
