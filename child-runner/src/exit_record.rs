@@ -45,6 +45,25 @@ pub struct ExitRecord {
     pub log_error: Option<String>,
     /// Processes the child left behind that the runner had to kill.
     pub leftover_killed: u32,
+    /// What the sandbox enforced (absent when the child never started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::sandbox::report::IsolationReport>,
+    /// What the run's process tree used.
+    #[serde(default)]
+    pub resources: Resources,
+}
+
+/// What the run's process tree used.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    /// User CPU time of the whole tree, in ms.
+    pub cpu_user_ms: u64,
+    /// System CPU time of the whole tree, in ms.
+    pub cpu_system_ms: u64,
+    /// Peak memory of the run's cgroup, in bytes, when known.
+    pub peak_memory_bytes: Option<u64>,
+    /// Whether the OOM killer ended a process of the run.
+    pub oom_killed: bool,
 }
 
 impl ExitRecord {

@@ -2,6 +2,7 @@
 //! inherited descriptors, stdin from /dev/null, stdout and stderr into the
 //! runner's pipe, and death with the runner.
 
+use crate::sandbox::Prepared;
 use crate::spec::RunnerSpec;
 use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
 use std::os::fd::OwnedFd;
@@ -29,14 +30,24 @@ impl LaunchError {
     }
 }
 
-/// Starts the agent command with `output` as its stdout and stderr.
-pub fn start(spec: &RunnerSpec, output: OwnedFd) -> Result<Child, LaunchError> {
+/// Starts the agent command with `output` as its stdout and stderr, inside
+/// the prepared sandbox.
+pub fn start(
+    spec: &RunnerSpec,
+    output: OwnedFd,
+    sandbox: std::sync::Arc<Prepared>,
+) -> Result<Child, LaunchError> {
     let err = |source| LaunchError {
         program: spec.argv[0].clone(),
         source,
     };
     let stderr = output.try_clone().map_err(err)?;
     let runner_pid = nix::unistd::getpid();
+    // The child reports a failed sandbox step here, in words (the standard
+    // library's own channel carries only an errno).
+    let (why_r, why_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| err(e.into()))?;
+    let why_fd = std::os::fd::AsRawFd::as_raw_fd(&why_w);
     let mut cmd = Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
@@ -45,9 +56,9 @@ pub fn start(spec: &RunnerSpec, output: OwnedFd) -> Result<Child, LaunchError> {
         .stdin(Stdio::null())
         .stdout(Stdio::from(output))
         .stderr(Stdio::from(stderr));
-    // SAFETY: the closure runs between fork and exec in the child. It only
-    // makes syscalls (setsid, prctl, sigprocmask, getppid, close_range),
-    // allocates nothing and takes no lock, so it is async-signal-safe.
+    // SAFETY: the closure runs between fork and exec in the child. The
+    // runner is single-threaded, so no lock can be held by another thread
+    // at the fork: allocating here (Landlock, cgroup writes) is safe.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid()?;
@@ -58,8 +69,30 @@ pub fn start(spec: &RunnerSpec, output: OwnedFd) -> Result<Child, LaunchError> {
             }
             sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
             crate::sys::cloexec_from(3).map_err(|e| e.source)?;
+            if let Err(why) = sandbox.apply() {
+                // SAFETY: writes our own buffer to a pipe we hold open.
+                let _ = libc::write(why_fd, why.as_ptr().cast(), why.len());
+                return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+            }
             Ok(())
         });
     }
-    cmd.spawn().map_err(err)
+    let spawned = cmd.spawn();
+    drop(cmd);
+    drop(why_w);
+    match spawned {
+        Ok(child) => Ok(child),
+        Err(e) => {
+            let mut why = String::new();
+            let _ = std::io::Read::read_to_string(&mut std::fs::File::from(why_r), &mut why);
+            if why.is_empty() {
+                Err(err(e))
+            } else {
+                Err(LaunchError {
+                    program: spec.argv[0].clone(),
+                    source: std::io::Error::other(format!("sandbox: {why}")),
+                })
+            }
+        }
+    }
 }

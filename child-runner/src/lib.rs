@@ -15,7 +15,9 @@
 //! - [`sys`]: thin wrappers over the syscalls used here, each with a typed error.
 //! - [`tree`]: finding and killing every descendant of the runner.
 //! - [`logsink`]: child.log with its size cap.
-//! - [`launch`]: starting the agent command.
+//! - [`sandbox`]: applying the sandbox spec (Landlock, seccomp,
+//!   capabilities, rlimits, cgroups, namespaces) and reporting it.
+//! - [`launch`]: starting the agent command inside it.
 //! - [`lockfd`]: runner.lock, held for the runner's whole life.
 //! - [`supervise`]: the runner's event loop.
 
@@ -24,6 +26,7 @@ pub mod exit_record;
 pub mod launch;
 pub mod lockfd;
 pub mod logsink;
+pub mod sandbox;
 pub mod spec;
 pub mod supervise;
 pub mod sys;

@@ -31,6 +31,10 @@ pub struct RunnerSpec {
     /// Milliseconds between SIGTERM and SIGKILL on cancel.
     #[serde(default = "default_grace")]
     pub kill_grace_ms: u64,
+    /// The sandbox the agent runs in.
+    pub sandbox: policy::sandbox::SandboxSpec,
+    /// Where the run's cgroups go on this host.
+    pub cgroup_plan: policy::sandbox::cgroup::CgroupPlan,
 }
 
 fn default_grace() -> u64 {

@@ -4,7 +4,7 @@
 use crate::exit_record::{ExitRecord, Outcome};
 use crate::logsink::LogSink;
 use crate::spec::RunnerSpec;
-use crate::{launch, now_unix_ms, tree};
+use crate::{launch, now_unix_ms, sandbox, tree};
 use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
@@ -101,24 +101,39 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
         .map_err(setup("fcntl(pipe)"))?;
 
     let started_at_ms = now_unix_ms();
-    let child = match launch::start(spec, pipe_w) {
+    let not_started = |sink: LogSink, exit_code: Option<i32>, reason: String| {
+        let (log_bytes, log_truncated, log_error) = sink.finish();
+        ExitRecord {
+            outcome: Outcome::SpawnFailed,
+            exit_code,
+            signal: None,
+            reason,
+            child_pid: 0,
+            started_at_ms,
+            ended_at_ms: now_unix_ms(),
+            log_bytes,
+            log_truncated,
+            log_error,
+            leftover_killed: 0,
+            isolation: None,
+            resources: Default::default(),
+        }
+    };
+    let prepared = match sandbox::prepare(&spec.sandbox, &spec.cgroup_plan, &spec.run_id) {
+        Ok(p) => std::sync::Arc::new(p),
+        Err(e) => {
+            let reason = format!("sandbox: {e}; the agent was not started");
+            sink.note(&format!("[subagentd: {reason}]\n"));
+            return Ok(not_started(sink, None, reason));
+        }
+    };
+    let child = match launch::start(spec, pipe_w, prepared.clone()) {
         Ok(child) => child,
         Err(e) => {
+            prepared.cgroups().remove();
             sink.note(&format!("[subagentd: {e}]\n"));
-            let (log_bytes, log_truncated, log_error) = sink.finish();
-            return Ok(ExitRecord {
-                outcome: Outcome::SpawnFailed,
-                exit_code: Some(e.exit_code()),
-                signal: None,
-                reason: e.to_string(),
-                child_pid: 0,
-                started_at_ms,
-                ended_at_ms: now_unix_ms(),
-                log_bytes,
-                log_truncated,
-                log_error,
-                leftover_killed: 0,
-            });
+            let code = e.exit_code();
+            return Ok(not_started(sink, Some(code), e.to_string()));
         }
     };
     let started = Instant::now();
@@ -143,6 +158,7 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
     loop {
         if st.status.is_some() && cleanup_deadline.is_none() {
             // The agent process is gone: nothing it started may outlive it.
+            prepared.cgroups().kill_all();
             let (killed, reaped) = tree::kill_tree(me, CLEANUP_BUDGET);
             st.leftover_killed += killed;
             st.note_reaped(reaped);
@@ -217,12 +233,14 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
             let now = Instant::now();
             if !st.timed_out && !st.cancelled && now >= deadline {
                 st.timed_out = true;
+                prepared.cgroups().kill_all();
                 let (killed, reaped) = tree::kill_tree(me, CLEANUP_BUDGET);
                 st.leftover_killed += killed.saturating_sub(1);
                 st.note_reaped(reaped);
             }
             if st.kill_at.is_some_and(|k| now >= k) {
                 st.kill_at = None;
+                prepared.cgroups().kill_all();
                 let (_, reaped) = tree::kill_tree(me, CLEANUP_BUDGET);
                 st.note_reaped(reaped);
             }
@@ -230,6 +248,16 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
     }
     drop(child);
     let ended_at_ms = now_unix_ms();
+    let (peak_memory_bytes, ooms) = prepared.cgroups().memory_stats();
+    prepared.cgroups().remove();
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).ok();
+    let ms = |t: nix::sys::time::TimeVal| (t.tv_sec() as u64) * 1000 + (t.tv_usec() as u64) / 1000;
+    let resources = crate::exit_record::Resources {
+        cpu_user_ms: usage.map_or(0, |u| ms(u.user_time())),
+        cpu_system_ms: usage.map_or(0, |u| ms(u.system_time())),
+        peak_memory_bytes,
+        oom_killed: ooms.unwrap_or(0) > 0,
+    };
     let (log_bytes, log_truncated, log_error) = sink.finish();
     let (exit_code, signal) = match st.status {
         Some(WaitStatus::Exited(_, code)) => (Some(code), None),
@@ -248,6 +276,14 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
         (Outcome::Cancelled, "cancelled on request".to_owned())
     } else if let Some(code) = exit_code {
         (Outcome::Exited, format!("exited with code {code}"))
+    } else if resources.oom_killed && signal == Some(libc::SIGKILL) {
+        (
+            Outcome::Signaled,
+            format!(
+                "memory limit ({} MiB) exceeded",
+                spec.sandbox.memory_bytes >> 20
+            ),
+        )
     } else if let Some(sig) = signal {
         (
             Outcome::Signaled,
@@ -271,6 +307,8 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
         log_truncated,
         log_error,
         leftover_killed: st.leftover_killed,
+        isolation: Some(prepared.report.clone()),
+        resources,
     })
 }
 

@@ -33,6 +33,12 @@ pub mod codes {
     /// The run's directories could not be made safely (e.g. a symlink in
     /// the temp dir's path); nothing was started.
     pub const WORKSPACE: i64 = -32003;
+    /// A mechanism the run requires cannot be enforced on this host; the
+    /// message names it and says why. Nothing was started.
+    pub const SANDBOX_UNAVAILABLE: i64 = -32005;
+    /// The caller is a process inside a run: subagents cannot use the
+    /// control socket (and so cannot spawn their own subagents).
+    pub const NOT_PERMITTED: i64 = -32006;
     /// The daemon is shutting down: it accepts no new runs, and a pending
     /// `wait_agent_run` is answered with this.
     pub const SHUTTING_DOWN: i64 = -32004;
@@ -87,6 +93,9 @@ pub struct SpawnParams {
     /// Keep temp_dir after the run ends (default: removed).
     #[serde(default)]
     pub keep_temp: bool,
+    /// Sandbox switches (default: project read only, no network).
+    #[serde(default)]
+    pub sandbox: policy::sandbox::SandboxRequest,
 }
 
 /// The parent session as `spawn_agent` names it.
@@ -170,7 +179,7 @@ pub struct NoParams {}
 #[derive(Debug, Clone, PartialEq)]
 pub enum Call {
     /// Start a subagent run.
-    SpawnAgent(SpawnParams),
+    SpawnAgent(Box<SpawnParams>),
     /// A run's status, optionally cancelling it.
     CheckAgentRun(CheckParams),
     /// Wait for a run to end.
@@ -201,7 +210,7 @@ pub struct Request {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decoded {
     /// A valid request.
-    Request(Request),
+    Request(Box<Request>),
     /// An invalid one: answer `error` with `id` (null when unknown).
     Error {
         /// The id to answer with.
@@ -306,7 +315,7 @@ pub fn decode(line: &[u8]) -> Decoded {
         );
     }
     let call = match method.as_str() {
-        "spawn_agent" => params(p).map(Call::SpawnAgent),
+        "spawn_agent" => params(p).map(|p| Call::SpawnAgent(Box::new(p))),
         "check_agent_run" => params(p).map(Call::CheckAgentRun),
         "wait_agent_run" => params(p).map(Call::WaitAgentRun),
         "cancel_agent_run" => params(p).map(Call::CancelAgentRun),
@@ -320,7 +329,7 @@ pub fn decode(line: &[u8]) -> Decoded {
         )),
     };
     match call {
-        Ok(call) => Decoded::Request(Request { id, call }),
+        Ok(call) => Decoded::Request(Box::new(Request { id, call })),
         Err(error) => Decoded::Error {
             reply: id.is_some(),
             id: reply_id,

@@ -129,6 +129,15 @@ pub struct RunRecord {
     /// Why finalizing failed, when it did; retried at the next start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finalize_error: Option<String>,
+    /// The sandbox switches asked for.
+    #[serde(default)]
+    pub sandbox: policy::sandbox::SandboxRequest,
+    /// What the sandbox enforced (from exit.json, once the run ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<subagent_runner::sandbox::report::IsolationReport>,
+    /// What the run used (from exit.json).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<subagent_runner::exit_record::Resources>,
 }
 
 impl RunRecord {
@@ -232,6 +241,8 @@ impl RunRecord {
             cancel_requested: self.cancel_requested,
             log_truncated: self.log_truncated,
             finalize_error: self.finalize_error.clone(),
+            isolation: self.isolation.clone(),
+            resources: self.resources.clone(),
         }
     }
 }
@@ -278,6 +289,12 @@ pub struct RunStatus {
     /// ended; the supervisor retries at its next start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finalize_error: Option<String>,
+    /// What the sandbox enforced, once the run has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<subagent_runner::sandbox::report::IsolationReport>,
+    /// CPU time, peak memory and OOM kills, once the run has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<subagent_runner::exit_record::Resources>,
 }
 
 #[cfg(test)]

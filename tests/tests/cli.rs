@@ -122,8 +122,85 @@ const CASES: &[(&str, &str, i32)] = &[
     ("succeeded", "echo streamed; exit 0", 0),
     ("failed", "echo streamed; exit 3", 3),
     ("signal", "echo streamed; kill -KILL $$", 137),
-    ("lost", "echo streamed; kill -KILL $PPID; sleep 30", 125),
 ];
+
+/// The runner pid and run folder of the running run whose task is `task`,
+/// from run.json.
+fn runner_pid(state: &Path, task: &str) -> Option<(i32, std::path::PathBuf)> {
+    for s in std::fs::read_dir(state.join("sessions")).ok()?.flatten() {
+        for r in std::fs::read_dir(s.path().join("runs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Ok(text) = std::fs::read_to_string(r.path().join("run.json")) else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
+            if v["task"] == task && v["state"] == "running" {
+                return v["runner_pid"].as_i64().map(|p| (p as i32, r.path()));
+            }
+        }
+    }
+    None
+}
+
+/// A run whose runner is killed ends `lost`, and `subagent run` exits 125.
+/// (The child itself cannot kill its runner: the sandbox scopes signals.)
+fn check_lost(socket: &Path, state_arg: Option<&Path>, state: &Path) {
+    let task = format!("lost-{}", session("t"));
+    let mut cmd = Command::new(bin("subagent"));
+    cmd.arg("--socket").arg(socket);
+    if let Some(s) = state_arg {
+        cmd.arg("--state-dir").arg(s);
+    }
+    let child = cmd
+        .args([
+            "run",
+            "--task",
+            &task,
+            "--",
+            "sh",
+            "-c",
+            "A=$SUBAGENT_ARTIFACT_DIR; sleep 300 & S=$!; kill -KILL $PPID 2>/dev/null || echo refused > $A/kill.txt; echo $S > $A/p.tmp; mv $A/p.tmp $A/sleep.pid; wait",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut found = None;
+    wait_until(Duration::from_secs(20), "the run to start", || {
+        found =
+            runner_pid(state, &task).filter(|(_, dir)| dir.join("artifacts/sleep.pid").exists());
+        found.is_some()
+    });
+    let (pid, dir) = found.unwrap();
+    let sleeper: i32 = std::fs::read_to_string(dir.join("artifacts/sleep.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    unsafe_kill(pid, libc::SIGKILL);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(" lost ") && err.contains("killed by signal 9"),
+        "{err}"
+    );
+    let refused = std::fs::read_to_string(dir.join("artifacts/kill.txt")).unwrap_or_default();
+    assert_eq!(
+        refused, "refused\n",
+        "the sandbox kept the child from killing its runner"
+    );
+    assert!(
+        !subagentd_e2e::alive(sleeper),
+        "the dead runner's grandchild {sleeper} was killed"
+    );
+}
 
 fn check_codes(socket: &Path, state: Option<&Path>) {
     let s = session("ci");
@@ -171,7 +248,9 @@ fn check_codes(socket: &Path, state: Option<&Path>) {
 fn run_embedded_exits_with_each_code() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("nobody-here.sock");
-    check_codes(&socket, Some(&dir.path().join("state")));
+    let state = dir.path().join("state");
+    check_codes(&socket, Some(&state));
+    check_lost(&socket, Some(&state), &state);
     // Without --state-dir it makes one of its own and says where.
     let out = ci_run(&socket, None, &["--task", "t", "--", "true"]);
     assert_eq!(out.status.code(), Some(0));

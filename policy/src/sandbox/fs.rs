@@ -106,6 +106,12 @@ pub fn rules(paths: &RunPaths, request: &SandboxRequest) -> FsRules {
             "host facts (CPU count)",
         ));
     }
+    rules.push(rule(
+        Path::new("/proc"),
+        Access::Read,
+        false,
+        "process information (environ and mem of processes outside the run stay closed: Landlock scopes ptrace access)",
+    ));
     if let Some(program) = &paths.program {
         rules.push(rule(program, Access::ReadExec, true, "the agent program"));
     }
@@ -147,7 +153,7 @@ pub fn rules(paths: &RunPaths, request: &SandboxRequest) -> FsRules {
     }
     FsRules {
         rules,
-        proc_self: true,
+        proc_self: false,
     }
 }
 
@@ -224,6 +230,15 @@ mod tests {
     }
 
     #[test]
+    fn proc_is_readable_but_never_writable() {
+        let r = rules(&paths(), &SandboxRequest::default());
+        assert_eq!(
+            access_to(&r, Path::new("/proc/1/environ")),
+            Some(Access::Read)
+        );
+    }
+
+    #[test]
     fn run_paths_must_exist_but_system_paths_may_be_missing() {
         let r = rules(&paths(), &SandboxRequest::default());
         for rule in &r.rules {
@@ -231,6 +246,7 @@ mod tests {
                 .iter()
                 .chain(DEVICES)
                 .chain(HOST_FACTS)
+                .chain(&["/proc"])
                 .any(|p| rule.path == Path::new(p));
             assert_eq!(rule.must_exist, !system, "{rule:?}");
         }

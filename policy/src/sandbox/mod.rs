@@ -129,6 +129,8 @@ pub struct SandboxInputs {
 pub const DEFAULT_MEMORY_MB: u64 = 2048;
 /// Default process limit.
 pub const DEFAULT_PIDS: u64 = 512;
+/// Largest file a child may write (RLIMIT_FSIZE): 1 GiB.
+pub const DEFAULT_FSIZE_BYTES: u64 = 1 << 30;
 /// Descriptor limit.
 pub const NOFILE: u64 = 4096;
 

@@ -70,9 +70,16 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
         limits: policy::Limits {
             wall_time_s: args.wall_time,
             output_mb: args.output_mb,
-            ..Default::default()
+            memory_mb: args.memory_mb,
+            pids: args.pids,
         },
         keep_temp: args.keep_temp,
+        sandbox: policy::sandbox::SandboxRequest {
+            write_project: args.write_project,
+            network: args.network,
+            read_paths: args.read_path.clone(),
+            write_paths: args.write_path.clone(),
+        },
     })
 }
 

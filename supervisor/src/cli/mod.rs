@@ -67,6 +67,24 @@ pub struct RunArgs {
     /// Cap on child.log in MiB.
     #[arg(long, value_name = "MB")]
     pub output_mb: Option<u64>,
+    /// Memory limit in MiB (default 2048).
+    #[arg(long, value_name = "MB")]
+    pub memory_mb: Option<u64>,
+    /// Process limit (default 512).
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// Let the child write the project dir (default: read only).
+    #[arg(long)]
+    pub write_project: bool,
+    /// Let the child use the network (default: none).
+    #[arg(long)]
+    pub network: bool,
+    /// An extra read-only root (repeatable).
+    #[arg(long, value_name = "DIR")]
+    pub read_path: Vec<PathBuf>,
+    /// An extra writable root (repeatable).
+    #[arg(long, value_name = "DIR")]
+    pub write_path: Vec<PathBuf>,
     /// Extra environment for the child (repeatable).
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,

@@ -2,15 +2,44 @@
 //! (folder, temp dir, runner.json, run.json) before anyone is told its id.
 //! A failure part-way removes what was made.
 
+use super::probe::HostProbe;
 use super::{EngineError, Inner};
 use crate::ids::{check_session_id, RunId};
 use crate::paths::RunFiles;
 use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
 use std::os::unix::fs::DirBuilderExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use subagent_runner::atomic::{fsync_dir, write_atomic};
 use subagent_runner::spec::RunnerSpec;
+
+/// Fails when a mechanism the run requires is missing on this host.
+pub fn check_required(probe: &HostProbe, network: bool) -> Result<(), EngineError> {
+    for m in policy::sandbox::default_require(network) {
+        if let Some(why) = probe.missing(m) {
+            return Err(EngineError::Sandbox {
+                mechanism: m.as_str(),
+                why,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The agent program as the child's PATH resolves it (absolute,
+/// symlinks resolved), for its Landlock execute rule.
+pub fn resolve_program(argv0: &str, path_var: Option<&str>, cwd: &Path) -> Option<PathBuf> {
+    let candidate = if argv0.contains('/') {
+        Some(cwd.join(argv0))
+    } else {
+        path_var?
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(d).join(argv0))
+            .find(|p| p.is_file())
+    };
+    candidate.and_then(|p| p.canonicalize().ok())
+}
 
 /// Checks a spawn's params; names the first offending field.
 pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
@@ -83,14 +112,23 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
     p.limits
         .validate()
         .map_err(|(f, why)| EngineError::invalid(&format!("limits.{f}"), why))?;
-    // Fail closed: a limit this build cannot enforce is refused, never
-    // accepted and silently ignored.
-    for (field, given) in [("memory_mb", p.limits.memory_mb), ("pids", p.limits.pids)] {
-        if given.is_some() {
-            return Err(EngineError::invalid(
-                &format!("limits.{field}"),
-                "cannot be enforced: this version of subagentd has no memory or process-count limits yet",
-            ));
+    for (field, list) in [
+        ("sandbox.read_paths", &p.sandbox.read_paths),
+        ("sandbox.write_paths", &p.sandbox.write_paths),
+    ] {
+        for (i, path) in list.iter().enumerate() {
+            if !path.is_absolute() {
+                return Err(EngineError::invalid(
+                    &format!("{field}[{i}]"),
+                    format!("{} is not an absolute path", path.display()),
+                ));
+            }
+            if let Err(e) = std::fs::metadata(path) {
+                return Err(EngineError::invalid(
+                    &format!("{field}[{i}]"),
+                    format!("{}: {e}", path.display()),
+                ));
+            }
         }
     }
     Ok(())
@@ -151,6 +189,29 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
         };
         let env = policy::child_env(&inner.daemon_env, &p.env, &paths)
             .map_err(|e| EngineError::invalid("env", e.to_string()))?;
+        let program = resolve_program(
+            &p.command[0],
+            env.get("PATH").map(String::as_str),
+            &p.session.project_dir,
+        );
+        let sandbox = policy::sandbox::sandbox_spec(&policy::sandbox::SandboxInputs {
+            request: p.sandbox.clone(),
+            paths: policy::sandbox::fs::RunPaths {
+                temp_dir: t.clone(),
+                artifact_dir: files.artifacts(),
+                context_dir: files.context(),
+                delta_dir: files.delta_dir(),
+                project_dir: p.session.project_dir.clone(),
+                program,
+            },
+            memory_mb: p
+                .limits
+                .memory_mb
+                .unwrap_or(policy::sandbox::DEFAULT_MEMORY_MB),
+            pids: p.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
+            fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
+            require: None,
+        });
         let spec = RunnerSpec {
             run_id: id.to_string(),
             argv: p.command.clone(),
@@ -161,6 +222,8 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             wall_time_s: p.limits.wall_time_s(),
             output_bytes: p.limits.output_bytes(),
             kill_grace_ms: inner.cfg.kill_grace_ms,
+            sandbox,
+            cgroup_plan: inner.probe.cgroups.clone(),
         };
         let bytes =
             serde_json::to_vec_pretty(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
@@ -193,6 +256,9 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             log_truncated: false,
             finalized: false,
             finalize_error: None,
+            sandbox: p.sandbox.clone(),
+            isolation: None,
+            resources: None,
         };
         rec.save()
             .map_err(|e| EngineError::Storage(e.to_string()))?;
@@ -228,6 +294,7 @@ mod tests {
             env: Default::default(),
             limits: Default::default(),
             keep_temp: false,
+            sandbox: Default::default(),
         }
     }
 
@@ -269,8 +336,11 @@ mod tests {
         p.limits.wall_time_s = Some(u64::MAX);
         assert_eq!(field_of(&p), "limits.wall_time_s");
         let mut p = params();
-        p.limits.memory_mb = Some(512);
-        assert_eq!(field_of(&p), "limits.memory_mb");
+        p.sandbox.read_paths = vec!["relative".into()];
+        assert_eq!(field_of(&p), "sandbox.read_paths[0]");
+        let mut p = params();
+        p.sandbox.write_paths = vec!["/nonexistent-xyz".into()];
+        assert_eq!(field_of(&p), "sandbox.write_paths[0]");
     }
 
     #[test]

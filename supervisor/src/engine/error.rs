@@ -25,6 +25,14 @@ pub enum EngineError {
     /// The run's directories could not be made safely.
     #[error("run directories: {0}")]
     Workspace(String),
+    /// A required sandbox mechanism is unavailable.
+    #[error("sandbox: required mechanism {mechanism} cannot be enforced on this host: {why}")]
+    Sandbox {
+        /// The mechanism.
+        mechanism: &'static str,
+        /// Why.
+        why: String,
+    },
     /// The daemon is shutting down.
     #[error("the supervisor is shutting down and accepts no new runs")]
     ShuttingDown,
@@ -52,6 +60,7 @@ impl From<&EngineError> for RpcError {
             EngineError::Storage(_) => codes::STORAGE,
             EngineError::Workspace(_) => codes::WORKSPACE,
             EngineError::ShuttingDown => codes::SHUTTING_DOWN,
+            EngineError::Sandbox { .. } => codes::SANDBOX_UNAVAILABLE,
             EngineError::Internal(_) => codes::INTERNAL_ERROR,
         };
         RpcError::new(code, e.to_string())

@@ -28,6 +28,8 @@ pub fn apply_exit(
             rec.started_at_ms = rec.started_at_ms.or(Some(x.started_at_ms));
             rec.ended_at_ms = Some(x.ended_at_ms);
             rec.log_truncated = x.log_truncated;
+            rec.isolation = x.isolation.clone();
+            rec.resources = Some(x.resources.clone());
             let mut reason = x.reason.clone();
             if let Some(e) = &x.log_error {
                 reason.push_str(&format!("; {e}"));
@@ -58,6 +60,25 @@ pub fn apply_exit(
     }
 }
 
+/// Kills and removes the cgroups of a run whose runner died; returns
+/// whether any process was left in them. Blocking.
+fn reap_orphans(plan: &policy::sandbox::cgroup::CgroupPlan, run_id: &str) -> bool {
+    use subagent_runner::sandbox::cgroup::RunCgroups;
+    let cg = RunCgroups::existing(plan, run_id);
+    let had = cg.populated();
+    for _ in 0..200 {
+        if !cg.populated() {
+            break;
+        }
+        if !cg.kill_all() {
+            cg.kill_listed();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    cg.remove();
+    had
+}
+
 fn runner_log_tail(rec: &RunRecord) -> String {
     let (text, _) = crate::result_md::read_log_tail(&rec.files().runner_log());
     text
@@ -76,7 +97,22 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
                 .await
                 .unwrap_or_else(|e| (Err(e.to_string()), String::new()))
         };
+        let no_record = !matches!(exit, Ok(Some(_)));
         apply_exit(&mut next, exit, runner_status.as_deref(), &log);
+        if no_record {
+            // The runner died without cleaning up: whatever the child
+            // started is still in the run's cgroups. End it.
+            let plan = sup.inner.probe.cgroups.clone();
+            let run_id = next.run_id.clone();
+            let killed = tokio::task::spawn_blocking(move || reap_orphans(&plan, &run_id))
+                .await
+                .unwrap_or(false);
+            if killed {
+                if let Some(r) = next.reason.as_mut() {
+                    r.push_str("; the processes it left were killed");
+                }
+            }
+        }
         tracing::info!(
             run_id = %next.run_id,
             state = next.state.as_str(),
@@ -222,6 +258,8 @@ mod tests {
             log_truncated: false,
             log_error: None,
             leftover_killed: 0,
+            isolation: None,
+            resources: Default::default(),
         }
     }
 

@@ -15,6 +15,7 @@ pub mod finish;
 pub mod launch;
 pub mod lockfile;
 pub mod pidfd;
+pub mod probe;
 pub mod recover;
 
 pub use error::EngineError;
@@ -98,6 +99,7 @@ pub(crate) struct Inner {
     finished: broadcast::Sender<Notice>,
     daemon_env: Vec<(String, String)>,
     accepting: AtomicBool,
+    probe: probe::HostProbe,
     _state_lock: std::fs::File,
 }
 
@@ -142,12 +144,18 @@ impl Supervisor {
             finished,
             daemon_env: std::env::vars().collect(),
             accepting: AtomicBool::new(true),
+            probe: probe::probe(),
             _state_lock: lock,
         });
         let sup = Supervisor { inner };
         recover::recover(&sup).await;
         tokio::spawn(dispatch(sup.clone(), rx));
         Ok(sup)
+    }
+
+    /// What this host can enforce.
+    pub fn probe(&self) -> &probe::HostProbe {
+        &self.inner.probe
     }
 
     /// The engine's configuration.
@@ -183,6 +191,7 @@ impl Supervisor {
             return Err(EngineError::ShuttingDown);
         }
         accept::validate(&params)?;
+        accept::check_required(&self.inner.probe, params.sandbox.network)?;
         let inner = self.inner.clone();
         let rec = blocking(move || accept::create_run(&inner, &params)).await?;
         let id = rec

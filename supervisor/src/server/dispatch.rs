@@ -21,7 +21,7 @@ pub async fn execute(sup: &Supervisor, call: Call) -> Result<Value, RpcError> {
     let r = |e: crate::engine::EngineError| RpcError::from(&e);
     match call {
         Call::SpawnAgent(p) => {
-            let id = sup.spawn(p).await.map_err(r)?;
+            let id = sup.spawn(*p).await.map_err(r)?;
             Ok(json!({"run_id": id.as_str(), "state": "accepted"}))
         }
         Call::CheckAgentRun(p) => {

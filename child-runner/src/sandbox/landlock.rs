@@ -1,0 +1,142 @@
+//! Landlock: the file-system rules (every right the kernel's ABI has), TCP
+//! when the run has no network, and the abstract-socket and signal scopes.
+//! Built and enforced in the child; a rule set the kernel cannot enforce
+//! fully is an error, never a silent fallback.
+
+use landlock::{
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use policy::sandbox::fs::{Access as Want, FsRules};
+
+/// Landlock could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    /// The kernel has no Landlock.
+    #[error("landlock: not supported by this kernel")]
+    Unsupported,
+    /// A rule's path could not be opened.
+    #[error("landlock: {path}: {reason}")]
+    Path {
+        /// The path.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The ruleset could not be built or enforced.
+    #[error("landlock: {0}")]
+    Ruleset(String),
+    /// The kernel enforced less than asked.
+    #[error("landlock: the rules were only {0} enforced")]
+    NotFully(&'static str),
+}
+
+/// The kernel's Landlock ABI version (0: none).
+pub fn kernel_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attribute pointer, size 0 and the VERSION flag,
+    // landlock_create_ruleset only returns the ABI version; no memory is
+    // read or written.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if v < 0 {
+        0
+    } else {
+        v as i32
+    }
+}
+
+/// The crate's ABI for a kernel version number (capped at what the crate
+/// knows).
+pub fn abi(version: i32) -> ABI {
+    match version {
+        ..=0 => ABI::Unsupported,
+        1 => ABI::V1,
+        2 => ABI::V2,
+        3 => ABI::V3,
+        4 => ABI::V4,
+        5 => ABI::V5,
+        6 => ABI::V6,
+        7 => ABI::V7,
+        8 => ABI::V8,
+        9 => ABI::V9,
+        _ => ABI::V10,
+    }
+}
+
+fn ruleset_err(e: impl std::fmt::Display) -> LandlockError {
+    LandlockError::Ruleset(e.to_string())
+}
+
+/// Builds the ruleset and restricts the calling process. `restrict_net`
+/// denies TCP bind and connect (ABI 4+).
+pub fn restrict(rules: &FsRules, restrict_net: bool, version: i32) -> Result<(), LandlockError> {
+    let abi = abi(version);
+    if abi == ABI::Unsupported {
+        return Err(LandlockError::Unsupported);
+    }
+    let all = AccessFs::from_all(abi);
+    let read_exec = AccessFs::from_read(abi);
+    let read = read_exec & !AccessFs::Execute;
+    let read_write = all & !AccessFs::Execute;
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(all)
+        .map_err(ruleset_err)?;
+    if restrict_net && version >= 4 {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(ruleset_err)?;
+    }
+    if version >= 6 {
+        ruleset = ruleset.scope(Scope::from_all(abi)).map_err(ruleset_err)?;
+    }
+    let mut beneath = Vec::new();
+    let mut add =
+        |path: &std::path::Path, want: Want, must_exist: bool| -> Result<(), LandlockError> {
+            let bad = |reason: String| LandlockError::Path {
+                path: path.display().to_string(),
+                reason,
+            };
+            let meta = match std::fs::metadata(path) {
+                Ok(m) => m,
+                Err(_) if !must_exist => return Ok(()),
+                Err(e) => return Err(bad(e.to_string())),
+            };
+            let mut access = match want {
+                Want::Read => read,
+                Want::ReadExec => read_exec,
+                Want::ReadWrite => read_write,
+            };
+            if !meta.is_dir() {
+                access &= AccessFs::from_file(abi);
+            }
+            let fd = PathFd::new(path).map_err(|e| bad(e.to_string()))?;
+            beneath.push(PathBeneath::new(fd, access));
+            Ok(())
+        };
+    for r in &rules.rules {
+        add(&r.path, r.access, r.must_exist)?;
+    }
+    if rules.proc_self {
+        // Resolved now, in the child: its own /proc/<pid>, nobody else's.
+        add(std::path::Path::new("/proc/self"), Want::Read, true)?;
+    }
+    let created = ruleset
+        .create()
+        .map_err(ruleset_err)?
+        .add_rules(beneath.into_iter().map(Ok::<_, landlock::RulesetError>))
+        .map_err(ruleset_err)?;
+    let status = created.restrict_self().map_err(ruleset_err)?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok(()),
+        RulesetStatus::PartiallyEnforced => Err(LandlockError::NotFully("partially")),
+        RulesetStatus::NotEnforced => Err(LandlockError::NotFully("not")),
+    }
+}
