@@ -36,12 +36,14 @@ fn notices_survive_a_daemon_restart() {
     let mut d = Daemon::start();
     let s = session("durable");
     let mut c = d.conn();
+    // One after another, so "oldest first" (by end) is spawn order.
     let runs: Vec<String> = (0..3)
-        .map(|i| c.spawn(&s, &["sh", "-c", &format!("exit {i}")], json!({})))
+        .map(|i| {
+            let r = c.spawn(&s, &["sh", "-c", &format!("exit {i}")], json!({}));
+            c.wait(&r);
+            r
+        })
         .collect();
-    for r in &runs {
-        c.wait(r);
-    }
     drop(c);
     assert!(d.stop().success());
     assert!(!d.socket.exists(), "the socket is removed on shutdown");
