@@ -274,16 +274,17 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
         )
     } else if st.cancelled {
         (Outcome::Cancelled, "cancelled on request".to_owned())
+    } else if resources.oom_killed && exit_code != Some(0) {
+        // The OOM killer ended a process of the run, and the run failed.
+        let outcome = if signal.is_some() {
+            Outcome::Signaled
+        } else {
+            Outcome::Exited
+        };
+        let mib = spec.sandbox.memory_bytes >> 20;
+        (outcome, format!("memory limit ({mib} MiB) exceeded"))
     } else if let Some(code) = exit_code {
         (Outcome::Exited, format!("exited with code {code}"))
-    } else if resources.oom_killed && signal == Some(libc::SIGKILL) {
-        (
-            Outcome::Signaled,
-            format!(
-                "memory limit ({} MiB) exceeded",
-                spec.sandbox.memory_bytes >> 20
-            ),
-        )
     } else if let Some(sig) = signal {
         (
             Outcome::Signaled,

@@ -69,6 +69,16 @@ async fn read_line(
 /// Serves one connection until the peer closes it, it breaks the rules, or
 /// the daemon shuts down.
 pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: watch::Receiver<bool>) {
+    let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+    let from_run = tokio::task::spawn_blocking(move || super::peer::inside_run(peer_pid))
+        .await
+        .unwrap_or(true);
+    if from_run {
+        tracing::warn!(
+            peer_pid,
+            "refusing control requests from a process inside a run"
+        );
+    }
     let (rd, mut wr) = stream.into_split();
     let mut reader = BufReader::with_capacity(64 * 1024, rd);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
@@ -96,6 +106,14 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: watch::Rec
                         Decoded::Error { id, error, .. } => {
                             if tx.send(protocol::error_response(&id, &error)).await.is_err() {
                                 break;
+                            }
+                        }
+                        Decoded::Request(req) if from_run => {
+                            if let Some(id) = &req.id {
+                                let e = RpcError::new(codes::NOT_PERMITTED, "not permitted from a subagent");
+                                if tx.send(protocol::error_response(id, &e)).await.is_err() {
+                                    break;
+                                }
                             }
                         }
                         Decoded::Request(req) => {

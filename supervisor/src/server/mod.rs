@@ -3,6 +3,7 @@
 
 pub mod connection;
 pub mod dispatch;
+pub mod peer;
 pub mod socket;
 
 use crate::engine::Supervisor;

@@ -1,0 +1,307 @@
+//! Hostile children: each attack is a small program run as a real child
+//! through the real daemon, one run per attack. Each test asserts that the
+//! attack failed and that the daemon and the host are unaffected.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use subagentd_e2e::{alive, session, Daemon};
+
+struct Env {
+    d: Daemon,
+    project: tempfile::TempDir,
+}
+
+fn env() -> Env {
+    let d = Daemon::start();
+    let project = tempfile::Builder::new()
+        .prefix("sa-proj-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::write(project.path().join("README"), "project file\n").unwrap();
+    Env { d, project }
+}
+
+impl Env {
+    /// Runs `script` as a child; returns its final status and its log.
+    fn attack(&self, script: &str, extra: Value) -> (Value, String) {
+        let mut c = self.d.conn();
+        let mut params = json!({
+            "session": {"id": session("evil"), "audience": "personal", "project_dir": self.project.path()},
+            "task": "attack",
+            "command": ["sh", "-c", script],
+        });
+        if let Value::Object(m) = extra {
+            for (k, v) in m {
+                params[k] = v;
+            }
+        }
+        let r = c.call("spawn_agent", params).unwrap();
+        let st = c.wait(r["run_id"].as_str().unwrap());
+        let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap_or_default();
+        (st, log)
+    }
+
+    fn healthy(&self) {
+        assert!(alive(self.d.pid()), "the daemon is alive");
+        let mut c = self.d.conn();
+        assert!(c.call("ping", json!({})).is_ok());
+    }
+}
+
+fn sh_quote(p: &Path) -> String {
+    format!("'{}'", p.display())
+}
+
+#[test]
+fn writes_outside_the_allowed_roots_fail() {
+    let e = env();
+    // A victim run whose folder and artifacts the attacker targets.
+    let (victim, _) = e.attack("echo ok > \"$SUBAGENT_ARTIFACT_DIR/mine\"", json!({}));
+    let victim_art = PathBuf::from(victim["artifact_dir"].as_str().unwrap());
+    let victim_run = victim_art.parent().unwrap().to_path_buf();
+    let outside = tempfile::Builder::new()
+        .prefix("sa-outside-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let targets = [
+        victim_run.join("run.json"),
+        victim_art.join("planted"),
+        e.d.state.join("planted"),
+        PathBuf::from("/root/sa-planted"),
+        outside.path().join("planted"),
+        e.project.path().join("planted"),
+        e.project.path().join("README"),
+    ];
+    let before = std::fs::read(victim_run.join("run.json")).unwrap();
+    let script: String = targets
+        .iter()
+        .map(|t| {
+            format!(
+                "echo pwned > {} && echo WROTE {};",
+                sh_quote(t),
+                t.display()
+            )
+        })
+        .collect();
+    let (st, log) = e.attack(&format!("{script} echo done"), json!({}));
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert!(!log.contains("WROTE"), "a write got through:\n{log}");
+    assert_eq!(std::fs::read(victim_run.join("run.json")).unwrap(), before);
+    for t in &targets[1..6] {
+        assert!(!t.exists(), "{} was created", t.display());
+    }
+    assert_eq!(
+        std::fs::read_to_string(e.project.path().join("README")).unwrap(),
+        "project file\n"
+    );
+    e.healthy();
+}
+
+#[test]
+fn write_project_grants_exactly_the_project() {
+    let e = env();
+    let (st, log) = e.attack(
+        "echo new > ./made-by-child && echo MADE",
+        json!({"sandbox": {"write_project": true}}),
+    );
+    assert_eq!(st["state"], "succeeded", "{st} {log}");
+    assert!(log.contains("MADE"));
+    assert!(e.project.path().join("made-by-child").exists());
+}
+
+#[test]
+fn reads_outside_the_allowed_roots_fail() {
+    let e = env();
+    let home = tempfile::Builder::new()
+        .prefix("sa-home-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let secret = home.path().join("secret.txt");
+    std::fs::write(&secret, "TOPSECRET-1\n").unwrap();
+    let (victim, _) = e.attack("true", json!({}));
+    let victim_run = PathBuf::from(victim["log_path"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let script = format!(
+        "cat {} ; cat {}/run.json ; cat /proc/{}/environ ; ls {} ; echo end",
+        sh_quote(&secret),
+        sh_quote(&victim_run),
+        e.d.pid(),
+        sh_quote(&e.d.state)
+    );
+    let (st, log) = e.attack(&script, json!({}));
+    assert_eq!(st["state"], "succeeded");
+    assert!(!log.contains("TOPSECRET"), "{log}");
+    assert!(
+        !log.contains("\"run_id\""),
+        "another run's run.json leaked:\n{log}"
+    );
+    assert!(
+        !log.contains("SUBAGENTD") && !log.contains("RUST_LOG"),
+        "the daemon's environ leaked:\n{log}"
+    );
+    assert!(
+        !log.lines().any(|l| l == "sessions" || l == "daemon.lock"),
+        "the state dir was listed:\n{log}"
+    );
+    assert_eq!(log.matches("Permission denied").count(), 4, "{log}");
+}
+
+#[test]
+fn the_network_is_closed_without_the_grant() {
+    let e = env();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let py = format!(
+        "import socket\n\
+         for fam, kind, what in [(socket.AF_INET, socket.SOCK_STREAM, 'tcp'), (socket.AF_INET, socket.SOCK_DGRAM, 'udp'), (socket.AF_INET6, socket.SOCK_STREAM, 'tcp6'), (socket.AF_PACKET, socket.SOCK_RAW, 'packet')]:\n\
+         \ttry:\n\
+         \t\ts = socket.socket(fam, kind)\n\
+         \t\tif what == 'tcp': s.connect(('127.0.0.1', {port}))\n\
+         \t\tif what == 'udp': s.sendto(b'x', ('127.0.0.1', {port}))\n\
+         \t\tprint('OPEN', what)\n\
+         \texcept OSError as e:\n\
+         \t\tprint('closed', what, e.errno)\n"
+    );
+    let script = format!(
+        "python3 -c \"$PY\"; bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo OPEN devtcp; echo end"
+    );
+    let (st, log) = e.attack(&script, json!({"env": {"PY": py}}));
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert!(!log.contains("OPEN"), "{log}");
+    assert_eq!(log.matches("closed").count(), 4, "{log}");
+    assert!(listener.accept().is_err(), "the listener saw a connection");
+    let iso = &st["isolation"]["network"];
+    assert_eq!(iso["enforced"], true, "{st}");
+}
+
+#[test]
+fn the_network_is_open_with_the_grant() {
+    let e = env();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!("python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port})); print('CONNECTED')\"");
+    let (st, log) = e.attack(&script, json!({"sandbox": {"network": true}}));
+    assert_eq!(st["state"], "succeeded", "{st} {log}");
+    assert!(log.contains("CONNECTED"));
+}
+
+#[test]
+fn the_control_socket_refuses_children() {
+    let e = env();
+    let py = "import socket, os, json\n\
+        s = socket.socket(socket.AF_UNIX)\n\
+        try:\n\
+        \ts.connect(os.environ['SOCK'])\n\
+        except OSError as e:\n\
+        \tprint('NOCONNECT', e.errno); raise SystemExit\n\
+        req = {'jsonrpc': '2.0', 'id': 1, 'method': 'spawn_agent', 'params': {'session': {'id': 'x', 'audience': 'personal', 'project_dir': '/'}, 'task': 't', 'command': ['true']}}\n\
+        s.sendall((json.dumps(req) + '\\n').encode())\n\
+        print(s.makefile().readline())\n\
+        req = {'jsonrpc': '2.0', 'id': 2, 'method': 'cancel_agent_run', 'params': {'run_id': os.environ['SUBAGENT_RUN_ID']}}\n\
+        s.sendall((json.dumps(req) + '\\n').encode())\n\
+        print(s.makefile().readline())\n";
+    let (st, log) = e.attack(
+        "python3 -c \"$PY\"",
+        json!({"env": {"PY": py, "SOCK": e.d.socket}}),
+    );
+    assert_eq!(st["state"], "succeeded", "{st} {log}");
+    assert!(
+        log.contains("NOCONNECT") || log.matches("not permitted from a subagent").count() == 2,
+        "{log}"
+    );
+    let mut c = e.d.conn();
+    let runs = c.call("list_agent_runs", json!({})).unwrap();
+    assert_eq!(
+        runs["runs"].as_array().unwrap().len(),
+        1,
+        "the child spawned nothing"
+    );
+    e.healthy();
+}
+
+#[test]
+fn processes_outside_the_run_are_out_of_reach() {
+    let e = env();
+    let owned = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+    let script = format!(
+        "kill -9 {daemon} || echo refused-daemon; kill -9 $PPID || echo refused-runner; \
+         unshare -U true || echo refused-unshare; chown 1:1 {file} || echo refused-chown; \
+         python3 -c 'import ctypes; print(\"ptrace\", ctypes.CDLL(None).ptrace(16, 1, 0, 0))'",
+        daemon = e.d.pid(),
+        file = sh_quote(owned.path())
+    );
+    let (st, log) = e.attack(&script, json!({}));
+    assert_eq!(st["state"], "succeeded", "{st} {log}");
+    // (chmod of a file the same uid owns is not refused: see the known
+    // gaps in docs/security.md.)
+    for want in [
+        "refused-daemon",
+        "refused-runner",
+        "refused-unshare",
+        "refused-chown",
+        "ptrace -1",
+    ] {
+        assert!(log.contains(want), "{want} missing:\n{log}");
+    }
+    let meta = std::fs::metadata(owned.path()).unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta),
+        0,
+        "still root's"
+    );
+    e.healthy();
+}
+
+#[test]
+fn a_memory_balloon_fails_with_the_memory_reason() {
+    let e = env();
+    let (st, log) = e.attack(
+        "python3 -c 'x = bytearray(256 << 20); print(len(x))'",
+        json!({"limits": {"memory_mb": 64}}),
+    );
+    assert_eq!(st["state"], "failed", "{st} {log}");
+    assert_eq!(st["reason"], "memory limit (64 MiB) exceeded", "{st}");
+    assert_eq!(st["resources"]["oom_killed"], true);
+    e.healthy();
+}
+
+#[test]
+fn a_fork_bomb_is_contained_and_the_daemon_keeps_answering() {
+    let e = env();
+    let mut c = e.d.conn();
+    let r = c
+        .call(
+            "spawn_agent",
+            json!({
+                "session": {"id": session("bomb"), "audience": "personal", "project_dir": e.project.path()},
+                "task": "bomb",
+                "command": ["sh", "-c", "b() { b | b & }; b"],
+                "limits": {"pids": 64, "wall_time_s": 5},
+            }),
+        )
+        .unwrap();
+    let run = r["run_id"].as_str().unwrap().to_owned();
+    // While it rages, the daemon answers.
+    let mut other = e.d.conn();
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        assert!(other.call("ping", json!({})).is_ok());
+        let _ = t.elapsed(); // latency is measured by scripts/bench, not asserted
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let st = c.wait(&run);
+    assert!(
+        matches!(
+            st["state"].as_str(),
+            Some("timed_out" | "failed" | "succeeded")
+        ),
+        "{st}"
+    );
+    e.healthy();
+}
