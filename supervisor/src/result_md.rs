@@ -146,6 +146,42 @@ pub fn render(rec: &RunRecord) -> String {
     let _ = writeln!(s, "- log: {}", files.log().display());
     let _ = writeln!(s, "- artifacts: {}", files.artifacts().display());
 
+    if let Some(iso) = &rec.isolation {
+        let _ = writeln!(s, "\n## Isolation\n");
+        let rows = [
+            ("landlock", &iso.landlock),
+            ("seccomp", &iso.seccomp),
+            ("network", &iso.network),
+            ("cgroup", &iso.cgroup),
+            ("capabilities", &iso.capabilities),
+        ];
+        for (name, e) in rows {
+            let mark = if e.enforced {
+                "enforced"
+            } else {
+                "NOT enforced"
+            };
+            let _ = writeln!(s, "- {name}: {mark}: {}", e.detail);
+        }
+        let _ = writeln!(s, "- no_new_privs: {}", iso.no_new_privs);
+        let _ = writeln!(s, "- rlimits: {}", iso.rlimits.join(", "));
+        for n in &iso.notes {
+            let _ = writeln!(s, "- note: {n}");
+        }
+    }
+    if let Some(r) = &rec.resources {
+        let peak = r.peak_memory_bytes.map_or("unknown".to_owned(), |b| {
+            format!("{:.1} MiB", b as f64 / 1048576.0)
+        });
+        let _ = writeln!(
+            s,
+            "\n## Resources\n\n- CPU: {} ms user, {} ms system\n- peak memory: {peak}\n- OOM killer: {}",
+            r.cpu_user_ms,
+            r.cpu_system_ms,
+            if r.oom_killed { "fired" } else { "not fired" }
+        );
+    }
+
     let _ = writeln!(s, "\n## Artifacts\n");
     let (arts, more) = list_artifacts(&files.artifacts());
     if arts.is_empty() {

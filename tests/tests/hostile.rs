@@ -305,3 +305,45 @@ fn a_fork_bomb_is_contained_and_the_daemon_keeps_answering() {
     );
     e.healthy();
 }
+
+#[test]
+fn every_run_records_what_was_enforced() {
+    let e = env();
+    let (st, _) = e.attack("true", json!({}));
+    let iso = &st["isolation"];
+    for m in ["landlock", "seccomp", "network", "cgroup", "capabilities"] {
+        assert_eq!(iso[m]["enforced"], true, "{m}: {iso}");
+    }
+    assert_eq!(iso["no_new_privs"], true);
+    assert!(iso["landlock"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("fully enforced"));
+    let result = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
+    assert!(result.contains("## Isolation"), "{result}");
+    assert!(result.contains("- landlock: enforced: ABI"), "{result}");
+    assert!(result.contains("- capabilities: enforced"), "{result}");
+    assert!(result.contains("## Resources"), "{result}");
+}
+
+#[test]
+fn subagentd_check_reports_the_host() {
+    let out = std::process::Command::new(subagentd_e2e::bin("subagentd"))
+        .arg("--check")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("landlock "), "{text}");
+    // On this project's machines (root, Landlock, seccomp) every default
+    // requirement holds; elsewhere the exit code says which does not.
+    let missing = text.lines().filter(|l| l.starts_with("MISSING")).count();
+    assert_eq!(out.status.success(), missing == 0, "{text}");
+    for m in [
+        "landlock",
+        "seccomp",
+        "capability_drop",
+        "network_isolation",
+    ] {
+        assert!(text.lines().any(|l| l.ends_with(m)), "{m}: {text}");
+    }
+}

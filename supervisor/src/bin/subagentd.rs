@@ -37,6 +37,31 @@ struct Args {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Print what this host can enforce and exit: 0 when every default
+    /// requirement (Landlock, seccomp, capability drop, network isolation)
+    /// holds, 1 otherwise.
+    #[arg(long)]
+    check: bool,
+}
+
+fn check() -> std::process::ExitCode {
+    let probe = subagentd::engine::probe::probe();
+    println!("{}", probe.summary());
+    let mut ok = true;
+    for m in policy::sandbox::default_require(false) {
+        match probe.missing(m) {
+            Some(why) => {
+                ok = false;
+                println!("MISSING {}: {why}", m.as_str());
+            }
+            None => println!("ok      {}", m.as_str()),
+        }
+    }
+    if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
 }
 
 fn init_tracing(format: LogFormat) {
@@ -90,6 +115,15 @@ async fn run(args: Args) -> Result<()> {
     let sup = Supervisor::start(cfg.clone())
         .await
         .with_context(|| format!("opening the state dir {}", state_dir.display()))?;
+    tracing::info!("host: {}", sup.probe().summary());
+    for m in policy::sandbox::default_require(false) {
+        if let Some(why) = sup.probe().missing(m) {
+            tracing::warn!(
+                "{} cannot be enforced here ({why}): spawns that require it are refused",
+                m.as_str()
+            );
+        }
+    }
     tracing::info!(
         socket = %socket_path.display(),
         state_dir = %state_dir.display(),
@@ -107,6 +141,9 @@ async fn run(args: Args) -> Result<()> {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if args.check {
+        return check();
+    }
     init_tracing(args.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
