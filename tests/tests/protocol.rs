@@ -317,24 +317,34 @@ fn bad_notifications_and_blank_lines_get_no_answer() {
 }
 
 #[test]
-fn limits_that_cannot_be_enforced_are_refused() {
+fn limits_out_of_range_are_refused_and_the_rest_enforced() {
     let d = Daemon::start();
     let mut c = d.conn();
-    for field in ["memory_mb", "pids"] {
+    for (field, value) in [
+        ("wall_time_s", json!(u64::MAX)),
+        ("memory_mb", json!(0)),
+        ("pids", json!(0)),
+        ("output_mb", json!(1u64 << 40)),
+    ] {
         let mut p = spawn_params(&session("lim"));
-        p["limits"] = json!({ field: 64 });
+        p["limits"] = json!({ field: value });
         let (code, msg) = error_of(&c.request("spawn_agent", p));
         assert_eq!(code, -32602);
-        assert!(
-            msg.contains(&format!("limits.{field}")) && msg.contains("cannot be enforced"),
-            "{msg}"
-        );
+        assert!(msg.contains(&format!("limits.{field}")), "{msg}");
     }
-    let mut p = spawn_params(&session("lim"));
-    p["limits"] = json!({"wall_time_s": u64::MAX});
-    let (code, msg) = error_of(&c.request("spawn_agent", p));
-    assert_eq!(code, -32602);
-    assert!(msg.contains("limits.wall_time_s"), "{msg}");
+    // memory_mb and pids are enforced (by cgroups): accepted, and reported.
+    let run = c.spawn(
+        &session("lim"),
+        &["true"],
+        json!({"limits": {"memory_mb": 128, "pids": 16}}),
+    );
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let cg = st["isolation"]["cgroup"]["detail"].as_str().unwrap();
+    assert!(
+        cg.contains("memory 128 MiB") && cg.contains("pids 16"),
+        "{cg}"
+    );
 }
 
 #[test]
