@@ -167,6 +167,18 @@ impl Daemon {
             .unwrap()
     }
 
+    /// Starts the daemon again on the same socket and state dir (after it
+    /// stopped or was killed) and waits until it answers.
+    pub fn restart(&mut self) {
+        self.child = Self::spawn_process(
+            &self.socket,
+            &self.state,
+            self.dir.path(),
+            &DaemonOpts::default(),
+        );
+        self.wait_ready();
+    }
+
     /// Sends SIGTERM and waits for the daemon to exit.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         unsafe_kill(self.pid(), libc::SIGTERM);

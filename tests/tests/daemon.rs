@@ -146,13 +146,7 @@ fn shutdown_leaves_children_running_and_a_restart_picks_them_up() {
         short_exit.exists()
     });
 
-    d.child = Daemon::spawn_process(
-        &d.socket.clone(),
-        &d.state.clone(),
-        d.dir.path(),
-        &DaemonOpts::default(),
-    );
-    d.wait_ready();
+    d.restart();
     let mut c = d.conn();
     let st = c.wait(&short);
     assert_eq!(st["state"], "failed", "finished from exit.json: {st}");
@@ -193,13 +187,7 @@ fn a_killed_daemon_loses_nothing() {
     d.child.wait().unwrap();
     std::fs::write(art.join("go"), "").unwrap();
     // The stale socket left by the killed daemon is replaced on restart.
-    d.child = Daemon::spawn_process(
-        &d.socket.clone(),
-        &d.state.clone(),
-        d.dir.path(),
-        &DaemonOpts::default(),
-    );
-    d.wait_ready();
+    d.restart();
     let mut c = d.conn();
     let st = c.wait(&run);
     assert_eq!(st["state"], "failed", "{st}");

@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use subagentd_e2e::{session, wait_until, Conn, Daemon, DaemonOpts};
+use subagentd_e2e::{session, wait_until, Conn, Daemon};
 
 #[test]
 fn take_notices_after_a_disconnect_returns_each_notice_once() {
@@ -47,10 +47,7 @@ fn notices_survive_a_daemon_restart() {
     drop(c);
     assert!(d.stop().success());
     assert!(!d.socket.exists(), "the socket is removed on shutdown");
-    let (socket, state) = (d.socket.clone(), d.state.clone());
-    let child = Daemon::spawn_process(&socket, &state, d.dir.path(), &DaemonOpts::default());
-    d.child = child;
-    d.wait_ready();
+    d.restart();
     let mut c = d.conn();
     let taken = c.call("take_notices", json!({"session_id": s})).unwrap();
     let got: Vec<&str> = taken["notices"]
