@@ -347,3 +347,28 @@ fn subagentd_check_reports_the_host() {
         assert!(text.lines().any(|l| l.ends_with(m)), "{m}: {text}");
     }
 }
+
+#[test]
+fn set_user_id_bits_cannot_be_set() {
+    let e = env();
+    let py = "import os\n\
+        p = os.environ['SUBAGENT_TEMP_DIR'] + '/f'\n\
+        open(p, 'w').close()\n\
+        os.chmod(p, 0o755); print('plain chmod ok')\n\
+        for mode in (0o4755, 0o2755):\n\
+        \ttry:\n\
+        \t\tos.chmod(p, mode); print('SETID', oct(mode))\n\
+        \texcept PermissionError:\n\
+        \t\tprint('refused', oct(mode))\n\
+        try:\n\
+        \tos.close(os.open(p + '2', os.O_CREAT | os.O_WRONLY, 0o4755)); print('SETID create')\n\
+        except PermissionError:\n\
+        \tprint('refused create')\n\
+        print(oct(os.stat(p).st_mode))\n";
+    let (st, log) = e.attack("python3 -c \"$PY\"", json!({"env": {"PY": py}}));
+    assert_eq!(st["state"], "succeeded", "{st} {log}");
+    assert!(log.contains("plain chmod ok"), "{log}");
+    assert!(!log.contains("SETID"), "{log}");
+    assert_eq!(log.matches("refused").count(), 3, "{log}");
+    assert!(log.contains("0o100755"), "{log}");
+}

@@ -103,7 +103,7 @@ pub fn prepare(
     };
     report.seccomp = match &seccomp {
         Some(c) => Enforcement::on(format!(
-            "{} syscalls refused with EPERM{}; namespace flags on clone refused; sockets: {}",
+            "{} syscalls refused with EPERM{}; namespace flags on clone refused; set-user/group-ID modes refused; sockets: {}",
             c.denied,
             if c.absent.is_empty() {
                 String::new()

@@ -24,7 +24,11 @@ pub enum SeccompError {
 
 /// Syscalls that do not exist on this architecture (skipped, reported).
 fn absent_here(name: &str) -> bool {
-    cfg!(not(target_arch = "x86_64")) && matches!(name, "iopl" | "ioperm" | "uselib")
+    cfg!(not(target_arch = "x86_64"))
+        && matches!(
+            name,
+            "iopl" | "ioperm" | "uselib" | "chmod" | "open" | "creat" | "mkdir" | "mknod"
+        )
 }
 
 /// The syscall number of `name` on this architecture.
@@ -84,6 +88,24 @@ pub fn number(name: &str) -> Option<i64> {
         "vhangup" => libc::SYS_vhangup,
         "lookup_dcookie" => libc::SYS_lookup_dcookie,
         "personality" => libc::SYS_personality,
+        "clone3" => libc::SYS_clone3,
+        "openat2" => libc::SYS_openat2,
+        "fchmod" => libc::SYS_fchmod,
+        "fchmodat" => libc::SYS_fchmodat,
+        "fchmodat2" => libc::SYS_fchmodat2,
+        "openat" => libc::SYS_openat,
+        "mkdirat" => libc::SYS_mkdirat,
+        "mknodat" => libc::SYS_mknodat,
+        #[cfg(target_arch = "x86_64")]
+        "chmod" => libc::SYS_chmod,
+        #[cfg(target_arch = "x86_64")]
+        "open" => libc::SYS_open,
+        #[cfg(target_arch = "x86_64")]
+        "creat" => libc::SYS_creat,
+        #[cfg(target_arch = "x86_64")]
+        "mkdir" => libc::SYS_mkdir,
+        #[cfg(target_arch = "x86_64")]
+        "mknod" => libc::SYS_mknod,
         _ => return None,
     };
     Some(n)
@@ -115,9 +137,20 @@ fn build(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProgra
         .map_err(|e: seccompiler::BackendError| SeccompError::Build(e.to_string()))
 }
 
-fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SeccompError> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
-        .map_err(|e| SeccompError::Build(e.to_string()))
+/// A condition on argument `arg`: `wide` for unsigned long arguments (clone
+/// flags), else the low 32 bits (ints such as a socket family or a mode).
+fn cond(
+    arg: u8,
+    wide: bool,
+    op: SeccompCmpOp,
+    value: u64,
+) -> Result<SeccompCondition, SeccompError> {
+    let len = if wide {
+        SeccompCmpArgLen::Qword
+    } else {
+        SeccompCmpArgLen::Dword
+    };
+    SeccompCondition::new(arg, len, op, value).map_err(|e| SeccompError::Build(e.to_string()))
 }
 
 fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
@@ -153,16 +186,43 @@ pub fn compile(spec: &SeccompSpec) -> Result<Compiled, SeccompError> {
     if spec.deny_new_namespaces {
         let rules = CLONE_NEW_FLAGS
             .iter()
-            .map(|&f| rule(vec![cond(0, SeccompCmpOp::MaskedEq(f), f)?]))
+            .map(|&f| rule(vec![cond(0, true, SeccompCmpOp::MaskedEq(f), f)?]))
             .collect::<Result<Vec<_>, _>>()?;
         deny.insert(libc::SYS_clone, rules);
     }
+    const SETID: [u64; 2] = [libc::S_ISUID as u64, libc::S_ISGID as u64];
+    for (name, arg) in &spec.deny_setid_modes {
+        let Some(n) = number(name) else {
+            if absent_here(name) {
+                continue;
+            }
+            return Err(SeccompError::UnknownSyscall(name.clone()));
+        };
+        let rules = SETID
+            .iter()
+            .map(|&bit| rule(vec![cond(*arg, false, SeccompCmpOp::MaskedEq(bit), bit)?]))
+            .collect::<Result<Vec<_>, _>>()?;
+        deny.insert(n, rules);
+    }
     let mut programs = vec![build(deny, libc::EPERM)?];
-    if spec.deny_new_namespaces {
-        programs.push(build([(libc::SYS_clone3, vec![])].into(), libc::ENOSYS)?);
+    let mut enosys: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for d in &spec.enosys {
+        let n =
+            number(&d.syscall).ok_or_else(|| SeccompError::UnknownSyscall(d.syscall.clone()))?;
+        enosys.insert(n, vec![]);
+    }
+    if !enosys.is_empty() {
+        programs.push(build(enosys, libc::ENOSYS)?);
     }
     if spec.only_unix_sockets {
-        let not_unix = || rule(vec![cond(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?]);
+        let not_unix = || {
+            rule(vec![cond(
+                0,
+                false,
+                SeccompCmpOp::Ne,
+                libc::AF_UNIX as u64,
+            )?])
+        };
         let rules: BTreeMap<i64, Vec<SeccompRule>> = [
             (libc::SYS_socket, vec![not_unix()?]),
             (libc::SYS_socketpair, vec![not_unix()?]),

@@ -26,7 +26,30 @@ pub struct SeccompSpec {
     /// socket() and socketpair() are refused for every family but AF_UNIX
     /// (for runs without network).
     pub only_unix_sockets: bool,
+    /// Setting the set-user-ID or set-group-ID bit is refused (chmod and
+    /// friends, and creating a file with those bits): a child running as
+    /// the owner of system files could otherwise plant a setuid binary for
+    /// processes outside the sandbox. (syscall, index of its mode argument.)
+    pub deny_setid_modes: Vec<(String, u8)>,
+    /// Syscalls that answer ENOSYS, so libc falls back to one this filter
+    /// can read the arguments of.
+    pub enosys: Vec<DenyRule>,
 }
+
+/// Syscalls that take a file mode, and which argument it is.
+pub const MODE_ARGS: &[(&str, u8)] = &[
+    ("chmod", 1),
+    ("fchmod", 1),
+    ("fchmodat", 2),
+    ("fchmodat2", 2),
+    ("open", 2),
+    ("openat", 3),
+    ("creat", 1),
+    ("mkdir", 1),
+    ("mkdirat", 2),
+    ("mknod", 1),
+    ("mknodat", 2),
+];
 
 /// The deny-list: (syscall, reason).
 pub const DENY: &[(&str, &str)] = &[
@@ -101,6 +124,22 @@ pub fn spec(network: bool) -> SeccompSpec {
             .collect(),
         deny_new_namespaces: true,
         only_unix_sockets: !network,
+        deny_setid_modes: MODE_ARGS
+            .iter()
+            .map(|(s, i)| ((*s).to_owned(), *i))
+            .collect(),
+        enosys: vec![
+            DenyRule {
+                syscall: "clone3".into(),
+                reason: "its flags sit in memory a filter cannot read; libc falls back to clone"
+                    .into(),
+            },
+            DenyRule {
+                syscall: "openat2".into(),
+                reason: "its mode sits in memory a filter cannot read; libc falls back to openat"
+                    .into(),
+            },
+        ],
     }
 }
 
