@@ -238,8 +238,7 @@ fn processes_outside_the_run_are_out_of_reach() {
     );
     let (st, log) = e.attack(&script, json!({}));
     assert_eq!(st["state"], "succeeded", "{st} {log}");
-    // (chmod of a file the same uid owns is not refused: see the known
-    // gaps in docs/security.md.)
+    // (chmod is covered by system_files_keep_their_modes.)
     for want in [
         "refused-daemon",
         "refused-runner",
@@ -354,7 +353,10 @@ fn set_user_id_bits_cannot_be_set() {
     let py = "import os\n\
         p = os.environ['SUBAGENT_TEMP_DIR'] + '/f'\n\
         open(p, 'w').close()\n\
-        os.chmod(p, 0o755); print('plain chmod ok')\n\
+        try:\n\
+        \tos.chmod(p, 0o755); print('plain chmod ok')\n\
+        except PermissionError:\n\
+        \tprint('plain chmod refused')\n\
         for mode in (0o4755, 0o2755):\n\
         \ttry:\n\
         \t\tos.chmod(p, mode); print('SETID', oct(mode))\n\
@@ -367,8 +369,41 @@ fn set_user_id_bits_cannot_be_set() {
         print(oct(os.stat(p).st_mode))\n";
     let (st, log) = e.attack("python3 -c \"$PY\"", json!({"env": {"PY": py}}));
     assert_eq!(st["state"], "succeeded", "{st} {log}");
-    assert!(log.contains("plain chmod ok"), "{log}");
+    // A uid-0 child owns the system's files, so chmod is refused outright
+    // for it; other children may chmod their own files, never to setuid.
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let plain = if root {
+        "plain chmod refused"
+    } else {
+        "plain chmod ok"
+    };
+    assert!(log.contains(plain), "{log}");
     assert!(!log.contains("SETID"), "{log}");
-    assert_eq!(log.matches("refused").count(), 3, "{log}");
-    assert!(log.contains("0o100755"), "{log}");
+    assert_eq!(
+        log.matches("refused").count(),
+        3 + usize::from(root),
+        "{log}"
+    );
+}
+
+/// Runs as root on this project's machines: the victim is root's, as system
+/// files are, and the uid-0 child must not change its mode.
+#[test]
+fn system_files_keep_their_modes() {
+    let e = env();
+    let victim = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+    let before = std::fs::metadata(victim.path()).unwrap();
+    let script = format!(
+        "chmod 777 {} && echo CHMODDED; echo end",
+        sh_quote(victim.path())
+    );
+    let (st, log) = e.attack(&script, json!({}));
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert!(!log.contains("CHMODDED"), "{log}");
+    let after = std::fs::metadata(victim.path()).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&before.permissions()),
+        std::os::unix::fs::PermissionsExt::mode(&after.permissions())
+    );
 }

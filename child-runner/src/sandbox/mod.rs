@@ -103,8 +103,9 @@ pub fn prepare(
     };
     report.seccomp = match &seccomp {
         Some(c) => Enforcement::on(format!(
-            "{} syscalls refused with EPERM{}; namespace flags on clone refused; set-user/group-ID modes refused; sockets: {}",
+            "{} syscalls refused with EPERM{}{}; namespace flags on clone refused; set-user/group-ID modes refused; sockets: {}",
             c.denied,
+            if spec.seccomp.deny_chmod.is_empty() { "" } else { " (chmod included: the child runs as uid 0)" },
             if c.absent.is_empty() {
                 String::new()
             } else {

@@ -182,6 +182,15 @@ pub fn compile(spec: &SeccompSpec) -> Result<Compiled, SeccompError> {
             None => return Err(SeccompError::UnknownSyscall(d.syscall.clone())),
         }
     }
+    for d in &spec.deny_chmod {
+        match number(&d.syscall) {
+            Some(n) => {
+                deny.insert(n, vec![]);
+            }
+            None if absent_here(&d.syscall) => {}
+            None => return Err(SeccompError::UnknownSyscall(d.syscall.clone())),
+        }
+    }
     let denied = deny.len();
     if spec.deny_new_namespaces {
         let rules = CLONE_NEW_FLAGS
@@ -192,6 +201,9 @@ pub fn compile(spec: &SeccompSpec) -> Result<Compiled, SeccompError> {
     }
     const SETID: [u64; 2] = [libc::S_ISUID as u64, libc::S_ISGID as u64];
     for (name, arg) in &spec.deny_setid_modes {
+        if spec.deny_chmod.iter().any(|d| &d.syscall == name) {
+            continue; // refused outright above
+        }
         let Some(n) = number(name) else {
             if absent_here(name) {
                 continue;
@@ -252,12 +264,12 @@ mod tests {
 
     #[test]
     fn every_policy_syscall_has_a_number_here() {
-        let spec = policy::sandbox::seccomp::spec(false);
+        let spec = policy::sandbox::seccomp::spec(false, false);
         let c = compile(&spec).unwrap();
         assert_eq!(c.denied + c.absent.len(), spec.deny.len());
         assert_eq!(c.programs.len(), 3);
         assert_eq!(
-            compile(&policy::sandbox::seccomp::spec(true))
+            compile(&policy::sandbox::seccomp::spec(true, true))
                 .unwrap()
                 .programs
                 .len(),

@@ -123,6 +123,8 @@ pub struct SandboxInputs {
     pub fsize_bytes: u64,
     /// Mechanisms required (from config, else [`default_require`]).
     pub require: Option<Vec<Mechanism>>,
+    /// The child runs as uid 0 (a root daemon without run_as).
+    pub child_is_root: bool,
 }
 
 /// Default memory limit in MiB.
@@ -157,7 +159,7 @@ pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
     SandboxSpec {
         fs: fs::rules(&input.paths, &input.request),
         network,
-        seccomp: seccomp::spec(network),
+        seccomp: seccomp::spec(network, input.child_is_root),
         rlimits,
         memory_bytes: input.memory_mb.saturating_mul(1024 * 1024),
         pids_max: input.pids,
@@ -191,6 +193,7 @@ mod tests {
             pids: 32,
             fsize_bytes: 1 << 20,
             require: None,
+            child_is_root: false,
         }
     }
 

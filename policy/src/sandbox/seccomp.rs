@@ -34,7 +34,15 @@ pub struct SeccompSpec {
     /// Syscalls that answer ENOSYS, so libc falls back to one this filter
     /// can read the arguments of.
     pub enosys: Vec<DenyRule>,
+    /// Refuse changing file modes at all (chmod and friends): set when the
+    /// child runs as uid 0, which owns the system's files, so chmod would
+    /// reach files outside the writable roots (Landlock has no right for
+    /// it).
+    pub deny_chmod: Vec<DenyRule>,
 }
+
+/// The chmod family.
+pub const CHMOD: &[&str] = &["chmod", "fchmod", "fchmodat", "fchmodat2"];
 
 /// Syscalls that take a file mode, and which argument it is.
 pub const MODE_ARGS: &[(&str, u8)] = &[
@@ -112,8 +120,9 @@ pub const DENY: &[(&str, &str)] = &[
     ("personality", "changing the execution domain (ASLR)"),
 ];
 
-/// The seccomp spec; `network` lifts the socket-family restriction.
-pub fn spec(network: bool) -> SeccompSpec {
+/// The seccomp spec; `network` lifts the socket-family restriction;
+/// `child_is_root` (the child runs as uid 0) refuses chmod outright.
+pub fn spec(network: bool, child_is_root: bool) -> SeccompSpec {
     SeccompSpec {
         deny: DENY
             .iter()
@@ -128,6 +137,18 @@ pub fn spec(network: bool) -> SeccompSpec {
             .iter()
             .map(|(s, i)| ((*s).to_owned(), *i))
             .collect(),
+        deny_chmod: if child_is_root {
+            CHMOD
+                .iter()
+                .map(|s| DenyRule {
+                    syscall: (*s).to_owned(),
+                    reason: "a uid-0 child owns the system's files; Landlock cannot stop chmod"
+                        .into(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
         enosys: vec![
             DenyRule {
                 syscall: "clone3".into(),
@@ -149,7 +170,7 @@ mod tests {
 
     #[test]
     fn the_issue_list_is_covered_with_reasons() {
-        let s = spec(false);
+        let s = spec(false, false);
         for must in [
             "ptrace",
             "process_vm_readv",
@@ -191,7 +212,9 @@ mod tests {
 
     #[test]
     fn network_only_changes_the_socket_rule() {
-        let (off, on) = (spec(false), spec(true));
+        let (off, on) = (spec(false, false), spec(true, false));
+        assert!(off.deny_chmod.is_empty());
+        assert_eq!(spec(false, true).deny_chmod.len(), CHMOD.len());
         assert!(off.only_unix_sockets && !on.only_unix_sockets);
         assert_eq!(off.deny, on.deny);
     }

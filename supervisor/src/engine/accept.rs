@@ -211,6 +211,7 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             pids: p.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
             fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
             require: None,
+            child_is_root: inner.probe.root,
         });
         let spec = RunnerSpec {
             run_id: id.to_string(),
