@@ -35,6 +35,9 @@ pub struct RunnerSpec {
     pub sandbox: policy::sandbox::SandboxSpec,
     /// Where the run's cgroups go on this host.
     pub cgroup_plan: policy::sandbox::cgroup::CgroupPlan,
+    /// Run the agent as this uid and gid (a root runner only).
+    #[serde(default)]
+    pub run_as: Option<(u32, u32)>,
 }
 
 fn default_grace() -> u64 {

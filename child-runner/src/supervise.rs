@@ -119,14 +119,15 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
             resources: Default::default(),
         }
     };
-    let prepared = match sandbox::prepare(&spec.sandbox, &spec.cgroup_plan, &spec.run_id) {
-        Ok(p) => std::sync::Arc::new(p),
-        Err(e) => {
-            let reason = format!("sandbox: {e}; the agent was not started");
-            sink.note(&format!("[subagentd: {reason}]\n"));
-            return Ok(not_started(sink, None, reason));
-        }
-    };
+    let prepared =
+        match sandbox::prepare(&spec.sandbox, &spec.cgroup_plan, &spec.run_id, spec.run_as) {
+            Ok(p) => std::sync::Arc::new(p),
+            Err(e) => {
+                let reason = format!("sandbox: {e}; the agent was not started");
+                sink.note(&format!("[subagentd: {reason}]\n"));
+                return Ok(not_started(sink, None, reason));
+            }
+        };
     let child = match launch::start(spec, pipe_w, prepared.clone()) {
         Ok(child) => child,
         Err(e) => {

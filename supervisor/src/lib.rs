@@ -3,6 +3,7 @@
 //! Layout:
 //! - [`ids`], [`timefmt`], [`paths`]: run ids, timestamps, where things live.
 //! - [`securedir`]: private directories under /tmp without following symlinks.
+//! - [`runas`]: the unprivileged user children may run as.
 //! - [`record`]: run.json, the durable record of a run, and its states.
 //! - [`protocol`]: the JSON-RPC wire types and error codes (docs/protocol.md).
 //! - [`notices`]: the durable finished-run notices of each session.
@@ -22,6 +23,7 @@ pub mod paths;
 pub mod protocol;
 pub mod record;
 pub mod result_md;
+pub mod runas;
 pub mod securedir;
 pub mod server;
 pub mod timefmt;

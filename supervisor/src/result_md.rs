@@ -163,6 +163,7 @@ pub fn render(rec: &RunRecord) -> String {
             };
             let _ = writeln!(s, "- {name}: {mark}: {}", e.detail);
         }
+        let _ = writeln!(s, "- user: {}", iso.user);
         let _ = writeln!(s, "- no_new_privs: {}", iso.no_new_privs);
         let _ = writeln!(s, "- rlimits: {}", iso.rlimits.join(", "));
         for n in &iso.notes {

@@ -155,6 +155,24 @@ impl PrivateDir {
     }
 }
 
+impl PrivateDir {
+    /// Sets the directory's mode (through its descriptor, no path lookup).
+    pub fn set_mode(&self, mode: u32) -> Result<(), SecureDirError> {
+        nix::sys::stat::fchmod(&self.fd, Mode::from_bits_truncate(mode))
+            .map_err(sys("chmod", &self.path))
+    }
+
+    /// Gives the directory to `uid:gid` (through its descriptor).
+    pub fn set_owner(&self, uid: u32, gid: u32) -> Result<(), SecureDirError> {
+        nix::unistd::fchown(
+            &self.fd,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )
+        .map_err(sys("chown", &self.path))
+    }
+}
+
 /// Makes `<parent>/<name>` a private directory, creating it if needed,
 /// where `parent` itself is trusted. Returns its path.
 pub fn ensure_private_dir(parent: &Path, name: &str) -> Result<PathBuf, SecureDirError> {
@@ -165,15 +183,30 @@ pub fn ensure_private_dir(parent: &Path, name: &str) -> Result<PathBuf, SecureDi
 
 /// Creates a child's temp dir `<base>/<session>/c<8 hex>` (base =
 /// /tmp/subagentd-<uid>), verifying each component. Returns its path.
-pub fn make_temp_dir(base: &Path, session: &str) -> Result<PathBuf, SecureDirError> {
+/// With `child` (a `run_as` uid:gid), the parents become traversable
+/// (0711, never listable) and the temp dir belongs to the child.
+pub fn make_temp_dir(
+    base: &Path,
+    session: &str,
+    child: Option<(u32, u32)>,
+) -> Result<PathBuf, SecureDirError> {
     let owner = crate::paths::uid();
     let (parent, name) = split(base)?;
     let base_dir = PrivateDir::open_trusted(&parent)?.ensure_child(&name, owner)?;
     let session_dir = base_dir.ensure_child(session, owner)?;
+    if child.is_some() {
+        base_dir.set_mode(0o711)?;
+        session_dir.set_mode(0o711)?;
+    }
     loop {
         let leaf = format!("c{}", crate::ids::random_hex8());
         match session_dir.create_child(&leaf, owner) {
-            Ok(dir) => return Ok(dir.path),
+            Ok(dir) => {
+                if let Some((uid, gid)) = child {
+                    dir.set_owner(uid, gid)?;
+                }
+                return Ok(dir.path);
+            }
             Err(SecureDirError::Sys {
                 errno: Errno::EEXIST,
                 ..
@@ -199,7 +232,7 @@ mod tests {
     fn creates_private_dirs_and_refuses_symlinks() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("subagentd-test");
-        let t = make_temp_dir(&base, "sess").unwrap();
+        let t = make_temp_dir(&base, "sess", None).unwrap();
         assert!(t.starts_with(base.join("sess")));
         let name = t.file_name().unwrap().to_str().unwrap();
         assert!(name.starts_with('c') && name.len() == 9, "{name}");
@@ -210,7 +243,7 @@ mod tests {
         let elsewhere = root.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, base.join("evil")).unwrap();
-        let err = make_temp_dir(&base, "evil").unwrap_err();
+        let err = make_temp_dir(&base, "evil", None).unwrap_err();
         assert!(matches!(err, SecureDirError::Symlink(_)), "{err}");
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
 
@@ -218,7 +251,7 @@ mod tests {
         let base2 = root.path().join("subagentd-link");
         std::os::unix::fs::symlink(&elsewhere, &base2).unwrap();
         assert!(matches!(
-            make_temp_dir(&base2, "s").unwrap_err(),
+            make_temp_dir(&base2, "s", None).unwrap_err(),
             SecureDirError::Symlink(_)
         ));
     }
@@ -229,7 +262,7 @@ mod tests {
         let base = root.path().join("b");
         std::fs::create_dir(&base).unwrap();
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let err = make_temp_dir(&base, "s").unwrap_err();
+        let err = make_temp_dir(&base, "s", None).unwrap_err();
         assert!(matches!(err, SecureDirError::Writable { .. }), "{err}");
     }
 
@@ -238,7 +271,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         for bad in ["..", ".", "a/b", ""] {
             assert!(matches!(
-                make_temp_dir(root.path(), bad).unwrap_err(),
+                make_temp_dir(root.path(), bad, None).unwrap_err(),
                 SecureDirError::BadName(_)
             ));
         }

@@ -80,6 +80,44 @@ pub struct DaemonOpts {
     pub max_concurrent: Option<usize>,
     /// Extra environment for the daemon.
     pub env: Vec<(String, String)>,
+    /// Extra arguments for the daemon.
+    pub args: Vec<String>,
+}
+
+/// Whether a test may run: when `available` is false it prints
+/// `SKIPPED: <why>` and returns false, except under CI (`CI=true`), where
+/// a missing mechanism fails the test unless it is listed in
+/// `SUBAGENT_ALLOW_MISSING` (comma-separated mechanism names).
+pub fn runnable(available: bool, mechanism: &str, why: &str) -> bool {
+    if available {
+        return true;
+    }
+    let allowed = std::env::var("SUBAGENT_ALLOW_MISSING").unwrap_or_default();
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    if ci && !allowed.split(',').any(|m| m.trim() == mechanism) {
+        panic!("{mechanism} is required under CI but missing: {why} (list it in SUBAGENT_ALLOW_MISSING to allow)");
+    }
+    println!("SKIPPED: {why}");
+    false
+}
+
+/// What `subagentd --check` says is missing on this host (mechanism names).
+pub fn missing_mechanisms() -> Vec<String> {
+    let out = Command::new(bin("subagentd"))
+        .arg("--check")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("MISSING "))
+        .map(|l| l.split(':').next().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() == 0 }
 }
 
 impl Daemon {
@@ -126,6 +164,7 @@ impl Daemon {
         if let Some(n) = opts.max_concurrent {
             cmd.arg("--max-concurrent").arg(n.to_string());
         }
+        cmd.args(&opts.args);
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }

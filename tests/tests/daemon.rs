@@ -24,8 +24,10 @@ fn socket_and_its_new_directory_are_private() {
         dir.path(),
         &DaemonOpts::default(),
     );
-    wait_until(Duration::from_secs(20), "the socket", || {
-        Conn::try_connect(&socket).is_some()
+    // Ready means answering, not just listening (the state dir is opened
+    // after the socket is bound).
+    wait_until(Duration::from_secs(20), "the daemon to answer", || {
+        Conn::try_connect(&socket).is_some_and(|mut c| c.call("ping", json!({})).is_ok())
     });
     assert_eq!(mode(&sock_dir), 0o700);
     assert_eq!(mode(&socket), 0o600);

@@ -14,14 +14,22 @@ struct Env {
     project: tempfile::TempDir,
 }
 
-fn env() -> Env {
+/// A daemon for one attack; `None` (after `SKIPPED: …`) when the host
+/// cannot enforce the default requirements.
+fn env() -> Option<Env> {
+    let missing = subagentd_e2e::missing_mechanisms();
+    for m in &missing {
+        if !subagentd_e2e::runnable(false, m, &format!("this host cannot enforce {m}")) {
+            return None;
+        }
+    }
     let d = Daemon::start();
     let project = tempfile::Builder::new()
         .prefix("sa-proj-")
         .tempdir_in("/tmp")
         .unwrap();
     std::fs::write(project.path().join("README"), "project file\n").unwrap();
-    Env { d, project }
+    Some(Env { d, project })
 }
 
 impl Env {
@@ -57,7 +65,7 @@ fn sh_quote(p: &Path) -> String {
 
 #[test]
 fn writes_outside_the_allowed_roots_fail() {
-    let e = env();
+    let Some(e) = env() else { return };
     // A victim run whose folder and artifacts the attacker targets.
     let (victim, _) = e.attack("echo ok > \"$SUBAGENT_ARTIFACT_DIR/mine\"", json!({}));
     let victim_art = PathBuf::from(victim["artifact_dir"].as_str().unwrap());
@@ -102,7 +110,7 @@ fn writes_outside_the_allowed_roots_fail() {
 
 #[test]
 fn write_project_grants_exactly_the_project() {
-    let e = env();
+    let Some(e) = env() else { return };
     let (st, log) = e.attack(
         "echo new > ./made-by-child && echo MADE",
         json!({"sandbox": {"write_project": true}}),
@@ -114,7 +122,7 @@ fn write_project_grants_exactly_the_project() {
 
 #[test]
 fn reads_outside_the_allowed_roots_fail() {
-    let e = env();
+    let Some(e) = env() else { return };
     let home = tempfile::Builder::new()
         .prefix("sa-home-")
         .tempdir_in("/tmp")
@@ -153,7 +161,7 @@ fn reads_outside_the_allowed_roots_fail() {
 
 #[test]
 fn the_network_is_closed_without_the_grant() {
-    let e = env();
+    let Some(e) = env() else { return };
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -182,7 +190,7 @@ fn the_network_is_closed_without_the_grant() {
 
 #[test]
 fn the_network_is_open_with_the_grant() {
-    let e = env();
+    let Some(e) = env() else { return };
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let script = format!("python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port})); print('CONNECTED')\"");
@@ -193,7 +201,7 @@ fn the_network_is_open_with_the_grant() {
 
 #[test]
 fn the_control_socket_refuses_children() {
-    let e = env();
+    let Some(e) = env() else { return };
     let py = "import socket, os, json\n\
         s = socket.socket(socket.AF_UNIX)\n\
         try:\n\
@@ -227,7 +235,7 @@ fn the_control_socket_refuses_children() {
 
 #[test]
 fn processes_outside_the_run_are_out_of_reach() {
-    let e = env();
+    let Some(e) = env() else { return };
     let owned = tempfile::NamedTempFile::new_in("/tmp").unwrap();
     let script = format!(
         "kill -9 {daemon} || echo refused-daemon; kill -9 $PPID || echo refused-runner; \
@@ -259,7 +267,7 @@ fn processes_outside_the_run_are_out_of_reach() {
 
 #[test]
 fn a_memory_balloon_fails_with_the_memory_reason() {
-    let e = env();
+    let Some(e) = env() else { return };
     let (st, log) = e.attack(
         "python3 -c 'x = bytearray(256 << 20); print(len(x))'",
         json!({"limits": {"memory_mb": 64}}),
@@ -272,7 +280,7 @@ fn a_memory_balloon_fails_with_the_memory_reason() {
 
 #[test]
 fn a_fork_bomb_is_contained_and_the_daemon_keeps_answering() {
-    let e = env();
+    let Some(e) = env() else { return };
     let mut c = e.d.conn();
     let r = c
         .call(
@@ -307,7 +315,7 @@ fn a_fork_bomb_is_contained_and_the_daemon_keeps_answering() {
 
 #[test]
 fn every_run_records_what_was_enforced() {
-    let e = env();
+    let Some(e) = env() else { return };
     let (st, _) = e.attack("true", json!({}));
     let iso = &st["isolation"];
     for m in ["landlock", "seccomp", "network", "cgroup", "capabilities"] {
@@ -349,7 +357,7 @@ fn subagentd_check_reports_the_host() {
 
 #[test]
 fn set_user_id_bits_cannot_be_set() {
-    let e = env();
+    let Some(e) = env() else { return };
     let py = "import os\n\
         p = os.environ['SUBAGENT_TEMP_DIR'] + '/f'\n\
         open(p, 'w').close()\n\
@@ -391,7 +399,7 @@ fn set_user_id_bits_cannot_be_set() {
 /// files are, and the uid-0 child must not change its mode.
 #[test]
 fn system_files_keep_their_modes() {
-    let e = env();
+    let Some(e) = env() else { return };
     let victim = tempfile::NamedTempFile::new_in("/tmp").unwrap();
     let before = std::fs::metadata(victim.path()).unwrap();
     let script = format!(
@@ -405,5 +413,24 @@ fn system_files_keep_their_modes() {
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&before.permissions()),
         std::os::unix::fs::PermissionsExt::mode(&after.permissions())
+    );
+}
+
+#[test]
+fn a_10_gib_file_write_is_stopped_at_the_file_size_limit() {
+    let Some(e) = env() else { return };
+    let (st, log) = e.attack(
+        "exec dd if=/dev/zero of=\"$TMPDIR/big\" bs=1M count=10240 status=none",
+        json!({}),
+    );
+    assert_eq!(st["state"], "failed", "{st} {log}");
+    assert_eq!(st["signal"], libc::SIGXFSZ, "{st}");
+    assert!(st["isolation"]["rlimits"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("fsize=1073741824")));
+    assert!(
+        !std::path::Path::new(st["temp_dir"].as_str().unwrap()).exists(),
+        "the temp dir and the file are gone"
     );
 }

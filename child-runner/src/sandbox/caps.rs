@@ -39,10 +39,11 @@ const SECBIT_KEEP_CAPS_LOCKED: libc::c_ulong = 1 << 5;
 const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
 const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
 
-/// Drops every capability of the calling process. `privileged` says
-/// whether it holds CAP_SETPCAP (root): only then can the securebits and
-/// the bounding set be changed.
-pub fn drop_all(privileged: bool, last_cap: u32) -> Result<(), CapsError> {
+/// Locks the securebits and empties the bounding set (needs CAP_SETPCAP,
+/// so only when `privileged`). The other sets are cleared by
+/// [`clear_sets`], after a `run_as` user switch, which still needs
+/// CAP_SETUID and CAP_SETGID.
+pub fn drop_bounding(privileged: bool, last_cap: u32) -> Result<(), CapsError> {
     if privileged {
         let bits = SECBIT_NOROOT
             | SECBIT_NOROOT_LOCKED
@@ -59,6 +60,11 @@ pub fn drop_all(privileged: bool, last_cap: u32) -> Result<(), CapsError> {
             )?;
         }
     }
+    Ok(())
+}
+
+/// Empties the ambient, effective, permitted and inheritable sets.
+pub fn clear_sets() -> Result<(), CapsError> {
     check(
         "PR_CAP_AMBIENT_CLEAR_ALL",
         prctl2(
@@ -92,6 +98,23 @@ pub fn drop_all(privileged: bool, last_cap: u32) -> Result<(), CapsError> {
     // the kernel's v3 ABI, from memory we own for the call's duration.
     let rc = unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) };
     check("capset", rc)
+}
+
+/// Switches to `uid:gid` with no supplementary groups (real, effective
+/// and saved ids alike).
+pub fn switch_user(uid: u32, gid: u32) -> Result<(), CapsError> {
+    let e = |op| {
+        move |errno: nix::Error| CapsError {
+            op,
+            source: errno.into(),
+        }
+    };
+    let gid = nix::unistd::Gid::from_raw(gid);
+    let uid = nix::unistd::Uid::from_raw(uid);
+    nix::unistd::setgroups(&[]).map_err(e("setgroups"))?;
+    nix::unistd::setresgid(gid, gid, gid).map_err(e("setresgid"))?;
+    nix::unistd::setresuid(uid, uid, uid).map_err(e("setresuid"))?;
+    Ok(())
 }
 
 /// Sets no_new_privs: exec can never grant privileges again.

@@ -74,9 +74,14 @@ fn ruleset_err(e: impl std::fmt::Display) -> LandlockError {
     LandlockError::Ruleset(e.to_string())
 }
 
-/// Builds the ruleset and restricts the calling process. `restrict_net`
-/// denies TCP bind and connect (ABI 4+).
-pub fn restrict(rules: &FsRules, restrict_net: bool, version: i32) -> Result<(), LandlockError> {
+/// Builds the ruleset (opening every rule's path now, while the process
+/// may still reach it) without enforcing it. `restrict_net` denies TCP
+/// bind and connect (ABI 4+).
+pub fn build(
+    rules: &FsRules,
+    restrict_net: bool,
+    version: i32,
+) -> Result<landlock::RulesetCreated, LandlockError> {
     let abi = abi(version);
     if abi == ABI::Unsupported {
         return Err(LandlockError::Unsupported);
@@ -128,11 +133,16 @@ pub fn restrict(rules: &FsRules, restrict_net: bool, version: i32) -> Result<(),
         // Resolved now, in the child: its own /proc/<pid>, nobody else's.
         add(std::path::Path::new("/proc/self"), Want::Read, true)?;
     }
-    let created = ruleset
+    ruleset
         .create()
         .map_err(ruleset_err)?
         .add_rules(beneath.into_iter().map(Ok::<_, landlock::RulesetError>))
-        .map_err(ruleset_err)?;
+        .map_err(ruleset_err)
+}
+
+/// Restricts the calling process with a built ruleset; anything short of
+/// full enforcement is an error.
+pub fn enforce(created: landlock::RulesetCreated) -> Result<(), LandlockError> {
     let status = created.restrict_self().map_err(ruleset_err)?;
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(()),

@@ -42,6 +42,7 @@ pub struct Prepared {
     privileged: bool,
     last_cap: u32,
     netns: bool,
+    run_as: Option<(u32, u32)>,
     /// What will be enforced once [`Prepared::apply`] succeeds.
     pub report: IsolationReport,
 }
@@ -64,6 +65,7 @@ pub fn prepare(
     spec: &SandboxSpec,
     plan: &CgroupPlan,
     run_id: &str,
+    run_as: Option<(u32, u32)>,
 ) -> Result<Prepared, SandboxError> {
     let fail = |m: Mechanism, why: String| SandboxError {
         mechanism: m.as_str(),
@@ -200,6 +202,25 @@ pub fn prepare(
         Enforcement::on("effective, permitted, inheritable and ambient sets empty; bounding set kept (no CAP_SETPCAP), no_new_privs stops any gain")
     };
     report.no_new_privs = true;
+    report.user = match run_as {
+        Some((uid, gid)) if privileged => {
+            format!("uid {uid}, gid {gid} (run_as), no supplementary groups")
+        }
+        Some(_) => {
+            return Err(fail(
+                Mechanism::CapabilityDrop,
+                "run_as needs a root runner".into(),
+            ))
+        }
+        None => {
+            let uid = nix::unistd::geteuid().as_raw();
+            if uid == 0 {
+                "uid 0 without capabilities (no run_as; chmod refused by seccomp)".to_owned()
+            } else {
+                format!("uid {uid} (the daemon's)")
+            }
+        }
+    };
     Ok(Prepared {
         spec: spec.clone(),
         rlimits,
@@ -209,6 +230,7 @@ pub fn prepare(
         privileged,
         last_cap: caps::last_cap(),
         netns,
+        run_as,
         report,
     })
 }
@@ -223,11 +245,24 @@ impl Prepared {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(|e| format!("network namespace: unshare: {e}"))?;
         }
-        caps::drop_all(self.privileged, self.last_cap).map_err(|e| e.to_string())?;
+        // Landlock's rule paths are opened now, while the process may still
+        // reach them; the rules are enforced after the user switch.
+        let ruleset = if self.landlock_abi > 0 {
+            Some(
+                landlock::build(&self.spec.fs, !self.spec.network, self.landlock_abi)
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            None
+        };
+        caps::drop_bounding(self.privileged, self.last_cap).map_err(|e| e.to_string())?;
+        if let Some((uid, gid)) = self.run_as {
+            caps::switch_user(uid, gid).map_err(|e| e.to_string())?;
+        }
+        caps::clear_sets().map_err(|e| e.to_string())?;
         caps::no_new_privs().map_err(|e| e.to_string())?;
-        if self.landlock_abi > 0 {
-            landlock::restrict(&self.spec.fs, !self.spec.network, self.landlock_abi)
-                .map_err(|e| e.to_string())?;
+        if let Some(r) = ruleset {
+            landlock::enforce(r).map_err(|e| e.to_string())?;
         }
         if let Some(s) = &self.seccomp {
             seccomp::install(s).map_err(|e| e.to_string())?;

@@ -44,6 +44,9 @@ pub struct IsolationReport {
     pub capabilities: Enforcement,
     /// no_new_privs was set.
     pub no_new_privs: bool,
+    /// The user the agent runs as.
+    #[serde(default)]
+    pub user: String,
     /// rlimits set (resource=value).
     pub rlimits: Vec<String>,
     /// Anything else worth knowing.

@@ -34,6 +34,11 @@ struct Args {
     /// The subagent-runner binary (default: next to this executable).
     #[arg(long, env = "SUBAGENTD_RUNNER", value_name = "PATH")]
     runner: Option<PathBuf>,
+    /// Run children as this unprivileged user (`USER` or `UID:GID`); the
+    /// daemon must run as root. Their temp, artifact and delta dirs are
+    /// then that user's.
+    #[arg(long, env = "SUBAGENTD_RUN_AS", value_name = "USER")]
+    run_as: Option<String>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -104,6 +109,11 @@ async fn run(args: Args) -> Result<()> {
     }
     if let Some(r) = args.runner {
         cfg.runner = r;
+    }
+    if let Some(user) = &args.run_as {
+        let r = subagentd::runas::parse(user).map_err(anyhow::Error::msg)?;
+        subagentd::runas::check(&r).map_err(anyhow::Error::msg)?;
+        cfg.run_as = Some(r);
     }
     anyhow::ensure!(
         cfg.runner.is_file(),

@@ -146,6 +146,33 @@ fn mkdir_private(path: &Path, recursive: bool) -> Result<(), EngineError> {
         .map_err(|e| storage("create", path, e))
 }
 
+fn share_with_group(path: &Path, gid: u32, mode: u32) -> Result<(), EngineError> {
+    std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| storage("chown", path, e))?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+        .map_err(|e| storage("chmod", path, e))
+}
+
+/// For a `run_as` child: the path down to its run folder becomes
+/// traversable (0711, not listable); artifacts/ and delta/ become the
+/// child's; context/ is readable through the child's group, never
+/// writable.
+fn give_dirs_to_child(
+    runs_dir: &Path,
+    files: &RunFiles,
+    uid: u32,
+    gid: u32,
+) -> Result<(), EngineError> {
+    let traverse = [runs_dir.parent(), Some(runs_dir), Some(files.dir.as_path())];
+    for d in traverse.into_iter().flatten() {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+            .map_err(|e| storage("chmod", d, e))?;
+    }
+    for d in [files.artifacts(), files.delta_dir()] {
+        std::os::unix::fs::chown(&d, Some(uid), Some(gid)).map_err(|e| storage("chown", &d, e))?;
+    }
+    share_with_group(&files.context(), gid, 0o750)
+}
+
 /// The text of context/first_message.md.
 pub fn first_message(context: Option<&str>, task: &str) -> String {
     let context = context.filter(|c| !c.trim().is_empty()).unwrap_or("(none)");
@@ -168,7 +195,11 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
         for d in [files.artifacts(), files.context(), files.delta_dir()] {
             mkdir_private(&d, false)?;
         }
-        let t = crate::securedir::make_temp_dir(&inner.cfg.temp_base, session)
+        let child = inner.cfg.run_as.map(|r| (r.uid, r.gid));
+        if let Some((uid, gid)) = child {
+            give_dirs_to_child(&runs_dir, &files, uid, gid)?;
+        }
+        let t = crate::securedir::make_temp_dir(&inner.cfg.temp_base, session, child)
             .map_err(|e| EngineError::Workspace(e.to_string()))?;
         temp_dir = Some(t.clone());
         let first = files.context().join("first_message.md");
@@ -177,6 +208,9 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             first_message(p.context.as_deref(), &p.task).as_bytes(),
         )
         .map_err(|e| EngineError::Storage(e.to_string()))?;
+        if let Some((_, gid)) = child {
+            share_with_group(&first, gid, 0o640)?;
+        }
         let show = |p: &Path| p.display().to_string();
         let paths = policy::ChildPaths {
             run_id: id.to_string(),
@@ -211,7 +245,7 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             pids: p.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
             fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
             require: None,
-            child_is_root: inner.probe.root,
+            child_is_root: inner.probe.root && child.is_none(),
         });
         let spec = RunnerSpec {
             run_id: id.to_string(),
@@ -225,6 +259,7 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             kill_grace_ms: inner.cfg.kill_grace_ms,
             sandbox,
             cgroup_plan: inner.probe.cgroups.clone(),
+            run_as: child,
         };
         let bytes =
             serde_json::to_vec_pretty(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;

@@ -46,6 +46,8 @@ pub struct Config {
     pub max_concurrent: usize,
     /// Milliseconds between SIGTERM and SIGKILL on cancel.
     pub kill_grace_ms: u64,
+    /// Run children as this user (root daemons only).
+    pub run_as: Option<crate::runas::RunAs>,
 }
 
 impl Config {
@@ -57,6 +59,7 @@ impl Config {
             runner: crate::paths::default_runner(),
             max_concurrent: default_max_concurrent(),
             kill_grace_ms: subagent_runner::spec::DEFAULT_KILL_GRACE_MS,
+            run_as: None,
         }
     }
 }
@@ -128,9 +131,16 @@ impl Supervisor {
         let layout = StateLayout {
             root: cfg.state_dir.clone(),
         };
+        if let Some(r) = &cfg.run_as {
+            crate::runas::check(r).map_err(|why| EngineError::Sandbox {
+                mechanism: "run_as",
+                why,
+            })?;
+        }
         let lock = {
             let layout = layout.clone();
-            blocking(move || recover::open_state_dir(&layout)).await?
+            let traversable = cfg.run_as.is_some();
+            blocking(move || recover::open_state_dir(&layout, traversable)).await?
         };
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);

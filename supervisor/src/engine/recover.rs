@@ -11,8 +11,14 @@ use crate::record::{RunRecord, RunState};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 
-/// Creates the state dir (0700) and takes its lock. Blocking.
-pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError> {
+/// Creates the state dir (0700) and takes its lock. With `traversable`
+/// (children run as another user), the state dir and sessions/ become 0711:
+/// a child may pass through to its own run's dirs, never list anything.
+/// Blocking.
+pub fn open_state_dir(
+    layout: &StateLayout,
+    traversable: bool,
+) -> Result<std::fs::File, EngineError> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -20,6 +26,11 @@ pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError
         .map_err(|e| {
             EngineError::Storage(format!("create {}: {e}", layout.sessions().display()))
         })?;
+    let mode = if traversable { 0o711 } else { 0o700 };
+    for d in [layout.root.clone(), layout.sessions()] {
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .map_err(|e| EngineError::Storage(format!("chmod {}: {e}", d.display())))?;
+    }
     lockfile::acquire(&layout.root.join("daemon.lock")).map_err(|e| match e {
         lockfile::LockError::Held { .. } => EngineError::Storage(format!(
             "state dir {} is in use by another supervisor: {e}",
