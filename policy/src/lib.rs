@@ -5,12 +5,14 @@
 //!
 //! Layout:
 //! - [`audience`]: who may delegate to subagents (Public sessions may not).
+//! - [`config`]: the config file, parsed from its text.
 //! - [`env`]: the allowlisted environment a child starts with.
 //! - [`limits`]: resource limits with their defaults.
 //! - [`sandbox`]: the sandbox spec the runner applies (file-system rules,
 //!   seccomp deny-list, cgroup plan, rlimits, required mechanisms).
 
 pub mod audience;
+pub mod config;
 pub mod env;
 pub mod limits;
 pub mod sandbox;

@@ -62,6 +62,34 @@ pub fn default_state_dir() -> PathBuf {
     home.join(".local").join("state").join("subagentd")
 }
 
+/// The default config file: `$XDG_CONFIG_HOME/subagentd/config.toml`, else
+/// `~/.config/subagentd/config.toml`.
+pub fn default_config() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        return Path::new(&dir).join("subagentd").join("config.toml");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    home.join(".config").join("subagentd").join("config.toml")
+}
+
+/// Reads and parses the config: `explicit` (from --config or
+/// SUBAGENTD_CONFIG) must exist; the default file may be absent.
+pub fn load_config(explicit: Option<&Path>) -> Result<(PathBuf, policy::config::Config), String> {
+    let path = explicit.map_or_else(default_config, Path::to_path_buf);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
+            return Ok((path, policy::config::Config::default()));
+        }
+        Err(e) => return Err(format!("config {}: {e}", path.display())),
+    };
+    policy::config::parse(&text)
+        .map(|c| (path.clone(), c))
+        .map_err(|e| format!("config {}: {e}", path.display()))
+}
+
 /// The runner binary: next to the current executable.
 pub fn default_runner() -> PathBuf {
     std::env::current_exe()

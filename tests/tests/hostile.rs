@@ -177,12 +177,13 @@ fn the_network_is_closed_without_the_grant() {
          \t\tprint('closed', what, e.errno)\n"
     );
     let script = format!(
-        "python3 -c \"$PY\"; bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo OPEN devtcp; echo end"
+        "python3 -c \"$PY\"; bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo OPEN devtcp; curl -s -m 5 http://127.0.0.1:{port}/ >/dev/null 2>&1 && echo OPEN curl; echo end"
     );
     let (st, log) = e.attack(&script, json!({"env": {"PY": py}}));
     assert_eq!(st["state"], "succeeded", "{st}");
     assert!(!log.contains("OPEN"), "{log}");
     assert_eq!(log.matches("closed").count(), 4, "{log}");
+    assert!(log.contains("end"), "{log}");
     assert!(listener.accept().is_err(), "the listener saw a connection");
     let iso = &st["isolation"]["network"];
     assert_eq!(iso["enforced"], true, "{st}");
@@ -432,5 +433,25 @@ fn a_10_gib_file_write_is_stopped_at_the_file_size_limit() {
     assert!(
         !std::path::Path::new(st["temp_dir"].as_str().unwrap()).exists(),
         "the temp dir and the file are gone"
+    );
+}
+
+#[test]
+fn a_flood_of_output_is_cut_at_the_log_cap_and_the_run_goes_on() {
+    let Some(e) = env() else { return };
+    let (st, log) = e.attack(
+        "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo still running > \"$SUBAGENT_ARTIFACT_DIR/after\"",
+        json!({"limits": {"output_mb": 1}}),
+    );
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(st["log_truncated"], true);
+    assert!(log.len() < 1_100_000, "{} bytes", log.len());
+    assert!(log.contains(
+        "[subagentd: log cut at 1048576 bytes (output_mb limit); further output discarded]"
+    ));
+    let art = PathBuf::from(st["artifact_dir"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(art.join("after")).unwrap(),
+        "still running\n"
     );
 }

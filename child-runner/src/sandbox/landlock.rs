@@ -31,6 +31,9 @@ pub enum LandlockError {
     NotFully(&'static str),
 }
 
+/// The newest Landlock ABI this build knows the rights of.
+pub const NEWEST_KNOWN_ABI: i32 = 10;
+
 /// The kernel's Landlock ABI version (0: none).
 pub fn kernel_abi() -> i32 {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;

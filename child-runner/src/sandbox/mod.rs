@@ -82,9 +82,15 @@ pub fn prepare(
         ));
     }
     report.landlock = if landlock_abi > 0 {
-        let mut parts = vec![format!(
-            "ABI {landlock_abi}, fully enforced: every file-system right"
-        )];
+        let known = landlock::NEWEST_KNOWN_ABI;
+        let mut parts = vec![if landlock_abi >= known {
+            format!("ABI {landlock_abi}, fully enforced: every file-system right")
+        } else {
+            format!(
+                "ABI {landlock_abi}, fully enforced: every file-system right of ABI {landlock_abi} (rights added in ABI {}..={known} are not available on this kernel)",
+                landlock_abi + 1
+            )
+        }];
         if !spec.network && landlock_abi >= 4 {
             parts.push("TCP bind and connect denied".into());
         }

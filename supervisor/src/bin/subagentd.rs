@@ -25,6 +25,10 @@ struct Args {
     /// The control socket.
     #[arg(long, env = "SUBAGENTD_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// The config file (default: $XDG_CONFIG_HOME/subagentd/config.toml,
+    /// used when it exists). See docs/config.md.
+    #[arg(long, env = "SUBAGENTD_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
     /// The state dir.
     #[arg(long, env = "SUBAGENTD_STATE_DIR", value_name = "DIR")]
     state_dir: Option<PathBuf>,
@@ -49,11 +53,18 @@ struct Args {
     check: bool,
 }
 
-fn check() -> std::process::ExitCode {
+fn check(config: Option<&std::path::Path>) -> std::process::ExitCode {
+    let required = match subagentd::paths::load_config(config) {
+        Ok((_, c)) => c.required(false),
+        Err(e) => {
+            eprintln!("subagentd: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let probe = subagentd::engine::probe::probe();
     println!("{}", probe.summary());
     let mut ok = true;
-    for m in policy::sandbox::default_require(false) {
+    for m in required {
         match probe.missing(m) {
             Some(why) => {
                 ok = false;
@@ -102,7 +113,13 @@ async fn run(args: Args) -> Result<()> {
     let state_dir = args
         .state_dir
         .unwrap_or_else(subagentd::paths::default_state_dir);
+    let (config_path, file) =
+        subagentd::paths::load_config(args.config.as_deref()).map_err(anyhow::Error::msg)?;
     let mut cfg = Config::new(state_dir.clone());
+    cfg.require = file.require.clone();
+    if let Some(n) = file.max_concurrent {
+        cfg.max_concurrent = n;
+    }
     if let Some(n) = args.max_concurrent {
         anyhow::ensure!(n > 0, "--max-concurrent must be at least 1");
         cfg.max_concurrent = n;
@@ -110,7 +127,7 @@ async fn run(args: Args) -> Result<()> {
     if let Some(r) = args.runner {
         cfg.runner = r;
     }
-    if let Some(user) = &args.run_as {
+    if let Some(user) = args.run_as.as_ref().or(file.run_as.as_ref()) {
         let r = subagentd::runas::parse(user).map_err(anyhow::Error::msg)?;
         subagentd::runas::check(&r).map_err(anyhow::Error::msg)?;
         cfg.run_as = Some(r);
@@ -125,8 +142,11 @@ async fn run(args: Args) -> Result<()> {
     let sup = Supervisor::start(cfg.clone())
         .await
         .with_context(|| format!("opening the state dir {}", state_dir.display()))?;
+    if config_path.exists() {
+        tracing::info!(config = %config_path.display(), "config loaded");
+    }
     tracing::info!("host: {}", sup.probe().summary());
-    for m in policy::sandbox::default_require(false) {
+    for m in cfg.required(false) {
         if let Some(why) = sup.probe().missing(m) {
             tracing::warn!(
                 "{} cannot be enforced here ({why}): spawns that require it are refused",
@@ -152,7 +172,7 @@ async fn run(args: Args) -> Result<()> {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if args.check {
-        return check();
+        return check(args.config.as_deref());
     }
     init_tracing(args.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -14,8 +14,11 @@ use subagent_runner::atomic::{fsync_dir, write_atomic};
 use subagent_runner::spec::RunnerSpec;
 
 /// Fails when a mechanism the run requires is missing on this host.
-pub fn check_required(probe: &HostProbe, network: bool) -> Result<(), EngineError> {
-    for m in policy::sandbox::default_require(network) {
+pub fn check_required(
+    probe: &HostProbe,
+    required: &[policy::sandbox::Mechanism],
+) -> Result<(), EngineError> {
+    for &m in required {
         if let Some(why) = probe.missing(m) {
             return Err(EngineError::Sandbox {
                 mechanism: m.as_str(),
@@ -244,7 +247,7 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
                 .unwrap_or(policy::sandbox::DEFAULT_MEMORY_MB),
             pids: p.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
             fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
-            require: None,
+            require: Some(inner.cfg.required(p.sandbox.network)),
             child_is_root: inner.probe.root && child.is_none(),
         });
         let spec = RunnerSpec {

@@ -48,6 +48,19 @@ pub struct Config {
     pub kill_grace_ms: u64,
     /// Run children as this user (root daemons only).
     pub run_as: Option<crate::runas::RunAs>,
+    /// The mechanisms runs require (None: the default list).
+    pub require: Option<Vec<policy::sandbox::Mechanism>>,
+}
+
+impl Config {
+    /// The mechanisms a run with or without network must have.
+    pub fn required(&self, network: bool) -> Vec<policy::sandbox::Mechanism> {
+        policy::config::Config {
+            require: self.require.clone(),
+            ..Default::default()
+        }
+        .required(network)
+    }
 }
 
 impl Config {
@@ -60,6 +73,7 @@ impl Config {
             max_concurrent: default_max_concurrent(),
             kill_grace_ms: subagent_runner::spec::DEFAULT_KILL_GRACE_MS,
             run_as: None,
+            require: None,
         }
     }
 }
@@ -201,7 +215,10 @@ impl Supervisor {
             return Err(EngineError::ShuttingDown);
         }
         accept::validate(&params)?;
-        accept::check_required(&self.inner.probe, params.sandbox.network)?;
+        accept::check_required(
+            &self.inner.probe,
+            &self.inner.cfg.required(params.sandbox.network),
+        )?;
         let inner = self.inner.clone();
         let rec = blocking(move || accept::create_run(&inner, &params)).await?;
         let id = rec
