@@ -295,14 +295,17 @@ fn a_fork_bomb_is_contained_and_the_daemon_keeps_answering() {
         )
         .unwrap();
     let run = r["run_id"].as_str().unwrap().to_owned();
-    // While it rages, the daemon answers.
+    // While it rages, the daemon answers. (The latency is printed for
+    // the record; timing is the benchmark harness's job, not a test's.)
     let mut other = e.d.conn();
+    let mut worst = Duration::ZERO;
     for _ in 0..5 {
         let t = std::time::Instant::now();
         assert!(other.call("ping", json!({})).is_ok());
-        let _ = t.elapsed(); // latency is measured by scripts/bench, not asserted
+        worst = worst.max(t.elapsed());
         std::thread::sleep(Duration::from_millis(200));
     }
+    println!("fork bomb: slowest ping {worst:?}");
     let st = c.wait(&run);
     assert!(
         matches!(

@@ -371,3 +371,50 @@ fn the_child_gets_only_the_allowlisted_environment() {
     assert_eq!(fds, [0, 1, 2], "descriptors the agent inherited");
     assert_eq!(stdin, PathBuf::from("/dev/null"));
 }
+
+#[test]
+fn a_script_agent_outside_the_system_roots_runs_with_its_interpreter() {
+    let d = Daemon::start();
+    let dir = tempfile::Builder::new()
+        .prefix("sa-agent-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let agent = subagentd_e2e::script(dir.path(), "agent.sh", "echo \"agent ran: $1\"");
+    let env_agent = dir.path().join("env-agent");
+    std::fs::write(&env_agent, "#!/usr/bin/env sh\necho env agent ran\n").unwrap();
+    std::fs::set_permissions(
+        &env_agent,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut c = d.conn();
+    for (prog, want) in [
+        (agent.to_str().unwrap(), "agent ran: x\n"),
+        (env_agent.to_str().unwrap(), "env agent ran\n"),
+    ] {
+        let run = c.spawn(&session("script"), &[prog, "x"], json!({}));
+        let st = c.wait(&run);
+        assert_eq!(st["state"], "succeeded", "{st}");
+        assert_eq!(
+            std::fs::read_to_string(path(&st["log_path"])).unwrap(),
+            want
+        );
+    }
+    // Only the program itself: a sibling in its directory cannot be run.
+    let sibling = subagentd_e2e::script(dir.path(), "other.sh", "echo SIBLING RAN");
+    let run = c.spawn(
+        &session("script"),
+        &[
+            "sh",
+            "-c",
+            &format!("{} || echo refused", sibling.display()),
+        ],
+        json!({}),
+    );
+    let st = c.wait(&run);
+    let log = std::fs::read_to_string(path(&st["log_path"])).unwrap();
+    assert!(
+        !log.contains("SIBLING RAN") && log.contains("refused"),
+        "{log}"
+    );
+}

@@ -56,8 +56,9 @@ pub struct RunPaths {
     pub delta_dir: PathBuf,
     /// The project dir (the child's working directory).
     pub project_dir: PathBuf,
-    /// The agent program, resolved to an absolute path when possible.
-    pub program: Option<PathBuf>,
+    /// The agent program, resolved to an absolute path, and the
+    /// interpreter its `#!` line names (what it needs to start).
+    pub programs: Vec<PathBuf>,
 }
 
 /// System roots readable and executable by every child.
@@ -112,7 +113,7 @@ pub fn rules(paths: &RunPaths, request: &SandboxRequest) -> FsRules {
         false,
         "process information (environ and mem of processes outside the run stay closed: Landlock scopes ptrace access)",
     ));
-    if let Some(program) = &paths.program {
+    for program in &paths.programs {
         rules.push(rule(program, Access::ReadExec, true, "the agent program"));
     }
     let project = if request.write_project {
@@ -155,6 +156,22 @@ pub fn rules(paths: &RunPaths, request: &SandboxRequest) -> FsRules {
         rules,
         proc_self: false,
     }
+}
+
+/// What a `#!` line asks to run: the interpreter path and, when the
+/// interpreter is `env`, the program `env` will look up in PATH.
+pub fn shebang(head: &[u8]) -> Option<(PathBuf, Option<String>)> {
+    let line = head.strip_prefix(b"#!")?;
+    let end = line.iter().position(|&b| b == b'\n').unwrap_or(line.len());
+    let text = std::str::from_utf8(&line[..end]).ok()?;
+    let mut words = text.split_whitespace();
+    let interp = PathBuf::from(words.next()?);
+    let target = if interp.file_name().is_some_and(|n| n == "env") {
+        words.find(|w| !w.starts_with('-')).map(str::to_owned)
+    } else {
+        None
+    };
+    Some((interp, target))
 }
 
 /// The strongest access `rules` grant on `path` (the union of every rule
@@ -227,6 +244,16 @@ mod tests {
             Some(Access::ReadWrite)
         );
         assert_eq!(access_to(&r, Path::new("/data")), None);
+    }
+
+    #[test]
+    fn shebang_lines() {
+        assert_eq!(shebang(b"#!/bin/sh\necho"), Some(("/bin/sh".into(), None)));
+        assert_eq!(
+            shebang(b"#! /usr/bin/env -S python3 -u\n"),
+            Some(("/usr/bin/env".into(), Some("python3".into())))
+        );
+        assert_eq!(shebang(b"\x7fELF"), None);
     }
 
     #[test]

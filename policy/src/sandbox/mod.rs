@@ -181,7 +181,7 @@ mod tests {
             context_dir: "/state/sessions/s/runs/r/context".into(),
             delta_dir: "/state/sessions/s/runs/r/delta".into(),
             project_dir: "/work/project".into(),
-            program: Some("/opt/agent/bin/agent".into()),
+            programs: vec!["/opt/agent/bin/agent".into()],
         }
     }
 

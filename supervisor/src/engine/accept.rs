@@ -44,6 +44,29 @@ pub fn resolve_program(argv0: &str, path_var: Option<&str>, cwd: &Path) -> Optio
     candidate.and_then(|p| p.canonicalize().ok())
 }
 
+/// The agent program and what its `#!` line needs (the interpreter, and the
+/// program `env` would find), for their Landlock execute rules.
+pub fn program_chain(argv0: &str, path_var: Option<&str>, cwd: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Some(program) = resolve_program(argv0, path_var, cwd) else {
+        return out;
+    };
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(&program)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    out.push(program);
+    if let Some((interp, target)) = policy::sandbox::fs::shebang(&head[..n]) {
+        if let Ok(i) = interp.canonicalize() {
+            out.push(i);
+        }
+        if let Some(t) = target.and_then(|t| resolve_program(&t, path_var, cwd)) {
+            out.push(t);
+        }
+    }
+    out
+}
+
 /// Checks a spawn's params; names the first offending field.
 pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
     check_session_id(&p.session.id).map_err(|e| EngineError::invalid("session.id", e))?;
@@ -226,7 +249,7 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
         };
         let env = policy::child_env(&inner.daemon_env, &p.env, &paths)
             .map_err(|e| EngineError::invalid("env", e.to_string()))?;
-        let program = resolve_program(
+        let programs = program_chain(
             &p.command[0],
             env.get("PATH").map(String::as_str),
             &p.session.project_dir,
@@ -239,7 +262,7 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
                 context_dir: files.context(),
                 delta_dir: files.delta_dir(),
                 project_dir: p.session.project_dir.clone(),
-                program,
+                programs,
             },
             memory_mb: p
                 .limits
