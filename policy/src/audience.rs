@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The audience of a parent session, inherited by its subagents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Audience {
     /// A single trusted user.

@@ -3,10 +3,13 @@
 //! column. docs/config.md documents every key.
 
 use crate::sandbox::Mechanism;
+use crate::{Audience, Limits};
 use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// The daemon's configuration; every key optional.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Run children as this unprivileged user: `"USER"` or `"UID:GID"`
@@ -21,6 +24,40 @@ pub struct Config {
     /// At most this many runs at once (default: 2 × CPU cores).
     #[serde(default)]
     pub max_concurrent: Option<usize>,
+    /// The agent program's argv when neither the request nor the subagent
+    /// definition gives one.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Default limits per audience (`[limits.team]`); a request's or a
+    /// definition's own limits win.
+    #[serde(default)]
+    pub limits: BTreeMap<Audience, Limits>,
+    /// More variables passed through from the daemon's environment: exact
+    /// names, or prefixes ending in `*`.
+    #[serde(default)]
+    pub env_allow: Vec<String>,
+    /// Extra read-only roots for every run (absolute, existing).
+    #[serde(default)]
+    pub read_paths: Vec<PathBuf>,
+    /// Extra writable roots for every run (absolute, existing).
+    #[serde(default)]
+    pub write_paths: Vec<PathBuf>,
+    /// The operator's own tools (`[[tools]]`: name, description, class,
+    /// schema), added to the catalog.
+    #[serde(default)]
+    pub tools: Vec<crate::tools::Tool>,
+    /// Audience tool sets (`[audiences.team] tools = [...]`), replacing the
+    /// defaults.
+    #[serde(default)]
+    pub audiences: BTreeMap<Audience, AudienceConfig>,
+}
+
+/// One audience's settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AudienceConfig {
+    /// The tools the audience may hold.
+    pub tools: Vec<String>,
 }
 
 /// The config text is not a valid config.
@@ -52,6 +89,46 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
             message: e.message().trim().to_owned(),
         }
     })?;
+    let at = |key: &str| line_col(text, text.find(key).unwrap_or(0));
+    for (key, paths) in [
+        ("read_paths", &config.read_paths),
+        ("write_paths", &config.write_paths),
+    ] {
+        if let Some(p) = paths.iter().find(|p| !p.is_absolute()) {
+            let (line, column) = at(key);
+            return Err(ConfigError {
+                line,
+                column,
+                message: format!("{key}: {} is not an absolute path", p.display()),
+            });
+        }
+    }
+    for (audience, limits) in &config.limits {
+        if let Err((field, why)) = limits.validate() {
+            let (line, column) = at(&format!("limits.{}", audience.as_str()));
+            return Err(ConfigError {
+                line,
+                column,
+                message: format!("limits.{}.{field}: {why}", audience.as_str()),
+            });
+        }
+    }
+    if let Err(e) = config.tool_policy() {
+        let (line, column) = at("tools");
+        return Err(ConfigError {
+            line,
+            column,
+            message: e.to_string(),
+        });
+    }
+    if config.command.as_ref().is_some_and(|c| c.is_empty()) {
+        let (line, column) = at("command");
+        return Err(ConfigError {
+            line,
+            column,
+            message: "command must not be empty".into(),
+        });
+    }
     if config.max_concurrent == Some(0) {
         let offset = text.find("max_concurrent").unwrap_or(0);
         let (line, column) = line_col(text, offset);
@@ -65,6 +142,23 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
 }
 
 impl Config {
+    /// The tool policy this config describes.
+    pub fn tool_policy(
+        &self,
+    ) -> Result<crate::toolpolicy::ToolPolicy, crate::toolpolicy::ToolError> {
+        let overrides = self
+            .audiences
+            .iter()
+            .map(|(a, c)| (*a, c.tools.clone()))
+            .collect();
+        crate::toolpolicy::ToolPolicy::new(&self.tools, &overrides)
+    }
+
+    /// The default limits of `audience` (built-in defaults where unset).
+    pub fn audience_limits(&self, audience: Audience) -> Limits {
+        self.limits.get(&audience).copied().unwrap_or_default()
+    }
+
     /// The mechanisms a run must have: the configured list, else the
     /// default; network isolation only for runs without network.
     pub fn required(&self, network: bool) -> Vec<Mechanism> {
@@ -105,6 +199,46 @@ mod tests {
         let n = parse("require = [\"network_isolation\"]").unwrap();
         assert!(n.required(true).is_empty());
         assert_eq!(n.required(false), vec![Mechanism::NetworkIsolation]);
+    }
+
+    #[test]
+    fn tools_audiences_limits_and_paths() {
+        let text = r#"
+command = ["my-agent", "--headless"]
+env_allow = ["OPENAI_API_KEY", "MYCO_*"]
+read_paths = ["/srv/docs"]
+
+[limits.team]
+wall_time_s = 600
+
+[[tools]]
+name = "db_query"
+description = "Query the database."
+class = "network"
+schema = { type = "object", properties = { sql = { type = "string" } } }
+
+[audiences.team]
+tools = ["file_read", "db_query"]
+"#;
+        let c = parse(text).unwrap();
+        assert_eq!(c.command.as_deref().unwrap()[0], "my-agent");
+        assert_eq!(c.audience_limits(Audience::Team).wall_time_s, Some(600));
+        assert_eq!(c.audience_limits(Audience::Personal), Limits::default());
+        let p = c.tool_policy().unwrap();
+        assert_eq!(
+            p.tool("db_query").unwrap().schema["properties"]["sql"]["type"],
+            "string"
+        );
+        assert_eq!(p.audience_tools(Audience::Team), ["db_query", "file_read"]);
+        let e = parse("[audiences.team]\ntools = [\"warp\"]\n").unwrap_err();
+        assert!(e.message.contains("warp"), "{e}");
+        let e = parse("read_paths = [\"relative\"]\n").unwrap_err();
+        assert_eq!(e.line, 1);
+        let e = parse("[limits.team]\nwall_time_s = 0\n").unwrap_err();
+        assert!(e.message.contains("limits.team.wall_time_s"), "{e}");
+        let e =
+            parse("[[tools]]\nname = \"x\"\ndescription = \"d\"\nclass = \"magic\"\n").unwrap_err();
+        assert_eq!(e.line, 4, "{e}");
     }
 
     #[test]

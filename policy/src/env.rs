@@ -66,24 +66,31 @@ pub fn validate_request_env(request: &BTreeMap<String, String>) -> Result<(), En
     Ok(())
 }
 
-fn passes_through(name: &str) -> bool {
-    PASSTHROUGH.contains(&name) || name.starts_with(PASSTHROUGH_PREFIX)
+fn passes_through(name: &str, extra: &[String]) -> bool {
+    PASSTHROUGH.contains(&name)
+        || name.starts_with(PASSTHROUGH_PREFIX)
+        || extra.iter().any(|a| match a.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => a == name,
+        })
 }
 
 /// Computes the child's whole environment, sorted by name.
 ///
 /// `daemon_env` is the daemon's own environment; only the allowlisted names
+/// (plus the operator's `extra_allow`: names, or prefixes ending in `*`)
 /// are taken from it. Request entries override passed-through ones; the
 /// supervisor's variables override everything.
 pub fn child_env(
     daemon_env: &[(String, String)],
+    extra_allow: &[String],
     request: &BTreeMap<String, String>,
     paths: &ChildPaths,
 ) -> Result<BTreeMap<String, String>, EnvError> {
     validate_request_env(request)?;
     let mut env: BTreeMap<String, String> = daemon_env
         .iter()
-        .filter(|(name, _)| passes_through(name))
+        .filter(|(name, _)| passes_through(name, extra_allow))
         .cloned()
         .collect();
     env.entry("PATH".to_owned())
@@ -141,7 +148,7 @@ mod tests {
 
     #[test]
     fn only_allowlisted_daemon_variables_pass() {
-        let env = child_env(&daemon(), &BTreeMap::new(), &paths()).unwrap();
+        let env = child_env(&daemon(), &[], &BTreeMap::new(), &paths()).unwrap();
         let names: Vec<&str> = env.keys().map(String::as_str).collect();
         assert_eq!(
             names,
@@ -175,14 +182,23 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let env = child_env(&daemon(), &req, &paths()).unwrap();
+        let env = child_env(&daemon(), &[], &req, &paths()).unwrap();
         assert_eq!(env["PATH"], "/opt/bin");
         assert_eq!(env["MODEL"], "m1");
     }
 
     #[test]
+    fn the_operator_can_allow_more_names() {
+        let extra = vec!["SECRET_TOKEN".to_owned(), "SSH_*".to_owned()];
+        let env = child_env(&daemon(), &extra, &BTreeMap::new(), &paths()).unwrap();
+        assert_eq!(env["SECRET_TOKEN"], "hunter2");
+        assert_eq!(env["SSH_AUTH_SOCK"], "/run/ssh");
+        assert!(!env.contains_key("LD_PRELOAD"));
+    }
+
+    #[test]
     fn default_path_when_daemon_has_none() {
-        let env = child_env(&[], &BTreeMap::new(), &paths()).unwrap();
+        let env = child_env(&[], &[], &BTreeMap::new(), &paths()).unwrap();
         assert_eq!(env["PATH"], DEFAULT_PATH);
     }
 
@@ -198,7 +214,7 @@ mod tests {
             ("", EnvError::InvalidName(String::new())),
         ] {
             let req: BTreeMap<String, String> = [(name.to_string(), "x".to_string())].into();
-            assert_eq!(child_env(&daemon(), &req, &paths()), Err(want));
+            assert_eq!(child_env(&daemon(), &[], &req, &paths()), Err(want));
         }
         let req: BTreeMap<String, String> = [("A".to_string(), "x\0y".to_string())].into();
         assert_eq!(

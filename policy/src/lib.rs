@@ -6,16 +6,22 @@
 //! Layout:
 //! - [`audience`]: who may delegate to subagents (Public sessions may not).
 //! - [`config`]: the config file, parsed from its text.
+//! - [`definition`]: subagent definitions (Markdown with YAML front matter).
 //! - [`env`]: the allowlisted environment a child starts with.
 //! - [`limits`]: resource limits with their defaults.
+//! - [`tools`]: the tool catalog and capability classes.
+//! - [`toolpolicy`]: audiences' tool sets and the child-tools filter.
 //! - [`sandbox`]: the sandbox spec the runner applies (file-system rules,
 //!   seccomp deny-list, cgroup plan, rlimits, required mechanisms).
 
 pub mod audience;
 pub mod config;
+pub mod definition;
 pub mod env;
 pub mod limits;
 pub mod sandbox;
+pub mod toolpolicy;
+pub mod tools;
 
 pub use audience::{Audience, AudienceError};
 pub use env::{child_env, validate_request_env, ChildPaths, EnvError};

@@ -1,6 +1,7 @@
 //! subagentd: a supervisor that runs AI subagents as separate OS processes.
 //!
 //! Layout:
+//! - [`agents`]: finding subagent definitions on disk.
 //! - [`ids`], [`timefmt`], [`paths`]: run ids, timestamps, where things live.
 //! - [`securedir`]: private directories under /tmp without following symlinks.
 //! - [`runas`]: the unprivileged user children may run as.
@@ -14,6 +15,7 @@
 //! - [`client`]: a blocking client for the socket.
 //! - [`cli`]: the `subagent` command.
 
+pub mod agents;
 pub mod cli;
 pub mod client;
 pub mod engine;

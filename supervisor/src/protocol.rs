@@ -82,8 +82,13 @@ pub struct SpawnParams {
     /// Background for the task.
     #[serde(default)]
     pub context: Option<String>,
-    /// The agent program's argv; non-empty.
+    /// The agent program's argv; when absent or empty, the agent
+    /// definition's command, else the config's.
+    #[serde(default)]
     pub command: Vec<String>,
+    /// A subagent definition to run, by name.
+    #[serde(default)]
+    pub agent: Option<String>,
     /// Extra environment for the child.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -108,6 +113,12 @@ pub struct SessionParams {
     pub audience: Audience,
     /// An absolute, existing directory: the child's working directory.
     pub project_dir: PathBuf,
+    /// The parent's tools. The child gets those its audience allows (and
+    /// its definition lists), never delegation or attach tools, and its OS
+    /// rights follow from them. Absent: no tool policy (rights from
+    /// `sandbox` switches alone).
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
 }
 
 /// `{run_id}`.

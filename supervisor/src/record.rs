@@ -138,6 +138,15 @@ pub struct RunRecord {
     /// What the run used (from exit.json).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<subagent_runner::exit_record::Resources>,
+    /// The subagent definition run, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The child's tools (None: no tool policy was given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// The OS rights the run got.
+    #[serde(default)]
+    pub rights: policy::sandbox::Grants,
 }
 
 impl RunRecord {
@@ -243,6 +252,9 @@ impl RunRecord {
             finalize_error: self.finalize_error.clone(),
             isolation: self.isolation.clone(),
             resources: self.resources.clone(),
+            agent: self.agent.clone(),
+            tools: self.tools.clone(),
+            rights: self.rights,
         }
     }
 }
@@ -295,6 +307,15 @@ pub struct RunStatus {
     /// CPU time, peak memory and OOM kills, once the run has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<subagent_runner::exit_record::Resources>,
+    /// The subagent definition run, when one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The child's tools; null when the parent gave no tool list.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    /// The OS rights the run got (from its tools and switches).
+    #[serde(default)]
+    pub rights: policy::sandbox::Grants,
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! project is readable (writable only when granted), and nothing else is
 //! reachable: not the state dir, not $HOME, not other runs' dirs.
 
-use super::SandboxRequest;
+use super::{Grants, SandboxRequest};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -85,11 +85,18 @@ fn rule(path: &Path, access: Access, must_exist: bool, reason: &str) -> FsRule {
     }
 }
 
-/// The rules for `paths` under `request`.
-pub fn rules(paths: &RunPaths, request: &SandboxRequest) -> FsRules {
+/// The rules for `paths` with `grants`, plus the request's extra roots.
+pub fn rules(paths: &RunPaths, grants: &Grants, request: &SandboxRequest) -> FsRules {
     let mut rules = Vec::new();
+    // Without an exec tool the system is readable but only the agent
+    // program and what it needs to start may be executed.
+    let system = if grants.exec {
+        Access::ReadExec
+    } else {
+        Access::Read
+    };
     for p in SYSTEM_READ_EXEC {
-        rules.push(rule(Path::new(p), Access::ReadExec, false, "the system"));
+        rules.push(rule(Path::new(p), system, false, "the system"));
     }
     for p in DEVICES {
         rules.push(rule(
@@ -116,12 +123,21 @@ pub fn rules(paths: &RunPaths, request: &SandboxRequest) -> FsRules {
     for program in &paths.programs {
         rules.push(rule(program, Access::ReadExec, true, "the agent program"));
     }
-    let project = if request.write_project {
-        (Access::ReadWrite, "the project (write_project granted)")
-    } else {
-        (Access::Read, "the project (read only)")
-    };
-    rules.push(rule(&paths.project_dir, project.0, true, project.1));
+    if grants.write_project {
+        rules.push(rule(
+            &paths.project_dir,
+            Access::ReadWrite,
+            true,
+            "the project (writable)",
+        ));
+    } else if grants.read_project {
+        rules.push(rule(
+            &paths.project_dir,
+            Access::Read,
+            true,
+            "the project (read only)",
+        ));
+    }
     rules.push(rule(
         &paths.context_dir,
         Access::Read,
@@ -190,9 +206,17 @@ mod tests {
     use super::*;
     use crate::sandbox::tests::paths;
 
+    fn legacy(req: &SandboxRequest) -> Grants {
+        crate::sandbox::grants(None, req)
+    }
+
     #[test]
     fn the_child_reaches_only_its_own_dirs_and_the_system() {
-        let r = rules(&paths(), &SandboxRequest::default());
+        let r = rules(
+            &paths(),
+            &legacy(&SandboxRequest::default()),
+            &SandboxRequest::default(),
+        );
         let p = paths();
         assert_eq!(
             access_to(&r, &p.temp_dir.join("x")),
@@ -228,12 +252,12 @@ mod tests {
     #[test]
     fn write_project_and_extra_roots_widen_only_what_they_name() {
         let req = SandboxRequest {
-            write_project: true,
+            write_project: Some(true),
             read_paths: vec!["/data/ro".into()],
             write_paths: vec!["/data/rw".into()],
             ..Default::default()
         };
-        let r = rules(&paths(), &req);
+        let r = rules(&paths(), &legacy(&req), &req);
         assert_eq!(
             access_to(&r, Path::new("/work/project/a")),
             Some(Access::ReadWrite)
@@ -258,7 +282,11 @@ mod tests {
 
     #[test]
     fn proc_is_readable_but_never_writable() {
-        let r = rules(&paths(), &SandboxRequest::default());
+        let r = rules(
+            &paths(),
+            &legacy(&SandboxRequest::default()),
+            &SandboxRequest::default(),
+        );
         assert_eq!(
             access_to(&r, Path::new("/proc/1/environ")),
             Some(Access::Read)
@@ -267,7 +295,11 @@ mod tests {
 
     #[test]
     fn run_paths_must_exist_but_system_paths_may_be_missing() {
-        let r = rules(&paths(), &SandboxRequest::default());
+        let r = rules(
+            &paths(),
+            &legacy(&SandboxRequest::default()),
+            &SandboxRequest::default(),
+        );
         for rule in &r.rules {
             let system = SYSTEM_READ_EXEC
                 .iter()

@@ -15,17 +15,18 @@ pub mod seccomp;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// The `sandbox` param of spawn_agent: switches that can only narrow or
-/// add explicit roots.
+/// The `sandbox` param of spawn_agent. With `session.tools`, the switches
+/// can only narrow what the tools grant; without, they grant (default
+/// false).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxRequest {
-    /// Let the child write its project_dir (default false: read only).
-    #[serde(default)]
-    pub write_project: bool,
-    /// Let the child use the network (default false).
-    #[serde(default)]
-    pub network: bool,
+    /// Let the child write its project_dir.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_project: Option<bool>,
+    /// Let the child use the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
     /// Extra read-only roots (absolute, existing).
     #[serde(default)]
     pub read_paths: Vec<PathBuf>,
@@ -108,10 +109,62 @@ pub struct SandboxSpec {
     pub require: Vec<Mechanism>,
 }
 
+/// The OS rights a run gets, from its tools and switches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Grants {
+    /// Read the project.
+    pub read_project: bool,
+    /// Write the project.
+    pub write_project: bool,
+    /// Run other programs (else only the agent program and what it needs).
+    pub exec: bool,
+    /// Use the network.
+    pub network: bool,
+}
+
+impl Grants {
+    /// Whether every right of `self` is also in `other`.
+    pub fn within(&self, other: &Grants) -> bool {
+        (!self.read_project || other.read_project)
+            && (!self.write_project || other.write_project)
+            && (!self.exec || other.exec)
+            && (!self.network || other.network)
+    }
+}
+
+/// The rights of a run. With the child's tools (`Some`), each right needs
+/// a tool of its class (a write tool also reads), and the request's
+/// switches can only take rights away. Without tools (a client that sends
+/// no `session.tools`), the project is readable, programs run, and the
+/// switches grant writing and network (default off).
+pub fn grants(
+    tools: Option<&std::collections::BTreeSet<crate::tools::Capability>>,
+    request: &SandboxRequest,
+) -> Grants {
+    use crate::tools::Capability as C;
+    match tools {
+        None => Grants {
+            read_project: true,
+            write_project: request.write_project.unwrap_or(false),
+            exec: true,
+            network: request.network.unwrap_or(false),
+        },
+        Some(classes) => Grants {
+            read_project: classes.contains(&C::ReadProject) || classes.contains(&C::WriteProject),
+            write_project: classes.contains(&C::WriteProject)
+                && request.write_project.unwrap_or(true),
+            exec: classes.contains(&C::Exec),
+            network: classes.contains(&C::Network) && request.network.unwrap_or(true),
+        },
+    }
+}
+
 /// The inputs of [`sandbox_spec`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxInputs {
-    /// The request's switches.
+    /// The rights the run gets.
+    pub grants: Grants,
+    /// The request (for its extra roots).
     pub request: SandboxRequest,
     /// The run's paths.
     pub paths: fs::RunPaths,
@@ -138,7 +191,7 @@ pub const NOFILE: u64 = 4096;
 
 /// Computes the sandbox spec of one run.
 pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
-    let network = input.request.network;
+    let network = input.grants.network;
     let rlimits = vec![
         RlimitSpec {
             resource: "core".into(),
@@ -157,7 +210,7 @@ pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
         },
     ];
     SandboxSpec {
-        fs: fs::rules(&input.paths, &input.request),
+        fs: fs::rules(&input.paths, &input.grants, &input.request),
         network,
         seccomp: seccomp::spec(network, input.child_is_root),
         rlimits,
@@ -187,6 +240,7 @@ mod tests {
 
     fn inputs(request: SandboxRequest) -> SandboxInputs {
         SandboxInputs {
+            grants: grants(None, &request),
             request,
             paths: paths(),
             memory_mb: 64,
@@ -204,7 +258,7 @@ mod tests {
         assert!(off.require.contains(&Mechanism::NetworkIsolation));
         assert!(off.seccomp.only_unix_sockets);
         let on = sandbox_spec(&inputs(SandboxRequest {
-            network: true,
+            network: Some(true),
             ..Default::default()
         }));
         assert!(on.network);
@@ -214,6 +268,66 @@ mod tests {
         assert_eq!(off.pids_max, 32);
         let core = off.rlimits.iter().find(|r| r.resource == "core").unwrap();
         assert_eq!(core.value, 0);
+    }
+
+    #[test]
+    fn tools_grant_rights_and_switches_only_narrow() {
+        use crate::tools::Capability as C;
+        let classes = |c: &[C]| c.iter().copied().collect::<std::collections::BTreeSet<_>>();
+        let none = SandboxRequest::default();
+        let g = grants(Some(&classes(&[C::ReadProject])), &none);
+        assert_eq!(
+            g,
+            Grants {
+                read_project: true,
+                ..Default::default()
+            }
+        );
+        let all = classes(&[C::WriteProject, C::Exec, C::Network]);
+        assert_eq!(
+            grants(Some(&all), &none),
+            Grants {
+                read_project: true,
+                write_project: true,
+                exec: true,
+                network: true
+            }
+        );
+        let narrowed = SandboxRequest {
+            write_project: Some(false),
+            network: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(
+            grants(Some(&all), &narrowed),
+            Grants {
+                read_project: true,
+                exec: true,
+                ..Default::default()
+            }
+        );
+        let widen = SandboxRequest {
+            write_project: Some(true),
+            network: Some(true),
+            ..Default::default()
+        };
+        assert_eq!(
+            grants(Some(&classes(&[C::ReadProject])), &widen),
+            Grants {
+                read_project: true,
+                ..Default::default()
+            }
+        );
+        // Without tools the switches grant, defaulting to off.
+        assert_eq!(
+            grants(None, &none),
+            Grants {
+                read_project: true,
+                exec: true,
+                ..Default::default()
+            }
+        );
+        assert!(grants(None, &widen).network);
     }
 
     #[test]

@@ -115,8 +115,16 @@ async fn run(args: Args) -> Result<()> {
         .unwrap_or_else(subagentd::paths::default_state_dir);
     let (config_path, file) =
         subagentd::paths::load_config(args.config.as_deref()).map_err(anyhow::Error::msg)?;
+    for p in file.read_paths.iter().chain(&file.write_paths) {
+        anyhow::ensure!(
+            p.exists(),
+            "config {}: {} does not exist",
+            config_path.display(),
+            p.display()
+        );
+    }
     let mut cfg = Config::new(state_dir.clone());
-    cfg.require = file.require.clone();
+    cfg.settings = file.clone();
     if let Some(n) = file.max_concurrent {
         cfg.max_concurrent = n;
     }

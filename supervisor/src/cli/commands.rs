@@ -62,6 +62,12 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
                 .unwrap_or_else(|| default_session.to_owned()),
             audience,
             project_dir,
+            tools: args.tools.as_ref().map(|t| {
+                t.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            }),
         },
         task: args.task.clone(),
         context: args.context.clone(),
@@ -74,9 +80,10 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
             pids: args.pids,
         },
         keep_temp: args.keep_temp,
+        agent: args.agent.clone(),
         sandbox: policy::sandbox::SandboxRequest {
-            write_project: args.write_project,
-            network: args.network,
+            write_project: args.write_project.then_some(true),
+            network: args.network.then_some(true),
             read_paths: args.read_path.clone(),
             write_paths: args.write_path.clone(),
         },

@@ -85,14 +85,22 @@ pub struct RunArgs {
     /// An extra writable root (repeatable).
     #[arg(long, value_name = "DIR")]
     pub write_path: Vec<PathBuf>,
+    /// The parent's tools, comma-separated (the child gets those it may be
+    /// delegated, and OS rights to match).
+    #[arg(long, value_name = "T1,T2")]
+    pub tools: Option<String>,
+    /// Run this subagent definition (see `subagent agents`).
+    #[arg(long, value_name = "NAME")]
+    pub agent: Option<String>,
     /// Extra environment for the child (repeatable).
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
     /// Keep the temp dir after the run.
     #[arg(long)]
     pub keep_temp: bool,
-    /// The agent program and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The agent program and its arguments (default: the agent
+    /// definition's command, else the config's).
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 

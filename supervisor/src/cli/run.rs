@@ -113,10 +113,10 @@ async fn backend(ctx: &Ctx) -> Result<Backend> {
     let explicit = std::env::var_os("SUBAGENTD_CONFIG").map(PathBuf::from);
     let (_, file) = crate::paths::load_config(explicit.as_deref()).map_err(anyhow::Error::msg)?;
     let mut cfg = Config::new(state_dir);
-    cfg.require = file.require.clone();
     if let Some(user) = &file.run_as {
         cfg.run_as = Some(crate::runas::parse(user).map_err(anyhow::Error::msg)?);
     }
+    cfg.settings = file;
     let sup = Supervisor::start(cfg).await?;
     Ok(Backend::Embedded(sup))
 }

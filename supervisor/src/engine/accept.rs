@@ -67,6 +67,135 @@ pub fn program_chain(argv0: &str, path_var: Option<&str>, cwd: &Path) -> Vec<Pat
     out
 }
 
+/// Checks an argv (empty is allowed here: it is resolved later).
+fn check_command(command: &[String], field: &str) -> Result<(), EngineError> {
+    if command.first().is_some_and(|p| p.is_empty()) {
+        return Err(EngineError::invalid(
+            &format!("{field}[0]"),
+            "must not be empty",
+        ));
+    }
+    if let Some(i) = command.iter().position(|a| a.contains('\0')) {
+        return Err(EngineError::invalid(
+            &format!("{field}[{i}]"),
+            "contains a NUL byte",
+        ));
+    }
+    Ok(())
+}
+
+/// What a spawn resolves to: the definition, the tools, the rights, the
+/// command and the limits.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The agent program's argv.
+    pub command: Vec<String>,
+    /// The limits (request, then definition, then the audience's config).
+    pub limits: policy::Limits,
+    /// The child's tools (None without session.tools).
+    pub tools: Option<Vec<String>>,
+    /// The OS rights.
+    pub grants: policy::sandbox::Grants,
+    /// The subagent definition, when `agent` was given.
+    pub agent: Option<policy::definition::Definition>,
+}
+
+fn merge_limits(first: policy::Limits, then: policy::Limits) -> policy::Limits {
+    policy::Limits {
+        wall_time_s: first.wall_time_s.or(then.wall_time_s),
+        memory_mb: first.memory_mb.or(then.memory_mb),
+        pids: first.pids.or(then.pids),
+        output_mb: first.output_mb.or(then.output_mb),
+    }
+}
+
+/// Resolves a spawn: finds the definition, filters the tools, derives the
+/// rights, picks the command and the limits. Blocking (reads definitions).
+pub fn plan(
+    tools: &policy::toolpolicy::ToolPolicy,
+    settings: &policy::config::Config,
+    p: &SpawnParams,
+) -> Result<Plan, EngineError> {
+    let agent = match &p.agent {
+        None => None,
+        Some(name) => {
+            let found = crate::agents::discover(&p.session.project_dir);
+            match found.get(name) {
+                Some(d) => Some(d.clone()),
+                None => {
+                    let why = match found.error_for(name) {
+                        Some(e) => format!("the definition of {name:?} cannot be used: {e}"),
+                        None if found.definitions.is_empty() => {
+                            format!("no agent named {name:?}; no definitions were found")
+                        }
+                        None => format!(
+                            "no agent named {name:?}; available: {}",
+                            found.names().join(", ")
+                        ),
+                    };
+                    return Err(EngineError::invalid("agent", why));
+                }
+            }
+        }
+    };
+    let def_tools = agent.as_ref().and_then(|d| d.tools.clone());
+    let child_tools = match (&p.session.tools, &def_tools) {
+        (Some(parent), _) => Some(
+            tools
+                .child_tools(p.session.audience, parent, def_tools.as_deref())
+                .map_err(|e| match e {
+                    policy::toolpolicy::ToolError::Unknown { field, names } => {
+                        let field = if field == "agent tools" { "agent".to_owned() } else { field };
+                        EngineError::invalid(&field, format!("unknown tools: {}", names.join(", ")))
+                    }
+                    other => EngineError::Internal(other.to_string()),
+                })?,
+        ),
+        (None, Some(_)) => {
+            return Err(EngineError::invalid(
+                "session.tools",
+                "required when the agent's definition lists tools (the child's tools are the parent's, filtered)",
+            ))
+        }
+        (None, None) => None,
+    };
+    let switches = policy::sandbox::SandboxRequest {
+        // A definition can ask for less network, never more.
+        network: match agent.as_ref().and_then(|d| d.network) {
+            Some(false) => Some(false),
+            _ => p.sandbox.network,
+        },
+        ..p.sandbox.clone()
+    };
+    let classes = child_tools.as_ref().map(|t| tools.classes(t));
+    let grants = policy::sandbox::grants(classes.as_ref(), &switches);
+    let command = if !p.command.is_empty() {
+        p.command.clone()
+    } else if let Some(c) = agent.as_ref().and_then(|d| d.command.clone()) {
+        c
+    } else if let Some(c) = settings.command.clone() {
+        c
+    } else {
+        return Err(EngineError::invalid(
+            "command",
+            "required: give a command, or an agent whose definition has one, or set `command` in the config",
+        ));
+    };
+    check_command(&command, "command")?;
+    let from_def = agent.as_ref().map(|d| d.limits).unwrap_or_default();
+    let limits = merge_limits(
+        merge_limits(p.limits, from_def),
+        settings.audience_limits(p.session.audience),
+    );
+    Ok(Plan {
+        command,
+        limits,
+        tools: child_tools,
+        grants,
+        agent,
+    })
+}
+
 /// Checks a spawn's params; names the first offending field.
 pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
     check_session_id(&p.session.id).map_err(|e| EngineError::invalid("session.id", e))?;
@@ -111,18 +240,18 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
             format!("over the limit of {MAX_TASK} bytes (64 KiB)"),
         ));
     }
-    match p.command.first() {
-        None => return Err(EngineError::invalid("command", "must not be empty")),
-        Some(prog) if prog.is_empty() => {
-            return Err(EngineError::invalid("command[0]", "must not be empty"))
+    check_command(&p.command, "command")?;
+    if let Some(a) = &p.agent {
+        if !a
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            || a.is_empty()
+        {
+            return Err(EngineError::invalid(
+                "agent",
+                format!("{a:?} is not an agent name ([a-z0-9-]+)"),
+            ));
         }
-        _ => {}
-    }
-    if let Some(i) = p.command.iter().position(|a| a.contains('\0')) {
-        return Err(EngineError::invalid(
-            &format!("command[{i}]"),
-            "contains a NUL byte",
-        ));
     }
     policy::env::validate_request_env(&p.env).map_err(|e| match e {
         policy::EnvError::InvalidName(n) => {
@@ -207,7 +336,11 @@ pub fn first_message(context: Option<&str>, task: &str) -> String {
 
 /// Records a new run: makes its folder and temp dir, writes
 /// first_message.md, runner.json and run.json (durably). Blocking.
-pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, EngineError> {
+pub(crate) fn create_run(
+    inner: &Inner,
+    p: &SpawnParams,
+    plan: &Plan,
+) -> Result<RunRecord, EngineError> {
     let id = RunId::new();
     let session = &p.session.id;
     let runs_dir = inner.layout.runs_dir(session);
@@ -234,8 +367,13 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             first_message(p.context.as_deref(), &p.task).as_bytes(),
         )
         .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let tools_json = files.context().join("tools.json");
+        let listed = plan.tools.clone().unwrap_or_default();
+        write_atomic(&tools_json, inner.tools.tools_json(&listed).as_bytes())
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
         if let Some((_, gid)) = child {
             share_with_group(&first, gid, 0o640)?;
+            share_with_group(&tools_json, gid, 0o640)?;
         }
         let show = |p: &Path| p.display().to_string();
         let paths = policy::ChildPaths {
@@ -247,15 +385,28 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             context_dir: show(&files.context()),
             delta_path: show(&files.delta()),
         };
-        let env = policy::child_env(&inner.daemon_env, &p.env, &paths)
-            .map_err(|e| EngineError::invalid("env", e.to_string()))?;
+        let env = policy::child_env(
+            &inner.daemon_env,
+            &inner.cfg.settings.env_allow,
+            &p.env,
+            &paths,
+        )
+        .map_err(|e| EngineError::invalid("env", e.to_string()))?;
         let programs = program_chain(
-            &p.command[0],
+            &plan.command[0],
             env.get("PATH").map(String::as_str),
             &p.session.project_dir,
         );
+        let mut roots = p.sandbox.clone();
+        roots
+            .read_paths
+            .extend(inner.cfg.settings.read_paths.iter().cloned());
+        roots
+            .write_paths
+            .extend(inner.cfg.settings.write_paths.iter().cloned());
         let sandbox = policy::sandbox::sandbox_spec(&policy::sandbox::SandboxInputs {
-            request: p.sandbox.clone(),
+            grants: plan.grants,
+            request: roots,
             paths: policy::sandbox::fs::RunPaths {
                 temp_dir: t.clone(),
                 artifact_dir: files.artifacts(),
@@ -270,18 +421,18 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
                 .unwrap_or(policy::sandbox::DEFAULT_MEMORY_MB),
             pids: p.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
             fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
-            require: Some(inner.cfg.required(p.sandbox.network)),
+            require: Some(inner.cfg.required(plan.grants.network)),
             child_is_root: inner.probe.root && child.is_none(),
         });
         let spec = RunnerSpec {
             run_id: id.to_string(),
-            argv: p.command.clone(),
+            argv: plan.command.clone(),
             env,
             cwd: p.session.project_dir.clone(),
             log_path: files.log(),
             exit_path: files.exit(),
-            wall_time_s: p.limits.wall_time_s(),
-            output_bytes: p.limits.output_bytes(),
+            wall_time_s: plan.limits.wall_time_s(),
+            output_bytes: plan.limits.output_bytes(),
             kill_grace_ms: inner.cfg.kill_grace_ms,
             sandbox,
             cgroup_plan: inner.probe.cgroups.clone(),
@@ -299,9 +450,9 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             project_dir: p.session.project_dir.clone(),
             task: p.task.clone(),
             context: p.context.clone(),
-            command: p.command.clone(),
+            command: plan.command.clone(),
             env: p.env.clone(),
-            limits: p.limits,
+            limits: plan.limits,
             keep_temp: p.keep_temp,
             state: RunState::Accepted,
             exit_code: None,
@@ -321,6 +472,9 @@ pub(crate) fn create_run(inner: &Inner, p: &SpawnParams) -> Result<RunRecord, En
             sandbox: p.sandbox.clone(),
             isolation: None,
             resources: None,
+            agent: plan.agent.as_ref().map(|d| d.name.clone()),
+            tools: plan.tools.clone(),
+            rights: plan.grants,
         };
         rec.save()
             .map_err(|e| EngineError::Storage(e.to_string()))?;
@@ -349,6 +503,7 @@ mod tests {
                 id: "s1".into(),
                 audience: Audience::Team,
                 project_dir: "/".into(),
+                tools: None,
             },
             task: "do it".into(),
             context: None,
@@ -357,6 +512,7 @@ mod tests {
             limits: Default::default(),
             keep_temp: false,
             sandbox: Default::default(),
+            agent: None,
         }
     }
 
@@ -386,8 +542,11 @@ mod tests {
         p.task = "x".repeat(MAX_TASK + 1);
         assert_eq!(field_of(&p), "task");
         let mut p = params();
-        p.command = vec![];
-        assert_eq!(field_of(&p), "command");
+        p.command = vec![String::new()];
+        assert_eq!(field_of(&p), "command[0]");
+        let mut p = params();
+        p.agent = Some("Bad Name".into());
+        assert_eq!(field_of(&p), "agent");
         let mut p = params();
         p.env.insert("SUBAGENT_RUN_ID".into(), "x".into());
         assert_eq!(field_of(&p), "env.SUBAGENT_RUN_ID");

@@ -48,18 +48,14 @@ pub struct Config {
     pub kill_grace_ms: u64,
     /// Run children as this user (root daemons only).
     pub run_as: Option<crate::runas::RunAs>,
-    /// The mechanisms runs require (None: the default list).
-    pub require: Option<Vec<policy::sandbox::Mechanism>>,
+    /// The config file's settings (require, tools, audiences, limits, ...).
+    pub settings: policy::config::Config,
 }
 
 impl Config {
     /// The mechanisms a run with or without network must have.
     pub fn required(&self, network: bool) -> Vec<policy::sandbox::Mechanism> {
-        policy::config::Config {
-            require: self.require.clone(),
-            ..Default::default()
-        }
-        .required(network)
+        self.settings.required(network)
     }
 }
 
@@ -73,7 +69,7 @@ impl Config {
             max_concurrent: default_max_concurrent(),
             kill_grace_ms: subagent_runner::spec::DEFAULT_KILL_GRACE_MS,
             run_as: None,
-            require: None,
+            settings: Default::default(),
         }
     }
 }
@@ -117,6 +113,7 @@ pub(crate) struct Inner {
     daemon_env: Vec<(String, String)>,
     accepting: AtomicBool,
     probe: probe::HostProbe,
+    tools: policy::toolpolicy::ToolPolicy,
     _state_lock: std::fs::File,
 }
 
@@ -156,6 +153,10 @@ impl Supervisor {
             let traversable = cfg.run_as.is_some();
             blocking(move || recover::open_state_dir(&layout, traversable)).await?
         };
+        let tools = cfg
+            .settings
+            .tool_policy()
+            .map_err(|e| EngineError::Internal(format!("config: {e}")))?;
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
         let inner = Arc::new(Inner {
@@ -169,6 +170,7 @@ impl Supervisor {
             daemon_env: std::env::vars().collect(),
             accepting: AtomicBool::new(true),
             probe: probe::probe(),
+            tools,
             _state_lock: lock,
         });
         let sup = Supervisor { inner };
@@ -215,12 +217,13 @@ impl Supervisor {
             return Err(EngineError::ShuttingDown);
         }
         accept::validate(&params)?;
-        accept::check_required(
-            &self.inner.probe,
-            &self.inner.cfg.required(params.sandbox.network),
-        )?;
         let inner = self.inner.clone();
-        let rec = blocking(move || accept::create_run(&inner, &params)).await?;
+        let rec = blocking(move || {
+            let plan = accept::plan(&inner.tools, &inner.cfg.settings, &params)?;
+            accept::check_required(&inner.probe, &inner.cfg.required(plan.grants.network))?;
+            accept::create_run(&inner, &params, &plan)
+        })
+        .await?;
         let id = rec
             .id()
             .ok_or_else(|| EngineError::Internal("bad run id".into()))?;
