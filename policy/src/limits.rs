@@ -11,6 +11,11 @@ pub const DEFAULT_OUTPUT_MB: u64 = 100;
 pub const MAX_WALL_TIME_S: u64 = 30 * 24 * 3600;
 /// The largest log cap accepted: 1 TiB.
 pub const MAX_OUTPUT_MB: u64 = 1024 * 1024;
+/// The largest memory limit accepted: 16 TiB.
+pub const MAX_MEMORY_MB: u64 = 16 * 1024 * 1024;
+/// The largest process limit accepted: the kernel's own ceiling
+/// (PID_MAX_LIMIT on 64-bit).
+pub const MAX_PIDS: u64 = 4 * 1024 * 1024;
 
 /// Limits as the request gives them; `None` means "the default".
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,8 +52,8 @@ impl Limits {
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         let fields = [
             ("wall_time_s", self.wall_time_s, MAX_WALL_TIME_S),
-            ("memory_mb", self.memory_mb, u64::MAX),
-            ("pids", self.pids, u64::MAX),
+            ("memory_mb", self.memory_mb, MAX_MEMORY_MB),
+            ("pids", self.pids, MAX_PIDS),
             ("output_mb", self.output_mb, MAX_OUTPUT_MB),
         ];
         for (name, value, max) in fields {
@@ -85,6 +90,11 @@ mod tests {
             ..Limits::default()
         };
         assert_eq!(long.validate().unwrap_err().0, "wall_time_s");
+        let many = Limits {
+            pids: Some(100_000_000),
+            ..Limits::default()
+        };
+        assert_eq!(many.validate().unwrap_err().0, "pids");
         let ok = Limits {
             wall_time_s: Some(1),
             ..Limits::default()

@@ -45,6 +45,35 @@ pub fn check(r: &RunAs) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks that `r` can traverse every directory from `/` down to `dir`
+/// (which must exist): a child run as `r` must reach its run's dirs inside.
+pub fn check_reachable(dir: &std::path::Path, r: &RunAs) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    for d in dir.ancestors().collect::<Vec<_>>().into_iter().rev() {
+        let meta = std::fs::metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        let mode = meta.mode();
+        let ok = if meta.uid() == r.uid {
+            mode & 0o100 != 0
+        } else if meta.gid() == r.gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        };
+        if !ok {
+            return Err(format!(
+                "{} (mode {:o}, owner {}) cannot be traversed by the run_as user {}:{}, so its children could not reach their run folders under {}; use a state dir outside it (e.g. /var/lib/subagentd)",
+                d.display(),
+                mode & 0o7777,
+                meta.uid(),
+                r.uid,
+                r.gid,
+                dir.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,5 +92,24 @@ mod tests {
         let root = parse("root").unwrap();
         assert_eq!(root, RunAs { uid: 0, gid: 0 });
         assert!(check(&root).is_err());
+    }
+
+    #[test]
+    fn unreachable_dirs_are_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let closed = d.path().join("closed");
+        let inner = closed.join("state");
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let nobody = RunAs {
+            uid: 65534,
+            gid: 65534,
+        };
+        let e = check_reachable(&inner, &nobody).unwrap_err();
+        assert!(e.starts_with(&closed.display().to_string()), "{e}");
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o711)).unwrap();
+        assert!(check_reachable(&inner, &nobody).is_ok());
     }
 }

@@ -203,18 +203,19 @@ fn the_network_is_open_with_the_grant() {
 #[test]
 fn the_control_socket_refuses_children() {
     let Some(e) = env() else { return };
+    // Each request on a fresh connection: a refused connection is answered
+    // once and closed.
     let py = "import socket, os, json\n\
-        s = socket.socket(socket.AF_UNIX)\n\
-        try:\n\
-        \ts.connect(os.environ['SOCK'])\n\
-        except OSError as e:\n\
-        \tprint('NOCONNECT', e.errno); raise SystemExit\n\
-        req = {'jsonrpc': '2.0', 'id': 1, 'method': 'spawn_agent', 'params': {'session': {'id': 'x', 'audience': 'personal', 'project_dir': '/'}, 'task': 't', 'command': ['true']}}\n\
-        s.sendall((json.dumps(req) + '\\n').encode())\n\
-        print(s.makefile().readline())\n\
-        req = {'jsonrpc': '2.0', 'id': 2, 'method': 'cancel_agent_run', 'params': {'run_id': os.environ['SUBAGENT_RUN_ID']}}\n\
-        s.sendall((json.dumps(req) + '\\n').encode())\n\
-        print(s.makefile().readline())\n";
+        def call(req):\n\
+        \ts = socket.socket(socket.AF_UNIX)\n\
+        \ttry:\n\
+        \t\ts.connect(os.environ['SOCK'])\n\
+        \texcept OSError as e:\n\
+        \t\tprint('NOCONNECT', e.errno); return\n\
+        \ts.sendall((json.dumps(req) + '\\n').encode())\n\
+        \tprint(s.makefile().readline())\n\
+        call({'jsonrpc': '2.0', 'id': 1, 'method': 'spawn_agent', 'params': {'session': {'id': 'x', 'audience': 'personal', 'project_dir': '/'}, 'task': 't', 'command': ['true']}})\n\
+        call({'jsonrpc': '2.0', 'id': 2, 'method': 'cancel_agent_run', 'params': {'run_id': os.environ['SUBAGENT_RUN_ID']}})\n";
     let (st, log) = e.attack(
         "python3 -c \"$PY\"",
         json!({"env": {"PY": py, "SOCK": e.d.socket}}),
@@ -457,4 +458,44 @@ fn a_flood_of_output_is_cut_at_the_log_cap_and_the_run_goes_on() {
         std::fs::read_to_string(art.join("after")).unwrap(),
         "still running\n"
     );
+}
+
+#[test]
+fn a_child_holding_connections_does_not_lock_the_parent_out() {
+    let Some(e) = env() else { return };
+    let py = "import socket, os, time\n\
+        held = []\n\
+        for i in range(300):\n\
+        \ts = socket.socket(socket.AF_UNIX)\n\
+        \ttry:\n\
+        \t\ts.connect(os.environ['SOCK']); held.append(s)\n\
+        \texcept OSError:\n\
+        \t\tpass\n\
+        open(os.environ['SUBAGENT_ARTIFACT_DIR'] + '/holding', 'w').write(str(len(held)))\n\
+        time.sleep(60)\n";
+    let mut c = e.d.conn();
+    let r = c
+        .call(
+            "spawn_agent",
+            json!({
+                "session": {"id": session("hold"), "audience": "personal", "project_dir": e.project.path()},
+                "task": "hold", "command": ["/usr/bin/python3", "-c", py], "env": {"SOCK": e.d.socket},
+            }),
+        )
+        .unwrap();
+    let run = r["run_id"].as_str().unwrap().to_owned();
+    let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
+    let marker = PathBuf::from(st["artifact_dir"].as_str().unwrap()).join("holding");
+    subagentd_e2e::wait_until(
+        Duration::from_secs(30),
+        "the child to open its connections",
+        || marker.exists(),
+    );
+    let held: usize = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+    assert!(held > 256, "the child held {held} connections, more than the cap of 256");
+    // A fresh connection from outside the run is still served.
+    let mut fresh = e.d.conn();
+    assert!(fresh.call("ping", json!({})).is_ok());
+    c.call("cancel_agent_run", json!({"run_id": run})).unwrap();
+    assert_eq!(c.wait(&run)["state"], "cancelled");
 }

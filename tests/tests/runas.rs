@@ -69,3 +69,28 @@ fn children_run_as_the_given_user_with_their_dirs() {
     let meta = std::fs::metadata(run_dir.join("run.json")).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
 }
+
+#[test]
+fn run_as_with_an_unreachable_state_dir_refuses_to_start() {
+    if !runnable(is_root(), "run_as", "run_as needs a daemon running as root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let closed = dir.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = std::process::Command::new(subagentd_e2e::bin("subagentd"))
+        .args(["--run-as", "65534:65534", "--socket"])
+        .arg(dir.path().join("s.sock"))
+        .arg("--state-dir")
+        .arg(closed.join("state"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("cannot be traversed by the run_as user") && err.contains("closed"),
+        "{err}"
+    );
+}

@@ -23,6 +23,28 @@ fn check(op: &'static str, rc: libc::c_long) -> Result<(), CapsError> {
     }
 }
 
+/// CAP_SETGID.
+pub const CAP_SETGID: u32 = 6;
+/// CAP_SETUID.
+pub const CAP_SETUID: u32 = 7;
+/// CAP_SETPCAP: needed to lock securebits and empty the bounding set.
+pub const CAP_SETPCAP: u32 = 8;
+/// CAP_SYS_ADMIN: needed for a network namespace without a user namespace.
+pub const CAP_SYS_ADMIN: u32 = 21;
+
+/// Whether the calling process holds `cap` in its effective set (from
+/// /proc/self/status; a root process in a container may lack some).
+pub fn effective_has(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        })
+        .is_some_and(|bits| cap < 64 && bits & (1u64 << cap) != 0)
+}
+
 /// The highest capability number the kernel knows.
 pub fn last_cap() -> u32 {
     std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")

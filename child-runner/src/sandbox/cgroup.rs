@@ -45,7 +45,8 @@ pub struct RunCgroups {
 }
 
 impl RunCgroups {
-    /// Makes the run's cgroups and writes their limits.
+    /// Makes the run's cgroups and writes their limits; on failure removes
+    /// whatever it made, so nothing is left behind.
     pub fn create(
         plan: &CgroupPlan,
         run_id: &str,
@@ -53,6 +54,21 @@ impl RunCgroups {
         pids_max: u64,
     ) -> Result<RunCgroups, CgroupError> {
         let mut cg = RunCgroups::default();
+        let made = Self::fill(&mut cg, plan, run_id, memory_bytes, pids_max);
+        if made.is_err() {
+            // Whatever exists of the run's cgroups goes, made or half-made.
+            RunCgroups::existing(plan, run_id).remove();
+        }
+        made.map(|()| cg)
+    }
+
+    fn fill(
+        cg: &mut RunCgroups,
+        plan: &CgroupPlan,
+        run_id: &str,
+        memory_bytes: u64,
+        pids_max: u64,
+    ) -> Result<(), CgroupError> {
         if let Some(base) = &plan.v2 {
             let dir = base.join(run_id);
             mkdir(&dir)?;
@@ -95,7 +111,7 @@ impl RunCgroups {
             }
             Via::Rlimit => {}
         }
-        Ok(cg)
+        Ok(())
     }
 
     /// The run's cgroups as `create` would have made them, without making

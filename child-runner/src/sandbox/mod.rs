@@ -72,7 +72,11 @@ pub fn prepare(
         why,
     };
     let mut report = IsolationReport::default();
-    let privileged = nix::unistd::geteuid().is_root();
+    // Decided by capabilities, not by uid: a root process in a container
+    // may lack CAP_SYS_ADMIN or CAP_SETPCAP.
+    let privileged = caps::effective_has(caps::CAP_SETPCAP);
+    let can_netns = caps::effective_has(caps::CAP_SYS_ADMIN);
+    let can_switch = caps::effective_has(caps::CAP_SETUID) && caps::effective_has(caps::CAP_SETGID);
 
     let landlock_abi = landlock::kernel_abi();
     if landlock_abi <= 0 && required(spec, Mechanism::Landlock) {
@@ -113,7 +117,7 @@ pub fn prepare(
         Some(c) => Enforcement::on(format!(
             "{} syscalls refused with EPERM{}{}; namespace flags on clone refused; set-user/group-ID modes refused; sockets: {}",
             c.denied,
-            if spec.seccomp.deny_chmod.is_empty() { "" } else { " (chmod included: the child runs as uid 0)" },
+            if spec.seccomp.deny_chmod.is_empty() { "" } else { " (chmod included: the child runs as the daemon's uid)" },
             if c.absent.is_empty() {
                 String::new()
             } else {
@@ -128,7 +132,7 @@ pub fn prepare(
         None => Enforcement::off("the filter could not be built"),
     };
 
-    let netns = privileged && !spec.network;
+    let netns = can_netns && !spec.network;
     report.network = if spec.network {
         Enforcement::off("granted to this run")
     } else {
@@ -209,13 +213,13 @@ pub fn prepare(
     };
     report.no_new_privs = true;
     report.user = match run_as {
-        Some((uid, gid)) if privileged => {
+        Some((uid, gid)) if can_switch => {
             format!("uid {uid}, gid {gid} (run_as), no supplementary groups")
         }
         Some(_) => {
             return Err(fail(
                 Mechanism::CapabilityDrop,
-                "run_as needs a root runner".into(),
+                "run_as needs CAP_SETUID and CAP_SETGID".into(),
             ))
         }
         None => {

@@ -176,8 +176,9 @@ pub struct SandboxInputs {
     pub fsize_bytes: u64,
     /// Mechanisms required (from config, else [`default_require`]).
     pub require: Option<Vec<Mechanism>>,
-    /// The child runs as uid 0 (a root daemon without run_as).
-    pub child_is_root: bool,
+    /// The child runs as the daemon's own uid (no run_as): it owns the
+    /// daemon's files (and the system's, for a root daemon).
+    pub shares_daemon_uid: bool,
 }
 
 /// Default memory limit in MiB.
@@ -212,7 +213,7 @@ pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
     SandboxSpec {
         fs: fs::rules(&input.paths, &input.grants, &input.request),
         network,
-        seccomp: seccomp::spec(network, input.child_is_root),
+        seccomp: seccomp::spec(network, input.shares_daemon_uid),
         rlimits,
         memory_bytes: input.memory_mb.saturating_mul(1024 * 1024),
         pids_max: input.pids,
@@ -247,7 +248,7 @@ mod tests {
             pids: 32,
             fsize_bytes: 1 << 20,
             require: None,
-            child_is_root: false,
+            shares_daemon_uid: false,
         }
     }
 

@@ -35,9 +35,9 @@ pub struct SeccompSpec {
     /// can read the arguments of.
     pub enosys: Vec<DenyRule>,
     /// Refuse changing file modes at all (chmod and friends): set when the
-    /// child runs as uid 0, which owns the system's files, so chmod would
-    /// reach files outside the writable roots (Landlock has no right for
-    /// it).
+    /// child runs as the daemon's uid, so it owns the daemon's files (and
+    /// the system's, for a root daemon) and chmod would reach files outside
+    /// the writable roots (Landlock has no right for it).
     pub deny_chmod: Vec<DenyRule>,
 }
 
@@ -121,8 +121,9 @@ pub const DENY: &[(&str, &str)] = &[
 ];
 
 /// The seccomp spec; `network` lifts the socket-family restriction;
-/// `child_is_root` (the child runs as uid 0) refuses chmod outright.
-pub fn spec(network: bool, child_is_root: bool) -> SeccompSpec {
+/// `shares_daemon_uid` (no run_as: the child owns the daemon's files, the
+/// system's too when that is root) refuses chmod outright.
+pub fn spec(network: bool, shares_daemon_uid: bool) -> SeccompSpec {
     SeccompSpec {
         deny: DENY
             .iter()
@@ -137,7 +138,7 @@ pub fn spec(network: bool, child_is_root: bool) -> SeccompSpec {
             .iter()
             .map(|(s, i)| ((*s).to_owned(), *i))
             .collect(),
-        deny_chmod: if child_is_root {
+        deny_chmod: if shares_daemon_uid {
             CHMOD
                 .iter()
                 .map(|s| DenyRule {

@@ -422,7 +422,7 @@ pub(crate) fn create_run(
             pids: p.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
             fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
             require: Some(inner.cfg.required(plan.grants.network)),
-            child_is_root: inner.probe.root && child.is_none(),
+            shares_daemon_uid: child.is_none(),
         });
         let spec = RunnerSpec {
             run_id: id.to_string(),

@@ -157,6 +157,21 @@ impl Supervisor {
             .settings
             .tool_policy()
             .map_err(|e| EngineError::Internal(format!("config: {e}")))?;
+        if let Some(r) = &cfg.run_as {
+            let state = layout.root.clone();
+            let temp_parent = cfg.temp_base.parent().map(std::path::Path::to_path_buf);
+            let r = *r;
+            blocking(move || {
+                for d in std::iter::once(state).chain(temp_parent) {
+                    crate::runas::check_reachable(&d, &r).map_err(|why| EngineError::Sandbox {
+                        mechanism: "run_as",
+                        why,
+                    })?;
+                }
+                Ok(())
+            })
+            .await?;
+        }
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
         let inner = Arc::new(Inner {

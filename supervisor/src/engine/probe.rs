@@ -3,6 +3,7 @@
 use policy::sandbox::cgroup::{self, CgroupPlan, Via};
 use policy::sandbox::Mechanism;
 use serde::Serialize;
+use subagent_runner::sandbox::caps;
 
 /// The host's sandboxing facilities.
 #[derive(Debug, Clone, Serialize)]
@@ -11,8 +12,12 @@ pub struct HostProbe {
     pub landlock_abi: i32,
     /// seccomp filters are available.
     pub seccomp: bool,
-    /// Running as root (namespaces, bounding-set drop, cgroups).
+    /// Running as root (children then own the system's files unless run_as).
     pub root: bool,
+    /// CAP_SYS_ADMIN: network namespaces can be made.
+    pub net_namespace: bool,
+    /// CAP_SETPCAP: the bounding set can be emptied and securebits locked.
+    pub full_cap_drop: bool,
     /// Where run cgroups go.
     pub cgroups: CgroupPlan,
 }
@@ -42,6 +47,8 @@ pub fn probe() -> HostProbe {
         landlock_abi: subagent_runner::sandbox::landlock::kernel_abi(),
         seccomp: seccomp_available(),
         root: nix::unistd::geteuid().is_root(),
+        net_namespace: caps::effective_has(caps::CAP_SYS_ADMIN),
+        full_cap_drop: caps::effective_has(caps::CAP_SETPCAP),
         cgroups: cgroup::plan(&mountinfo, &self_cgroup, controllers.as_deref()),
     }
 }
@@ -54,7 +61,7 @@ impl HostProbe {
                 Some("the kernel has no Landlock".into())
             }
             Mechanism::Seccomp if !self.seccomp => Some("the kernel has no seccomp filters".into()),
-            Mechanism::NetworkIsolation if !self.seccomp && !self.root => {
+            Mechanism::NetworkIsolation if !self.seccomp && !self.net_namespace => {
                 Some("neither seccomp nor a network namespace is available".into())
             }
             Mechanism::Cgroup if self.cgroups.memory == Via::Rlimit => {
@@ -75,8 +82,8 @@ impl HostProbe {
             "landlock {}; seccomp {}; network namespace {}; capability drop {}; memory limits via {}; pids limits via {}; whole-tree kill via {}",
             if self.landlock_abi > 0 { format!("ABI {}", self.landlock_abi) } else { "unavailable".into() },
             if self.seccomp { "on" } else { "unavailable" },
-            if self.root { "yes" } else { "no (not root)" },
-            if self.root { "full (bounding set too)" } else { "effective/permitted/ambient (bounding set needs root)" },
+            if self.net_namespace { "yes" } else { "no (no CAP_SYS_ADMIN)" },
+            if self.full_cap_drop { "full (bounding set too)" } else { "effective/permitted/ambient (the bounding set needs CAP_SETPCAP)" },
             via(&self.cgroups.memory),
             via(&self.cgroups.pids),
             if self.cgroups.v2.is_some() { "cgroup.kill" } else { "a /proc walk" },

@@ -66,19 +66,31 @@ async fn read_line(
     }
 }
 
+/// How long a refused connection may take to send its first request.
+const REFUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Answers the first request of a connection from inside a run with
+/// -32006 and closes it.
+pub async fn refuse(stream: UnixStream) {
+    let (rd, mut wr) = stream.into_split();
+    let mut reader = BufReader::with_capacity(4096, rd);
+    let mut buf = Vec::new();
+    let line = tokio::time::timeout(REFUSE_WAIT, read_line(&mut reader, &mut buf)).await;
+    let id = match line {
+        Ok(Ok(Line::Complete)) => serde_json::from_slice::<Value>(&buf)
+            .ok()
+            .and_then(|v| v.get("id").cloned())
+            .unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    let e = RpcError::new(codes::NOT_PERMITTED, "not permitted from a subagent");
+    let _ = wr.write_all(&protocol::error_response(&id, &e)).await;
+    let _ = wr.shutdown().await;
+}
+
 /// Serves one connection until the peer closes it, it breaks the rules, or
 /// the daemon shuts down.
 pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: watch::Receiver<bool>) {
-    let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
-    let from_run = tokio::task::spawn_blocking(move || super::peer::inside_run(peer_pid))
-        .await
-        .unwrap_or(true);
-    if from_run {
-        tracing::warn!(
-            peer_pid,
-            "refusing control requests from a process inside a run"
-        );
-    }
     let (rd, mut wr) = stream.into_split();
     let mut reader = BufReader::with_capacity(64 * 1024, rd);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
@@ -106,14 +118,6 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: watch::Rec
                         Decoded::Error { id, error, .. } => {
                             if tx.send(protocol::error_response(&id, &error)).await.is_err() {
                                 break;
-                            }
-                        }
-                        Decoded::Request(req) if from_run => {
-                            if let Some(id) = &req.id {
-                                let e = RpcError::new(codes::NOT_PERMITTED, "not permitted from a subagent");
-                                if tx.send(protocol::error_response(id, &e)).await.is_err() {
-                                    break;
-                                }
                             }
                         }
                         Decoded::Request(req) => {

@@ -33,10 +33,6 @@ pub async fn serve(
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = &mut shutdown => break,
-        };
         let stream = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
@@ -48,10 +44,30 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let (sup, stop, done) = (sup.clone(), stop_tx.subscribe(), done_tx.clone());
+        let (sup, stop, done, limit) = (
+            sup.clone(),
+            stop_tx.subscribe(),
+            done_tx.clone(),
+            limit.clone(),
+        );
         tokio::spawn(async move {
-            connection::serve(sup, stream, stop).await;
-            drop(permit);
+            // Who is calling is settled before the connection may take a
+            // slot: a process inside a run is answered and dropped, and can
+            // never fill the connection cap.
+            let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+            let from_run = tokio::task::spawn_blocking(move || peer::inside_run(peer_pid))
+                .await
+                .unwrap_or(true);
+            if from_run {
+                tracing::warn!(
+                    peer_pid,
+                    "refusing control requests from a process inside a run"
+                );
+                connection::refuse(stream).await;
+            } else if let Ok(permit) = limit.acquire_owned().await {
+                connection::serve(sup, stream, stop).await;
+                drop(permit);
+            }
             drop(done);
         });
     }

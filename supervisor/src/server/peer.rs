@@ -29,16 +29,17 @@ fn comm(pid: i32) -> String {
 }
 
 /// Whether process `pid` belongs to a run: it sits in a run's cgroup, or a
-/// runner is among its ancestors. Unknown pids count as inside (fail
-/// closed).
+/// runner is among its ancestors. A pid that is unknown, or gone by the
+/// time it is looked at (a process that connected, handed the connection
+/// on and exited), counts as inside: fail closed.
 pub fn inside_run(pid: Option<i32>) -> bool {
     let Some(pid) = pid.filter(|&p| p > 0) else {
         return true;
     };
-    if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
-        if in_run_cgroup(&text) {
-            return true;
-        }
+    match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+        Ok(text) if in_run_cgroup(&text) => return true,
+        Ok(_) => {}
+        Err(_) => return true,
     }
     let mut p = pid;
     for _ in 0..256 {
@@ -75,5 +76,10 @@ mod tests {
     fn this_test_process_is_not_inside_a_run() {
         assert!(!inside_run(Some(std::process::id() as i32)));
         assert!(inside_run(None));
+        // A pid that is gone counts as inside.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(inside_run(Some(pid)));
     }
 }
