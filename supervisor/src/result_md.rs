@@ -146,6 +146,31 @@ pub fn render(rec: &RunRecord) -> String {
     let _ = writeln!(s, "- log: {}", files.log().display());
     let _ = writeln!(s, "- artifacts: {}", files.artifacts().display());
 
+    let _ = writeln!(s, "\n## Tools and rights\n");
+    if let Some(a) = &rec.agent {
+        let _ = writeln!(s, "- agent: {a}");
+    }
+    match &rec.tools {
+        Some(t) if t.is_empty() => {
+            let _ = writeln!(s, "- tools: (none)");
+        }
+        Some(t) => {
+            let _ = writeln!(s, "- tools: {}", t.join(", "));
+        }
+        None => {
+            let _ = writeln!(s, "- tools: (no tool policy given)");
+        }
+    }
+    let r = rec.rights;
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let _ = writeln!(
+        s,
+        "- rights: read project {}, write project {}, run other programs {}, network {}",
+        yes(r.read_project),
+        yes(r.write_project),
+        yes(r.exec),
+        yes(r.network)
+    );
     if let Some(iso) = &rec.isolation {
         let _ = writeln!(s, "\n## Isolation\n");
         let rows = [

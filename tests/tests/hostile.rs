@@ -491,8 +491,15 @@ fn a_child_holding_connections_does_not_lock_the_parent_out() {
         "the child to open its connections",
         || marker.exists(),
     );
-    let held: usize = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
-    assert!(held > 256, "the child held {held} connections, more than the cap of 256");
+    let held: usize = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        held > 256,
+        "the child held {held} connections, more than the cap of 256"
+    );
     // A fresh connection from outside the run is still served.
     let mut fresh = e.d.conn();
     assert!(fresh.call("ping", json!({})).is_ok());

@@ -190,6 +190,40 @@ pub fn shebang(head: &[u8]) -> Option<(PathBuf, Option<String>)> {
     Some((interp, target))
 }
 
+/// The program interpreter (PT_INTERP, the dynamic loader) an ELF file
+/// names, from its first bytes (64-bit little-endian ELF only; the
+/// interpreter's path must lie within `head`).
+pub fn elf_interpreter(head: &[u8]) -> Option<PathBuf> {
+    let u16_at = |o: usize| {
+        head.get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+    };
+    let u32_at = |o: usize| {
+        head.get(o..o + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |o: usize| {
+        head.get(o..o + 8)
+            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as usize)
+    };
+    // \x7fELF, 64-bit, little-endian.
+    if head.get(0..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) {
+        return None;
+    }
+    let (phoff, phentsize, phnum) = (u64_at(0x20)?, u16_at(0x36)?, u16_at(0x38)?);
+    for i in 0..phnum.min(64) {
+        let ph = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        const PT_INTERP: u32 = 3;
+        if u32_at(ph)? == PT_INTERP {
+            let (off, size) = (u64_at(ph + 8)?, u64_at(ph + 32)?);
+            let bytes = head.get(off..off.checked_add(size)?)?;
+            let text = std::str::from_utf8(bytes.split(|&b| b == 0).next()?).ok()?;
+            return Some(PathBuf::from(text));
+        }
+    }
+    None
+}
+
 /// The strongest access `rules` grant on `path` (the union of every rule
 /// whose path is `path` or one of its ancestors), for tests and reports.
 pub fn access_to(rules: &FsRules, path: &Path) -> Option<Access> {
@@ -268,6 +302,18 @@ mod tests {
             Some(Access::ReadWrite)
         );
         assert_eq!(access_to(&r, Path::new("/data")), None);
+    }
+
+    #[test]
+    fn elf_interpreter_of_a_real_binary() {
+        let head = std::fs::read("/bin/sh").unwrap_or_default();
+        let head = &head[..head.len().min(4096)];
+        // Every dynamically linked system binary names a loader.
+        if let Some(i) = elf_interpreter(head) {
+            assert!(i.to_string_lossy().contains("ld-linux"), "{}", i.display());
+        }
+        assert_eq!(elf_interpreter(b"#!/bin/sh\n"), None);
+        assert_eq!(elf_interpreter(&[0x7f, b'E', b'L', b'F', 2, 1, 0, 0]), None);
     }
 
     #[test]

@@ -239,6 +239,31 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                     .with_context(|| format!("reading {}", dir.join("child.log").display())),
             }
         }
+        Command::Agents { project_dir } => {
+            let dir = match project_dir {
+                Some(d) => std::path::absolute(&d)?,
+                None => std::env::current_dir()?,
+            };
+            let found = crate::agents::discover(&dir);
+            if ctx.json {
+                let defs: Vec<Value> = found
+                    .definitions
+                    .iter()
+                    .map(|d| {
+                        json!({"name": d.name, "description": d.description, "source": d.source,
+                               "tools": d.tools, "command": d.command, "warnings": d.warnings})
+                    })
+                    .collect();
+                let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({"agents": defs, "errors": errors}))?
+                );
+            } else {
+                print!("{}", show::agents_table(&found));
+            }
+            Ok(if found.errors.is_empty() { 0 } else { 1 })
+        }
         Command::Ping => {
             let v = ctx.call("ping", json!({}))?;
             if ctx.json {

@@ -169,6 +169,12 @@ pub enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
+    /// List the subagent definitions a run in this project can use.
+    Agents {
+        /// The project (default: the current directory).
+        #[arg(long, value_name = "DIR")]
+        project_dir: Option<PathBuf>,
+    },
     /// Check that the daemon answers.
     Ping,
 }

@@ -94,3 +94,32 @@ pub fn table(runs: &[RunStatus]) -> String {
     }
     out
 }
+
+/// The `agents` listing: name, source file, tools, description; then the
+/// files that could not be used.
+pub fn agents_table(found: &crate::agents::Found) -> String {
+    let mut out = String::new();
+    if found.definitions.is_empty() {
+        let _ = writeln!(out, "(no subagent definitions found)");
+    }
+    for d in &found.definitions {
+        let tools = d
+            .tools
+            .as_ref()
+            .map_or("(any the parent may delegate)".to_owned(), |t| t.join(", "));
+        let _ = writeln!(
+            out,
+            "{}\n  source:      {}\n  tools:       {tools}\n  description: {}",
+            d.name,
+            d.source.display(),
+            d.description
+        );
+        for w in &d.warnings {
+            let _ = writeln!(out, "  warning:     {w}");
+        }
+    }
+    for e in &found.errors {
+        let _ = writeln!(out, "error: {e}");
+    }
+    out
+}

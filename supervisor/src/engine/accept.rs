@@ -44,24 +44,37 @@ pub fn resolve_program(argv0: &str, path_var: Option<&str>, cwd: &Path) -> Optio
     candidate.and_then(|p| p.canonicalize().ok())
 }
 
-/// The agent program and what its `#!` line needs (the interpreter, and the
-/// program `env` would find), for their Landlock execute rules.
+/// The agent program and what it needs to start, for their Landlock
+/// execute rules: its `#!` interpreter (and the program `env` would find),
+/// and the dynamic loader (PT_INTERP) of each ELF among them.
 pub fn program_chain(argv0: &str, path_var: Option<&str>, cwd: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
+    let head = |p: &Path| {
+        let mut buf = vec![0u8; 4096];
+        let n = std::fs::File::open(p)
+            .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
+            .unwrap_or(0);
+        buf.truncate(n);
+        buf
+    };
+    let mut out: Vec<PathBuf> = Vec::new();
     let Some(program) = resolve_program(argv0, path_var, cwd) else {
         return out;
     };
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(&program)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
-        .unwrap_or(0);
-    out.push(program);
-    if let Some((interp, target)) = policy::sandbox::fs::shebang(&head[..n]) {
-        if let Ok(i) = interp.canonicalize() {
-            out.push(i);
+    let mut todo = vec![program];
+    if let Some((interp, target)) = policy::sandbox::fs::shebang(&head(&todo[0])) {
+        todo.extend(interp.canonicalize().ok());
+        todo.extend(target.and_then(|t| resolve_program(&t, path_var, cwd)));
+    }
+    for p in todo {
+        if let Some(loader) = policy::sandbox::fs::elf_interpreter(&head(&p)) {
+            if let Ok(l) = loader.canonicalize() {
+                if !out.contains(&l) {
+                    out.push(l);
+                }
+            }
         }
-        if let Some(t) = target.and_then(|t| resolve_program(&t, path_var, cwd)) {
-            out.push(t);
+        if !out.contains(&p) {
+            out.push(p);
         }
     }
     out
