@@ -178,6 +178,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_shipped_example_parses() {
+        let c = parse(include_str!("../../examples/subagentd.toml")).unwrap();
+        assert_eq!(c.run_as.as_deref(), Some("nobody"));
+        assert!(c.tool_policy().unwrap().tool("db_query").is_some());
+    }
+
+    #[test]
     fn an_empty_file_is_the_defaults() {
         let c = parse("").unwrap();
         assert_eq!(c, Config::default());
