@@ -11,6 +11,8 @@
 //! - [`limits`]: resource limits with their defaults.
 //! - [`tools`]: the tool catalog and capability classes.
 //! - [`toolpolicy`]: audiences' tool sets and the child-tools filter.
+//! - [`workctx`]: recent files, the git snapshot's shape, the
+//!   `[working-context]` block, and the delta acceptance rules.
 //! - [`sandbox`]: the sandbox spec the runner applies (file-system rules,
 //!   seccomp deny-list, cgroup plan, rlimits, required mechanisms).
 
@@ -22,6 +24,7 @@ pub mod limits;
 pub mod sandbox;
 pub mod toolpolicy;
 pub mod tools;
+pub mod workctx;
 
 pub use audience::{Audience, AudienceError};
 pub use env::{child_env, validate_request_env, ChildPaths, EnvError};

@@ -7,6 +7,8 @@
 //! - [`runas`]: the unprivileged user children may run as.
 //! - [`record`]: run.json, the durable record of a run, and its states.
 //! - [`protocol`]: the JSON-RPC wire types and error codes (docs/protocol.md).
+//! - [`gitsnap`]: the git snapshot taken at spawn, under a time budget.
+//! - [`sessions`]: each parent session's recent files, persisted.
 //! - [`notices`]: the durable finished-run notices of each session.
 //! - [`result_md`]: the result.md a finished run leaves.
 //! - [`engine`]: the supervisor itself: accepting, queueing, launching,
@@ -19,6 +21,7 @@ pub mod agents;
 pub mod cli;
 pub mod client;
 pub mod engine;
+pub mod gitsnap;
 pub mod ids;
 pub mod notices;
 pub mod paths;
@@ -28,4 +31,5 @@ pub mod result_md;
 pub mod runas;
 pub mod securedir;
 pub mod server;
+pub mod sessions;
 pub mod timefmt;

@@ -89,6 +89,10 @@ pub struct SpawnParams {
     /// A subagent definition to run, by name.
     #[serde(default)]
     pub agent: Option<String>,
+    /// `worktree`: the child works in a git worktree of its own (on branch
+    /// `subagent/<run_id>`), not in project_dir.
+    #[serde(default)]
+    pub isolation: Option<Isolation>,
     /// Extra environment for the child.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -101,6 +105,27 @@ pub struct SpawnParams {
     /// Sandbox switches (default: project read only, no network).
     #[serde(default)]
     pub sandbox: policy::sandbox::SandboxRequest,
+}
+
+/// Where a child works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// In project_dir itself (the default).
+    None,
+    /// In a git worktree of its own under the session folder.
+    Worktree,
+}
+
+/// The params of `touch_files`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TouchParams {
+    /// The session.
+    pub session_id: String,
+    /// Files the parent read or wrote, most recent first (absolute, or
+    /// relative to the session's project_dir).
+    pub files: Vec<PathBuf>,
 }
 
 /// The parent session as `spawn_agent` names it.
@@ -119,6 +144,10 @@ pub struct SessionParams {
     /// `sandbox` switches alone).
     #[serde(default)]
     pub tools: Option<Vec<String>>,
+    /// The parent's recent files (absolute, or relative to project_dir);
+    /// they seed the session's list on its first contact.
+    #[serde(default)]
+    pub recent_files: Option<Vec<PathBuf>>,
 }
 
 /// `{run_id}`.
@@ -203,6 +232,10 @@ pub enum Call {
     Subscribe(SubscribeParams),
     /// Take a session's pending notices.
     TakeNotices(TakeParams),
+    /// Put files at the front of a session's recent files.
+    TouchFiles(TouchParams),
+    /// A session's working context and its `[working-context]` block.
+    WorkingContext(TakeParams),
     /// Liveness and version.
     Ping,
 }
@@ -333,6 +366,8 @@ pub fn decode(line: &[u8]) -> Decoded {
         "list_agent_runs" => params(p).map(Call::ListAgentRuns),
         "subscribe" => params(p).map(Call::Subscribe),
         "take_notices" => params(p).map(Call::TakeNotices),
+        "touch_files" => params(p).map(Call::TouchFiles),
+        "working_context" => params(p).map(Call::WorkingContext),
         "ping" => params::<NoParams>(p).map(|_| Call::Ping),
         other => Err(RpcError::new(
             codes::METHOD_NOT_FOUND,

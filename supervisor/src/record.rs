@@ -147,6 +147,16 @@ pub struct RunRecord {
     /// The OS rights the run got.
     #[serde(default)]
     pub rights: policy::sandbox::Grants,
+    /// The git snapshot taken at spawn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<policy::workctx::GitSnapshot>,
+    /// The child's worktree, with `isolation: worktree`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree: Option<crate::engine::workctx::Worktree>,
+    /// What became of the child's delta; set exactly once, when the run
+    /// ended (merged only when it succeeded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<crate::engine::workctx::DeltaReport>,
 }
 
 impl RunRecord {
@@ -255,6 +265,10 @@ impl RunRecord {
             agent: self.agent.clone(),
             tools: self.tools.clone(),
             rights: self.rights,
+            git: self.git.clone(),
+            worktree_dir: self.worktree.as_ref().map(|w| w.dir.clone()),
+            worktree_branch: self.worktree.as_ref().map(|w| w.branch.clone()),
+            delta: self.delta.clone(),
         }
     }
 }
@@ -316,6 +330,18 @@ pub struct RunStatus {
     /// The OS rights the run got (from its tools and switches).
     #[serde(default)]
     pub rights: policy::sandbox::Grants,
+    /// The git snapshot taken at spawn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<policy::workctx::GitSnapshot>,
+    /// The child's worktree, with `isolation: worktree`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree_dir: Option<PathBuf>,
+    /// The worktree's branch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree_branch: Option<String>,
+    /// The delta's accepted and rejected paths, once the run has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<crate::engine::workctx::DeltaReport>,
 }
 
 #[cfg(test)]

@@ -171,6 +171,31 @@ pub fn render(rec: &RunRecord) -> String {
         yes(r.exec),
         yes(r.network)
     );
+    let _ = writeln!(s, "\n## Working context\n");
+    if let Some(g) = &rec.git {
+        let _ = writeln!(s, "- {}", policy::workctx::git_line(g));
+    }
+    if let Some(w) = &rec.worktree {
+        let _ = writeln!(s, "- worktree: {} (branch {})", w.dir.display(), w.branch);
+    }
+    match &rec.delta {
+        None => {}
+        Some(d) => {
+            if let Some(n) = &d.note {
+                let _ = writeln!(s, "- delta: {n}");
+            }
+            for v in &d.accepted {
+                if let policy::workctx::Outcome::Accepted(p) = &v.outcome {
+                    let _ = writeln!(s, "- merged into recent files: {}", p.display());
+                }
+            }
+            for v in &d.rejected {
+                if let policy::workctx::Outcome::Rejected(why) = &v.outcome {
+                    let _ = writeln!(s, "- rejected: {} ({why})", v.path);
+                }
+            }
+        }
+    }
     if let Some(iso) = &rec.isolation {
         let _ = writeln!(s, "\n## Isolation\n");
         let rows = [

@@ -1,6 +1,6 @@
 //! The commands that talk to the daemon, and `logs`.
 
-use super::{follow, show, Command, RunArgs, EXIT_STILL_RUNNING};
+use super::{follow, show, Command, RunArgs, WorktreeAction, EXIT_STILL_RUNNING};
 use crate::client::{Client, ClientError};
 use crate::ids::RunId;
 use crate::paths::StateLayout;
@@ -68,6 +68,7 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
                     .filter(|s| !s.is_empty())
                     .collect()
             }),
+            recent_files: None,
         },
         task: args.task.clone(),
         context: args.context.clone(),
@@ -81,6 +82,9 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
         },
         keep_temp: args.keep_temp,
         agent: args.agent.clone(),
+        isolation: args
+            .worktree
+            .then_some(crate::protocol::Isolation::Worktree),
         sandbox: policy::sandbox::SandboxRequest {
             write_project: args.write_project.then_some(true),
             network: args.network.then_some(true),
@@ -238,6 +242,29 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                     .map(|_| 0)
                     .with_context(|| format!("reading {}", dir.join("child.log").display())),
             }
+        }
+        Command::ContextOf { session } => {
+            let v = ctx.call("working_context", json!({ "session_id": session }))?;
+            if ctx.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", v["block"].as_str().unwrap_or(""));
+            }
+            Ok(0)
+        }
+        Command::Worktree {
+            action: WorktreeAction::Rm { run },
+        } => {
+            let dir = run_dir(ctx, &run)?;
+            let rec = crate::record::RunRecord::load(&dir.join("run.json"))?;
+            let wt = rec
+                .worktree
+                .as_ref()
+                .ok_or_else(|| anyhow!("run {run} has no worktree"))?;
+            crate::engine::workctx::remove_worktree(&rec.project_dir, wt, &rec.run_id)
+                .map_err(anyhow::Error::msg)?;
+            println!("removed {} and branch {}", wt.dir.display(), wt.branch);
+            Ok(0)
         }
         Command::Agents { project_dir } => {
             let dir = match project_dir {

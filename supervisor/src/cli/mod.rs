@@ -89,6 +89,9 @@ pub struct RunArgs {
     /// delegated, and OS rights to match).
     #[arg(long, value_name = "T1,T2")]
     pub tools: Option<String>,
+    /// Work in a git worktree of its own (branch subagent/<run id>).
+    #[arg(long)]
+    pub worktree: bool,
     /// Run this subagent definition (see `subagent agents`).
     #[arg(long, value_name = "NAME")]
     pub agent: Option<String>,
@@ -169,6 +172,19 @@ pub enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
+    /// Print a session's `[working-context]` block (project dir, recent
+    /// files, a fresh git snapshot).
+    ContextOf {
+        /// The session.
+        #[arg(long, value_name = "ID")]
+        session: String,
+    },
+    /// Manage the git worktrees of `--worktree` runs.
+    Worktree {
+        /// What to do.
+        #[command(subcommand)]
+        action: WorktreeAction,
+    },
     /// List the subagent definitions a run in this project can use.
     Agents {
         /// The project (default: the current directory).
@@ -177,6 +193,16 @@ pub enum Command {
     },
     /// Check that the daemon answers.
     Ping,
+}
+
+/// `subagent worktree` actions.
+#[derive(Debug, Subcommand)]
+pub enum WorktreeAction {
+    /// Remove a run's worktree and its branch.
+    Rm {
+        /// The run id.
+        run: String,
+    },
 }
 
 /// Runs the `subagent` command line; returns the process exit code.

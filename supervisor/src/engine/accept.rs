@@ -374,12 +374,36 @@ pub(crate) fn create_run(
         let t = crate::securedir::make_temp_dir(&inner.cfg.temp_base, session, child)
             .map_err(|e| EngineError::Workspace(e.to_string()))?;
         temp_dir = Some(t.clone());
+        // The working context: the session's recent files, an optional
+        // worktree, and the git snapshot of where the child will work.
+        let session_state = inner
+            .sessions
+            .on_spawn(
+                session,
+                &p.session.project_dir,
+                p.session.recent_files.as_deref(),
+            )
+            .map_err(EngineError::Storage)?;
+        let worktree = match p.isolation {
+            Some(crate::protocol::Isolation::Worktree) => Some(super::workctx::create_worktree(
+                &p.session.project_dir,
+                &inner.layout.session_dir(session),
+                id.as_str(),
+            )?),
+            _ => None,
+        };
+        let workdir = worktree
+            .as_ref()
+            .map_or(p.session.project_dir.clone(), |w| w.dir.clone());
+        let git = crate::gitsnap::snapshot(&workdir, inner.cfg.git_budget);
         let first = files.context().join("first_message.md");
-        write_atomic(
-            &first,
-            first_message(p.context.as_deref(), &p.task).as_bytes(),
-        )
-        .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let message = format!(
+            "{}\n{}",
+            first_message(p.context.as_deref(), &p.task),
+            policy::workctx::render_block(&workdir, &session_state.recent_files, &git)
+        );
+        write_atomic(&first, message.as_bytes())
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
         let tools_json = files.context().join("tools.json");
         let listed = plan.tools.clone().unwrap_or_default();
         write_atomic(&tools_json, inner.tools.tools_json(&listed).as_bytes())
@@ -408,7 +432,7 @@ pub(crate) fn create_run(
         let programs = program_chain(
             &plan.command[0],
             env.get("PATH").map(String::as_str),
-            &p.session.project_dir,
+            &workdir,
         );
         let mut roots = p.sandbox.clone();
         roots
@@ -425,7 +449,7 @@ pub(crate) fn create_run(
                 artifact_dir: files.artifacts(),
                 context_dir: files.context(),
                 delta_dir: files.delta_dir(),
-                project_dir: p.session.project_dir.clone(),
+                project_dir: workdir.clone(),
                 programs,
             },
             memory_mb: p
@@ -441,7 +465,7 @@ pub(crate) fn create_run(
             run_id: id.to_string(),
             argv: plan.command.clone(),
             env,
-            cwd: p.session.project_dir.clone(),
+            cwd: workdir.clone(),
             log_path: files.log(),
             exit_path: files.exit(),
             wall_time_s: plan.limits.wall_time_s(),
@@ -488,6 +512,9 @@ pub(crate) fn create_run(
             agent: plan.agent.as_ref().map(|d| d.name.clone()),
             tools: plan.tools.clone(),
             rights: plan.grants,
+            git: Some(git),
+            worktree,
+            delta: None,
         };
         rec.save()
             .map_err(|e| EngineError::Storage(e.to_string()))?;
@@ -517,6 +544,7 @@ mod tests {
                 audience: Audience::Team,
                 project_dir: "/".into(),
                 tools: None,
+                recent_files: None,
             },
             task: "do it".into(),
             context: None,
@@ -526,6 +554,7 @@ mod tests {
             keep_temp: false,
             sandbox: Default::default(),
             agent: None,
+            isolation: None,
         }
     }
 

@@ -187,6 +187,33 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
     if rec.finalized || !rec.state.is_terminal() {
         return;
     }
+    if rec.delta.is_none() {
+        // Exactly once: the report is recorded before anything else of the
+        // end is done, and never computed again.
+        let snapshot = rec.clone();
+        let inner = sup.inner.clone();
+        let report = tokio::task::spawn_blocking(move || {
+            if snapshot.state == RunState::Succeeded {
+                super::workctx::merge_delta(&inner, &snapshot)
+            } else {
+                super::workctx::DeltaReport {
+                    note: Some(format!(
+                        "nothing merged: the run {}",
+                        snapshot.state.as_str()
+                    )),
+                    ..Default::default()
+                }
+            }
+        })
+        .await
+        .unwrap_or_default();
+        let mut next = rec.clone();
+        next.delta = Some(report);
+        if let Err(e) = sup.persist(slot, &mut rec, next.clone()).await {
+            tracing::error!(run_id = %next.run_id, "recording the delta: {e}");
+            *rec = next;
+        }
+    }
     let mut notice = None;
     let mut failure = None;
     for pause_ms in [0, 200, 1000] {

@@ -17,6 +17,7 @@ pub mod lockfile;
 pub mod pidfd;
 pub mod probe;
 pub mod recover;
+pub mod workctx;
 
 pub use error::EngineError;
 
@@ -50,6 +51,8 @@ pub struct Config {
     pub run_as: Option<crate::runas::RunAs>,
     /// The config file's settings (require, tools, audiences, limits, ...).
     pub settings: policy::config::Config,
+    /// The git snapshot's time budget (2 s; zero simulates a slow repo).
+    pub git_budget: std::time::Duration,
 }
 
 impl Config {
@@ -70,6 +73,7 @@ impl Config {
             kill_grace_ms: subagent_runner::spec::DEFAULT_KILL_GRACE_MS,
             run_as: None,
             settings: Default::default(),
+            git_budget: crate::gitsnap::BUDGET,
         }
     }
 }
@@ -109,6 +113,7 @@ pub(crate) struct Inner {
     queue: mpsc::UnboundedSender<RunId>,
     slots: Arc<Semaphore>,
     notices: NoticeStore,
+    sessions: crate::sessions::SessionStore,
     finished: broadcast::Sender<Notice>,
     daemon_env: Vec<(String, String)>,
     accepting: AtomicBool,
@@ -177,6 +182,7 @@ impl Supervisor {
         let inner = Arc::new(Inner {
             slots: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
             notices: NoticeStore::new(layout.clone()),
+            sessions: crate::sessions::SessionStore::new(layout.clone()),
             cfg,
             layout,
             runs: Mutex::new(BTreeMap::new()),
@@ -345,6 +351,44 @@ impl Supervisor {
                 .notices
                 .take(&session)
                 .map_err(|e| EngineError::Storage(e.to_string()))
+        })
+        .await
+    }
+
+    /// Puts `files` at the front of the session's recent files.
+    pub async fn touch_files(
+        &self,
+        session: &str,
+        files: Vec<std::path::PathBuf>,
+    ) -> Result<crate::sessions::SessionState, EngineError> {
+        crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
+        let inner = self.inner.clone();
+        let session = session.to_owned();
+        blocking(move || {
+            inner
+                .sessions
+                .touch(&session, &files)
+                .map_err(EngineError::Storage)
+        })
+        .await
+    }
+
+    /// The session's working context now: its state, a fresh git snapshot,
+    /// and the rendered block.
+    pub async fn working_context(&self, session: &str) -> Result<serde_json::Value, EngineError> {
+        crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
+        let inner = self.inner.clone();
+        let session = session.to_owned();
+        blocking(move || {
+            let (state, git) = workctx::current(&inner, &session);
+            let dir = state.project_dir.clone().unwrap_or_default();
+            let block = policy::workctx::render_block(&dir, &state.recent_files, &git);
+            Ok(serde_json::json!({
+                "project_dir": state.project_dir,
+                "recent_files": state.recent_files,
+                "git": git,
+                "block": block,
+            }))
         })
         .await
     }

@@ -57,6 +57,11 @@ pub async fn execute(sup: &Supervisor, call: Call) -> Result<Value, RpcError> {
             let notices = sup.take_notices(&p.session_id).await.map_err(r)?;
             Ok(json!({ "notices": notices }))
         }
+        Call::TouchFiles(p) => {
+            let state = sup.touch_files(&p.session_id, p.files).await.map_err(r)?;
+            Ok(json!({ "recent_files": state.recent_files }))
+        }
+        Call::WorkingContext(p) => sup.working_context(&p.session_id).await.map_err(r),
         Call::Ping => Ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),

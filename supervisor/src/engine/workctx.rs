@@ -1,0 +1,174 @@
+//! The working context at spawn (the session's recent files, the git
+//! snapshot, an optional worktree) and the delta a successful child hands
+//! back, verified on disk and merged exactly once.
+
+use super::{EngineError, Inner};
+use crate::record::RunRecord;
+use policy::workctx::{claims, judge, parse_delta, FileFacts, GitSnapshot, Outcome, Verdict};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A child's git worktree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Worktree {
+    /// Its directory (`<session>/worktrees/<run_id>`).
+    pub dir: PathBuf,
+    /// Its branch (`subagent/<run_id>`).
+    pub branch: String,
+}
+
+/// Creates the worktree of run `run_id` for the repository holding
+/// `project_dir`, on a new branch from HEAD. Blocking.
+pub fn create_worktree(
+    project_dir: &Path,
+    session_dir: &Path,
+    run_id: &str,
+) -> Result<Worktree, EngineError> {
+    let invalid = |why: String| EngineError::invalid("isolation", why);
+    let repo = crate::gitsnap::open(project_dir).map_err(|why| {
+        invalid(format!(
+            "worktree needs project_dir in a git repository: {why}"
+        ))
+    })?;
+    let head = repo
+        .head()
+        .and_then(|h| h.peel_to_commit())
+        .map_err(|e| invalid(format!("worktree needs a commit at HEAD: {}", e.message())))?;
+    let branch = format!("subagent/{run_id}");
+    let b = repo
+        .branch(&branch, &head, false)
+        .map_err(|e| EngineError::Workspace(format!("create branch {branch}: {}", e.message())))?;
+    let parent = session_dir.join("worktrees");
+    std::fs::create_dir_all(&parent)
+        .map_err(|e| EngineError::Storage(format!("create {}: {e}", parent.display())))?;
+    let dir = parent.join(run_id);
+    let mut opts = git2::WorktreeAddOptions::new();
+    opts.reference(Some(b.get()));
+    let name = run_id.replace('.', "-");
+    repo.worktree(&name, &dir, Some(&opts)).map_err(|e| {
+        EngineError::Workspace(format!(
+            "git worktree add {}: {}",
+            dir.display(),
+            e.message()
+        ))
+    })?;
+    Ok(Worktree { dir, branch })
+}
+
+/// Removes a run's worktree and its branch. Blocking.
+pub fn remove_worktree(project_dir: &Path, wt: &Worktree, run_id: &str) -> Result<(), String> {
+    let repo = crate::gitsnap::open(project_dir)?;
+    let name = run_id.replace('.', "-");
+    if let Ok(w) = repo.find_worktree(&name) {
+        let mut opts = git2::WorktreePruneOptions::new();
+        opts.valid(true).working_tree(true).locked(false);
+        w.prune(Some(&mut opts))
+            .map_err(|e| format!("prune worktree {name}: {}", e.message()))?;
+    }
+    if wt.dir.exists() {
+        std::fs::remove_dir_all(&wt.dir)
+            .map_err(|e| format!("remove {}: {e}", wt.dir.display()))?;
+    }
+    if let Ok(mut b) = repo.find_branch(&wt.branch, git2::BranchType::Local) {
+        b.delete()
+            .map_err(|e| format!("delete branch {}: {}", wt.branch, e.message()))?;
+    }
+    Ok(())
+}
+
+/// What became of a run's delta.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaReport {
+    /// Paths merged into the session's recent files, in merge order.
+    pub accepted: Vec<Verdict>,
+    /// Paths not merged, each with the reason.
+    pub rejected: Vec<Verdict>,
+    /// Why nothing was merged, when nothing was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+fn facts(claimed: &str, base: &Path) -> FileFacts {
+    let p = Path::new(claimed);
+    let full = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    };
+    let resolved = full.canonicalize().ok();
+    let meta = resolved.as_ref().and_then(|r| std::fs::metadata(r).ok());
+    FileFacts {
+        claimed: claimed.to_owned(),
+        resolved,
+        regular: meta.as_ref().is_some_and(|m| m.is_file()),
+        mtime_ms: meta
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64),
+    }
+}
+
+/// Verifies the delta of a run that succeeded and merges what holds into
+/// its session's recent files. Blocking.
+pub(crate) fn merge_delta(inner: &Inner, rec: &RunRecord) -> DeltaReport {
+    let mut report = DeltaReport::default();
+    let path = rec.files().delta();
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(_) => {
+            report.note = Some("no delta was written".into());
+            return report;
+        }
+    };
+    let delta = match parse_delta(&bytes) {
+        Ok(d) => d,
+        Err(why) => {
+            report.note = Some(format!("nothing merged: {why}"));
+            return report;
+        }
+    };
+    let base = rec
+        .worktree
+        .as_ref()
+        .map_or(rec.project_dir.clone(), |w| w.dir.clone());
+    let root = base.canonicalize().unwrap_or(base.clone());
+    let since = rec.started_at_ms.unwrap_or(rec.created_at_ms);
+    for claimed in claims(&delta) {
+        let v = judge(&facts(&claimed, &base), std::slice::from_ref(&root), since);
+        match v.outcome {
+            Outcome::Accepted(_) => report.accepted.push(v),
+            Outcome::Rejected(_) => report.rejected.push(v),
+        }
+    }
+    let accepted: Vec<PathBuf> = report
+        .accepted
+        .iter()
+        .filter_map(|v| match &v.outcome {
+            Outcome::Accepted(p) => Some(p.clone()),
+            Outcome::Rejected(_) => None,
+        })
+        .collect();
+    if !accepted.is_empty() {
+        if let Err(e) = inner.sessions.update(&rec.session_id, |s| {
+            s.recent_files = policy::workctx::touch(&s.recent_files, &accepted);
+        }) {
+            report.note = Some(format!("merging failed: {e}"));
+        }
+    }
+    report
+}
+
+/// The snapshot and the block for a session right now. Blocking.
+pub(crate) fn current(
+    inner: &Inner,
+    session: &str,
+) -> (crate::sessions::SessionState, GitSnapshot) {
+    let state = inner.sessions.get(session);
+    let git = match &state.project_dir {
+        Some(d) => crate::gitsnap::snapshot(d, inner.cfg.git_budget),
+        None => GitSnapshot::Unavailable {
+            reason: "the session has no project dir yet".into(),
+        },
+    };
+    (state, git)
+}

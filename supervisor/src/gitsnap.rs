@@ -1,0 +1,152 @@
+//! The git snapshot taken at spawn (git2, no network), under a hard time
+//! budget: a repository too large to finish in time, a missing or broken
+//! repository gives an `unavailable` snapshot with the reason, and the
+//! spawn goes on.
+
+use git2::{BranchType, ErrorCode, Repository, Status, StatusOptions};
+use policy::workctx::GitSnapshot;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The budget of a snapshot: 2 seconds.
+pub const BUDGET: Duration = Duration::from_secs(2);
+
+fn unavailable(reason: impl Into<String>) -> GitSnapshot {
+    GitSnapshot::Unavailable {
+        reason: reason.into(),
+    }
+}
+
+fn clean(p: &Path) -> PathBuf {
+    p.components().collect()
+}
+
+fn budget_text(b: Duration) -> String {
+    if b.subsec_millis() == 0 {
+        format!("{} s", b.as_secs())
+    } else {
+        format!("{:.1} s", b.as_secs_f64())
+    }
+}
+
+/// Takes the snapshot of the repository containing `dir` within `budget`
+/// (a zero budget always times out: it simulates a slow repository).
+pub fn snapshot(dir: &Path, budget: Duration) -> GitSnapshot {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = dir.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("git-snapshot".into())
+        .spawn(move || {
+            let _ = tx.send(compute(&dir));
+        });
+    if spawned.is_err() {
+        return unavailable("could not start the snapshot thread");
+    }
+    if budget.is_zero() {
+        return unavailable(format!("timed out after {}", budget_text(budget)));
+    }
+    match rx.recv_timeout(budget) {
+        Ok(s) => s,
+        // The thread finishes on its own; its result is dropped.
+        Err(_) => unavailable(format!("timed out after {}", budget_text(budget))),
+    }
+}
+
+/// Opens the repository that contains `dir`.
+pub fn open(dir: &Path) -> Result<Repository, String> {
+    Repository::discover(dir).map_err(|e| match e.code() {
+        ErrorCode::NotFound => "not a git repository".to_owned(),
+        _ => format!("broken repository: {}", e.message()),
+    })
+}
+
+fn compute(dir: &Path) -> GitSnapshot {
+    let repo = match open(dir) {
+        Ok(r) => r,
+        Err(why) => return unavailable(why),
+    };
+    let Some(worktree) = repo.workdir().map(clean) else {
+        return unavailable("a bare repository has no work tree");
+    };
+    let common_dir = clean(repo.commondir());
+    let detached = repo.head_detached().unwrap_or(false);
+    let (branch, head_oid) = match repo.head() {
+        Ok(h) => {
+            let name = if detached {
+                "(detached)".to_owned()
+            } else {
+                h.shorthand().unwrap_or("(unknown)").to_owned()
+            };
+            (name, h.target())
+        }
+        Err(e) if e.code() == ErrorCode::UnbornBranch => {
+            let name = repo
+                .find_reference("HEAD")
+                .ok()
+                .and_then(|r| {
+                    r.symbolic_target()
+                        .ok()
+                        .flatten()
+                        .map(|t| t.trim_start_matches("refs/heads/").to_owned())
+                })
+                .unwrap_or_else(|| "(unborn)".into());
+            (name, None)
+        }
+        Err(e) => return unavailable(format!("broken repository: {}", e.message())),
+    };
+    let head = head_oid.map_or("(none)".to_owned(), |o| o.to_string()[..7].to_owned());
+    let (mut upstream, mut ahead, mut behind) = (None, None, None);
+    if !detached {
+        if let Ok(local) = repo.find_branch(&branch, BranchType::Local) {
+            if let Ok(up) = local.upstream() {
+                if let (Some(l), Some(u)) = (local.get().target(), up.get().target()) {
+                    if let Ok((a, b)) = repo.graph_ahead_behind(l, u) {
+                        upstream = up.name().ok().flatten().map(str::to_owned);
+                        ahead = Some(a);
+                        behind = Some(b);
+                    }
+                }
+            }
+        }
+    }
+    let mut opts = StatusOptions::new();
+    opts.include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_ignored(false);
+    let statuses = match repo.statuses(Some(&mut opts)) {
+        Ok(s) => s,
+        Err(e) => return unavailable(format!("git status failed: {}", e.message())),
+    };
+    let staged_bits = Status::INDEX_NEW
+        | Status::INDEX_MODIFIED
+        | Status::INDEX_DELETED
+        | Status::INDEX_RENAMED
+        | Status::INDEX_TYPECHANGE;
+    let modified_bits =
+        Status::WT_MODIFIED | Status::WT_DELETED | Status::WT_RENAMED | Status::WT_TYPECHANGE;
+    let (mut staged, mut modified, mut untracked) = (0, 0, 0);
+    for e in statuses.iter() {
+        let s = e.status();
+        if s.intersects(staged_bits) {
+            staged += 1;
+        }
+        if s.intersects(modified_bits) {
+            modified += 1;
+        }
+        if s.contains(Status::WT_NEW) {
+            untracked += 1;
+        }
+    }
+    GitSnapshot::Available {
+        worktree,
+        common_dir,
+        branch,
+        head,
+        upstream,
+        ahead,
+        behind,
+        staged,
+        modified,
+        untracked,
+    }
+}
