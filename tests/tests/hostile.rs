@@ -471,7 +471,9 @@ fn a_child_holding_connections_does_not_lock_the_parent_out() {
         \t\ts.connect(os.environ['SOCK']); held.append(s)\n\
         \texcept OSError:\n\
         \t\tpass\n\
-        open(os.environ['SUBAGENT_ARTIFACT_DIR'] + '/holding', 'w').write(str(len(held)))\n\
+        a = os.environ['SUBAGENT_ARTIFACT_DIR']\n\
+        open(a + '/holding.tmp', 'w').write(str(len(held)))\n\
+        os.rename(a + '/holding.tmp', a + '/holding')\n\
         time.sleep(60)\n";
     let mut c = e.d.conn();
     let r = c

@@ -1,0 +1,372 @@
+//! The working context end to end: recent files, the git snapshot at
+//! spawn, verified deltas merged once from successful children, worktrees.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use subagentd_e2e::{session, Daemon};
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A git project with two committed files whose mtimes are long past.
+fn project() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("sa-wc-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    for f in ["old.txt", "b.txt"] {
+        std::fs::write(d.path().join(f), "x\n").unwrap();
+        let file = std::fs::File::options()
+            .write(true)
+            .open(d.path().join(f))
+            .unwrap();
+        file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000))
+            .unwrap();
+    }
+    git(d.path(), &["init", "-q"]);
+    git(d.path(), &["add", "."]);
+    git(d.path(), &["commit", "-qm", "init"]);
+    d
+}
+
+fn canon(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap()
+}
+
+fn spawn(d: &Daemon, s: &str, project: &Path, script: &str, extra: Value) -> Value {
+    let mut c = d.conn();
+    let mut params = json!({
+        "session": {"id": s, "audience": "personal", "project_dir": project, "tools": ["file_read", "file_write", "shell"]},
+        "task": "t",
+        "command": ["sh", "-c", script],
+    });
+    if let Value::Object(m) = extra {
+        for (k, v) in m {
+            if k == "session" {
+                for (sk, sv) in v.as_object().unwrap() {
+                    params["session"][sk] = sv.clone();
+                }
+            } else {
+                params[k] = v;
+            }
+        }
+    }
+    let r = c
+        .call("spawn_agent", params)
+        .unwrap_or_else(|e| panic!("{e}"));
+    c.wait(r["run_id"].as_str().unwrap())
+}
+
+fn recent(d: &Daemon, s: &str) -> Vec<String> {
+    let v = d
+        .conn()
+        .call("working_context", json!({"session_id": s}))
+        .unwrap();
+    v["recent_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn only_verified_written_and_edited_files_are_merged() {
+    let d = Daemon::start();
+    let p = project();
+    let s = session("delta");
+    let script = r#"
+        echo new > new.txt
+        mkdir sub
+        echo more >> b.txt
+        ln -s /etc/hostname link-out
+        echo gone > gone.txt; rm gone.txt
+        cat > "$SUBAGENT_DELTA_PATH" <<'JSON'
+{"written": ["new.txt", "../outside.txt", "/etc/passwd", "link-out", "gone.txt", "sub/../new.txt"],
+ "edited": ["b.txt", "old.txt"],
+ "read": ["old.txt"]}
+JSON
+    "#;
+    let st = spawn(&d, &s, p.path(), script, json!({}));
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let delta = &st["delta"];
+    let accepted: Vec<&str> = delta["accepted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["accepted"].as_str().unwrap())
+        .collect();
+    let root = canon(p.path());
+    let (new, b) = (root.join("new.txt"), root.join("b.txt"));
+    assert_eq!(
+        accepted,
+        [
+            new.to_str().unwrap(),
+            new.to_str().unwrap(),
+            b.to_str().unwrap()
+        ],
+        "{delta}"
+    );
+    let rejected: Vec<(&str, &str)> = delta["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["path"].as_str().unwrap(), v["rejected"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        rejected,
+        [
+            ("../outside.txt", "does not exist"),
+            ("/etc/passwd", "outside the project"),
+            ("link-out", "outside the project"),
+            ("gone.txt", "does not exist"),
+            ("old.txt", "not modified during the run"),
+        ]
+    );
+    assert_eq!(
+        recent(&d, &s),
+        [new.to_str().unwrap(), b.to_str().unwrap()],
+        "read paths never merge"
+    );
+    let result = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
+    assert!(
+        result.contains(&format!("- merged into recent files: {}", new.display())),
+        "{result}"
+    );
+    assert!(
+        result.contains("- rejected: /etc/passwd (outside the project)"),
+        "{result}"
+    );
+    // The git snapshot at spawn was recorded.
+    assert_eq!(st["git"]["status"], "available");
+    assert_eq!(st["git"]["branch"], "main");
+}
+
+#[test]
+fn unsuccessful_runs_and_malformed_deltas_merge_nothing() {
+    let d = Daemon::start();
+    let p = project();
+    let s = session("nomerge");
+    let write = r#"echo x > f.txt; echo '{"written": ["f.txt"]}' > "$SUBAGENT_DELTA_PATH""#;
+    let failed = spawn(&d, &s, p.path(), &format!("{write}; exit 1"), json!({}));
+    assert_eq!(failed["state"], "failed");
+    assert_eq!(failed["delta"]["note"], "nothing merged: the run failed");
+    let timed = spawn(
+        &d,
+        &s,
+        p.path(),
+        &format!("{write}; sleep 30"),
+        json!({"limits": {"wall_time_s": 1}}),
+    );
+    assert_eq!(timed["state"], "timed_out");
+    assert!(recent(&d, &s).is_empty());
+    for (bad, why) in [
+        ("not json", "not valid"),
+        (r#"{"written": "f.txt"}"#, "not valid"),
+        (r#"{"written": [1]}"#, "not valid"),
+    ] {
+        let script = format!("echo x > f.txt; printf '%s' '{bad}' > \"$SUBAGENT_DELTA_PATH\"");
+        let st = spawn(&d, &s, p.path(), &script, json!({}));
+        assert_eq!(
+            st["state"], "succeeded",
+            "a bad delta does not change the state"
+        );
+        assert!(
+            st["delta"]["note"].as_str().unwrap().contains(why),
+            "{}",
+            st["delta"]
+        );
+    }
+    let big = "head -c 1100000 /dev/zero | tr '\\0' ' ' > \"$SUBAGENT_DELTA_PATH\"";
+    let st = spawn(&d, &s, p.path(), big, json!({}));
+    assert!(
+        st["delta"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("over the limit"),
+        "{}",
+        st["delta"]
+    );
+    let none = spawn(&d, &s, p.path(), "true", json!({}));
+    assert_eq!(none["delta"]["note"], "no delta was written");
+    assert!(recent(&d, &s).is_empty());
+}
+
+#[test]
+fn recent_files_are_seeded_capped_and_ordered() {
+    let d = Daemon::start();
+    let p = project();
+    let s = session("cap");
+    let seed: Vec<String> = (0..8).map(|i| format!("seed{i}.rs")).collect();
+    let script = r#"for i in 1 2 3 4 5; do echo $i > w$i.txt; done; echo '{"written": ["w5.txt", "w4.txt", "w3.txt", "w2.txt", "w1.txt"]}' > "$SUBAGENT_DELTA_PATH""#;
+    spawn(
+        &d,
+        &s,
+        p.path(),
+        script,
+        json!({"session": {"recent_files": seed}}),
+    );
+    let root = canon(p.path());
+    let got = recent(&d, &s);
+    let mut want: Vec<String> = ["w5", "w4", "w3", "w2", "w1"]
+        .iter()
+        .map(|w| root.join(format!("{w}.txt")).display().to_string())
+        .collect();
+    want.extend((0..5).map(|i| p.path().join(format!("seed{i}.rs")).display().to_string()));
+    assert_eq!(got, want);
+    // touch_files puts the parent's own files first.
+    let v = d
+        .conn()
+        .call(
+            "touch_files",
+            json!({"session_id": s, "files": ["seed7.rs", "/abs/x.rs"]}),
+        )
+        .unwrap();
+    let list = v["recent_files"].as_array().unwrap();
+    assert_eq!(list.len(), 10);
+    assert_eq!(list[0], p.path().join("seed7.rs").display().to_string());
+    assert_eq!(list[1], "/abs/x.rs");
+    // The block, through the CLI.
+    let out = d.cli(&["context-of", "--session", &s]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with(&format!(
+            "[working-context]\nproject_dir: {}\nrecent_files:\n- {}",
+            p.path().display(),
+            p.path().join("seed7.rs").display()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("git: worktree=") && text.contains("branch=main"),
+        "{text}"
+    );
+}
+
+#[test]
+fn twenty_concurrent_children_of_one_session_are_all_merged() {
+    let d = Daemon::start_with(subagentd_e2e::DaemonOpts {
+        max_concurrent: Some(20),
+        ..Default::default()
+    });
+    let p = project();
+    let s = session("many");
+    let mut c = d.conn();
+    let runs: Vec<String> = (0..20)
+        .map(|i| {
+            let script = format!("echo {i} > c{i}.txt; echo '{{\"written\": [\"c{i}.txt\"]}}' > \"$SUBAGENT_DELTA_PATH\"");
+            let r = c
+                .call(
+                    "spawn_agent",
+                    json!({"session": {"id": s, "audience": "personal", "project_dir": p.path(), "tools": ["file_write", "shell"]}, "task": "t", "command": ["sh", "-c", script]}),
+                )
+                .unwrap();
+            r["run_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let mut merged = Vec::new();
+    for r in &runs {
+        let st = c.wait(r);
+        assert_eq!(st["state"], "succeeded");
+        let acc = st["delta"]["accepted"].as_array().unwrap();
+        assert_eq!(acc.len(), 1, "{}", st["delta"]);
+        merged.push(acc[0]["accepted"].as_str().unwrap().to_owned());
+    }
+    let got = recent(&d, &s);
+    assert_eq!(got.len(), 10);
+    let mut distinct = got.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 10, "no entry lost or doubled: {got:?}");
+    assert!(got.iter().all(|g| merged.contains(g)));
+}
+
+#[test]
+fn worktree_isolation_end_to_end() {
+    let d = Daemon::start();
+    let p = project();
+    let s = session("wt");
+    let script =
+        r#"pwd; echo change > old.txt; echo '{"edited": ["old.txt"]}' > "$SUBAGENT_DELTA_PATH""#;
+    let st = spawn(&d, &s, p.path(), script, json!({"isolation": "worktree"}));
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let wt = PathBuf::from(st["worktree_dir"].as_str().unwrap());
+    let branch = st["worktree_branch"].as_str().unwrap().to_owned();
+    assert_eq!(
+        branch,
+        format!("subagent/{}", st["run_id"].as_str().unwrap())
+    );
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        log.lines().next().unwrap(),
+        wt.display().to_string(),
+        "the child worked in its worktree"
+    );
+    assert_eq!(
+        std::fs::read_to_string(wt.join("old.txt")).unwrap(),
+        "change\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(p.path().join("old.txt")).unwrap(),
+        "x\n",
+        "the project is untouched"
+    );
+    assert_eq!(
+        recent(&d, &s),
+        [canon(&wt).join("old.txt").display().to_string()]
+    );
+    assert!(git(p.path(), &["branch", "--list", &branch]).contains(&branch));
+    let result = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
+    assert!(
+        result.contains(&format!("- worktree: {} (branch {branch})", wt.display())),
+        "{result}"
+    );
+    // Kept after the run; removed on request, with its branch.
+    let out = d.cli(&["worktree", "rm", st["run_id"].as_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!wt.exists());
+    assert!(git(p.path(), &["branch", "--list", &branch]).is_empty());
+    // Not in a git repository: an error.
+    let plain = tempfile::tempdir().unwrap();
+    let err = d
+        .conn()
+        .call(
+            "spawn_agent",
+            json!({"session": {"id": s, "audience": "personal", "project_dir": plain.path()}, "task": "t", "command": ["true"], "isolation": "worktree"}),
+        )
+        .unwrap_err();
+    assert_eq!(err["code"], -32602);
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("isolation: worktree needs project_dir in a git repository"),
+        "{err}"
+    );
+}
