@@ -144,9 +144,10 @@ pub struct RunRecord {
     /// The child's tools (None: no tool policy was given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
-    /// The OS rights the run got.
-    #[serde(default)]
-    pub rights: policy::sandbox::Grants,
+    /// The OS rights the run got (absent in records older than the tool
+    /// policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rights: Option<policy::sandbox::Grants>,
     /// The git snapshot taken at spawn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git: Option<policy::workctx::GitSnapshot>,
@@ -327,9 +328,10 @@ pub struct RunStatus {
     /// The child's tools; null when the parent gave no tool list.
     #[serde(default)]
     pub tools: Option<Vec<String>>,
-    /// The OS rights the run got (from its tools and switches).
+    /// The OS rights the run got (from its tools and switches); null for
+    /// runs recorded before the tool policy existed.
     #[serde(default)]
-    pub rights: policy::sandbox::Grants,
+    pub rights: Option<policy::sandbox::Grants>,
     /// The git snapshot taken at spawn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git: Option<policy::workctx::GitSnapshot>,

@@ -161,16 +161,17 @@ pub fn render(rec: &RunRecord) -> String {
             let _ = writeln!(s, "- tools: (no tool policy given)");
         }
     }
-    let r = rec.rights;
-    let yes = |b: bool| if b { "yes" } else { "no" };
-    let _ = writeln!(
-        s,
-        "- rights: read project {}, write project {}, run other programs {}, network {}",
-        yes(r.read_project),
-        yes(r.write_project),
-        yes(r.exec),
-        yes(r.network)
-    );
+    if let Some(r) = rec.rights {
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        let _ = writeln!(
+            s,
+            "- rights: read project {}, write project {}, run other programs {}, network {}",
+            yes(r.read_project),
+            yes(r.write_project),
+            yes(r.exec),
+            yes(r.network)
+        );
+    }
     let _ = writeln!(s, "\n## Working context\n");
     if let Some(g) = &rec.git {
         let _ = writeln!(s, "- {}", policy::workctx::git_line(g));
@@ -178,21 +179,18 @@ pub fn render(rec: &RunRecord) -> String {
     if let Some(w) = &rec.worktree {
         let _ = writeln!(s, "- worktree: {} (branch {})", w.dir.display(), w.branch);
     }
-    match &rec.delta {
-        None => {}
-        Some(d) => {
-            if let Some(n) = &d.note {
-                let _ = writeln!(s, "- delta: {n}");
+    if let Some(d) = &rec.delta {
+        if let Some(n) = &d.note {
+            let _ = writeln!(s, "- delta: {n}");
+        }
+        for v in &d.accepted {
+            if let policy::workctx::Outcome::Accepted(p) = &v.outcome {
+                let _ = writeln!(s, "- merged into recent files: {}", p.display());
             }
-            for v in &d.accepted {
-                if let policy::workctx::Outcome::Accepted(p) = &v.outcome {
-                    let _ = writeln!(s, "- merged into recent files: {}", p.display());
-                }
-            }
-            for v in &d.rejected {
-                if let policy::workctx::Outcome::Rejected(why) = &v.outcome {
-                    let _ = writeln!(s, "- rejected: {} ({why})", v.path);
-                }
+        }
+        for v in &d.rejected {
+            if let policy::workctx::Outcome::Rejected(why) = &v.outcome {
+                let _ = writeln!(s, "- rejected: {} ({why})", v.path);
             }
         }
     }

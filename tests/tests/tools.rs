@@ -194,7 +194,7 @@ fn a_definition_narrows_the_tools_and_gives_the_command() {
         e.project.path(),
         ".subagents",
         "reader",
-        "---\nname: reader\ndescription: Reads only.\ntools: [file_read, grep]\ncommand: [sh, -c, 'echo from-definition; echo x > ./w || echo refused']\n---\nYou read.\n",
+        "---\nname: reader\ndescription: Reads only.\ntools: [file_read, grep]\ncommand: [sh, -c, 'echo from-definition; echo x > ./w || echo refused']\nlimits:\n  memory_mb: 64\n  pids: 16\n---\nYou read.\n",
     );
     let st = e
         .spawn(

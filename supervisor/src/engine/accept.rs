@@ -133,6 +133,15 @@ pub fn plan(
         None => None,
         Some(name) => {
             let found = crate::agents::discover(&p.session.project_dir);
+            // A malformed file of that name is an error even when another
+            // directory has a valid one: never silently run a different
+            // definition than the one that was meant.
+            if let Some(e) = found.error_for(name) {
+                return Err(EngineError::invalid(
+                    "agent",
+                    format!("the definition of {name:?} cannot be used: {e}"),
+                ));
+            }
             match found.get(name) {
                 Some(d) => Some(d.clone()),
                 None => {
@@ -157,8 +166,11 @@ pub fn plan(
             tools
                 .child_tools(p.session.audience, parent, def_tools.as_deref())
                 .map_err(|e| match e {
+                    policy::toolpolicy::ToolError::Unknown { field, names } if field == "agent tools" => {
+                        let file = agent.as_ref().map(|d| d.source.display().to_string()).unwrap_or_default();
+                        EngineError::invalid("agent", format!("{file}: unknown tools: {}", names.join(", ")))
+                    }
                     policy::toolpolicy::ToolError::Unknown { field, names } => {
-                        let field = if field == "agent tools" { "agent".to_owned() } else { field };
                         EngineError::invalid(&field, format!("unknown tools: {}", names.join(", ")))
                     }
                     other => EngineError::Internal(other.to_string()),
@@ -404,6 +416,16 @@ pub(crate) fn create_run(
         );
         write_atomic(&first, message.as_bytes())
             .map_err(|e| EngineError::Storage(e.to_string()))?;
+        if let Some(d) = &plan.agent {
+            // The subagent's own prompt (the prompt-stack issue composes it
+            // into system.md).
+            let body = files.context().join("agent.md");
+            write_atomic(&body, d.body.as_bytes())
+                .map_err(|e| EngineError::Storage(e.to_string()))?;
+            if let Some((_, gid)) = child {
+                share_with_group(&body, gid, 0o640)?;
+            }
+        }
         let tools_json = files.context().join("tools.json");
         let listed = plan.tools.clone().unwrap_or_default();
         write_atomic(&tools_json, inner.tools.tools_json(&listed).as_bytes())
@@ -452,11 +474,11 @@ pub(crate) fn create_run(
                 project_dir: workdir.clone(),
                 programs,
             },
-            memory_mb: p
+            memory_mb: plan
                 .limits
                 .memory_mb
                 .unwrap_or(policy::sandbox::DEFAULT_MEMORY_MB),
-            pids: p.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
+            pids: plan.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
             fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
             require: Some(inner.cfg.required(plan.grants.network)),
             shares_daemon_uid: child.is_none(),
@@ -511,7 +533,7 @@ pub(crate) fn create_run(
             resources: None,
             agent: plan.agent.as_ref().map(|d| d.name.clone()),
             tools: plan.tools.clone(),
-            rights: plan.grants,
+            rights: Some(plan.grants),
             git: Some(git),
             worktree,
             delta: None,

@@ -66,25 +66,15 @@ async fn read_line(
     }
 }
 
-/// How long a refused connection may take to send its first request.
-const REFUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Answers the first request of a connection from inside a run with
-/// -32006 and closes it.
+/// Answers a connection from inside a run with one -32006 error (id null:
+/// nothing it sends is read) and closes it at once, so such connections
+/// never linger.
 pub async fn refuse(stream: UnixStream) {
-    let (rd, mut wr) = stream.into_split();
-    let mut reader = BufReader::with_capacity(4096, rd);
-    let mut buf = Vec::new();
-    let line = tokio::time::timeout(REFUSE_WAIT, read_line(&mut reader, &mut buf)).await;
-    let id = match line {
-        Ok(Ok(Line::Complete)) => serde_json::from_slice::<Value>(&buf)
-            .ok()
-            .and_then(|v| v.get("id").cloned())
-            .unwrap_or(Value::Null),
-        _ => Value::Null,
-    };
+    let (_rd, mut wr) = stream.into_split();
     let e = RpcError::new(codes::NOT_PERMITTED, "not permitted from a subagent");
-    let _ = wr.write_all(&protocol::error_response(&id, &e)).await;
+    let _ = wr
+        .write_all(&protocol::error_response(&Value::Null, &e))
+        .await;
     let _ = wr.shutdown().await;
 }
 

@@ -1,0 +1,129 @@
+//! `subagent-bench [--quick]`: the benchmark harness (run by scripts/bench
+//! in release mode). Prints a markdown table and writes JSON under
+//! target/bench/. Measurements only: no assertion here fails a build.
+//!
+//! - git: the spawn-time git snapshot against `git status --porcelain=v2
+//!   --branch` on the same generated repository (ratio, lower is better).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=b",
+            "-c",
+            "user.email=b@b",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// A repository of `files` files in 100 directories, committed, with
+/// `modified` of them changed.
+fn generate_repo(files: usize, modified: usize) -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("sa-bench-git-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    for i in 0..files {
+        let dir = d.path().join(format!("d{:03}", i % 100));
+        if i < 100 {
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        std::fs::write(dir.join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    git(d.path(), &["init", "-q"]);
+    git(d.path(), &["add", "."]);
+    git(d.path(), &["commit", "-qm", "generated"]);
+    for i in 0..modified {
+        let dir = d.path().join(format!("d{:03}", i % 100));
+        std::fs::write(dir.join(format!("f{i}.txt")), format!("changed {i}\n")).unwrap();
+    }
+    d
+}
+
+fn bench_git(quick: bool) -> Value {
+    let (files, modified, rounds) = if quick {
+        (2_000, 100, 3)
+    } else {
+        (20_000, 1_000, 7)
+    };
+    let repo = generate_repo(files, modified);
+    // Warm the page cache and the index once for both.
+    subagentd::gitsnap::snapshot(repo.path(), Duration::from_secs(60));
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let s = subagentd::gitsnap::snapshot(repo.path(), Duration::from_secs(60));
+        ours.push(t.elapsed());
+        assert!(
+            matches!(s, policy::workctx::GitSnapshot::Available { .. }),
+            "{s:?}"
+        );
+        let t = Instant::now();
+        let out = Command::new("git")
+            .args(["status", "--porcelain=v2", "--branch"])
+            .current_dir(repo.path())
+            .output()
+            .unwrap();
+        theirs.push(t.elapsed());
+        assert!(out.status.success());
+    }
+    let (o, g) = (median(ours), median(theirs));
+    json!({
+        "files": files,
+        "modified": modified,
+        "rounds": rounds,
+        "snapshot_ms": ms(o),
+        "git_status_ms": ms(g),
+        "ratio": o.as_secs_f64() / g.as_secs_f64(),
+        "target_ratio": 1.0,
+    })
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let started = Instant::now();
+    let git = bench_git(quick);
+    let results = json!({
+        "mode": if quick { "quick" } else { "full" },
+        "git_snapshot": git,
+        "elapsed_s": started.elapsed().as_secs_f64(),
+    });
+    println!("| benchmark | ours | reference | ratio | target |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| git snapshot ({} files, {} modified) | {:.1} ms | git status {:.1} ms | {:.2}x | <= 1.0x |",
+        git["files"], git["modified"], git["snapshot_ms"].as_f64().unwrap(), git["git_status_ms"].as_f64().unwrap(), git["ratio"].as_f64().unwrap()
+    );
+    let out = Path::new("target/bench");
+    std::fs::create_dir_all(out).unwrap();
+    let file = out.join(if quick { "quick.json" } else { "full.json" });
+    std::fs::write(&file, serde_json::to_vec_pretty(&results).unwrap()).unwrap();
+    eprintln!("wrote {}", file.display());
+}
