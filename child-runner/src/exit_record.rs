@@ -51,6 +51,13 @@ pub struct ExitRecord {
     /// What the run's process tree used.
     #[serde(default)]
     pub resources: Resources,
+    /// Attempts made (restarts after exit 75 included).
+    #[serde(default = "one")]
+    pub attempts: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// What the run's process tree used.

@@ -18,6 +18,7 @@
 //! - [`sandbox`]: applying the sandbox spec (Landlock, seccomp,
 //!   capabilities, rlimits, cgroups, namespaces) and reporting it.
 //! - [`launch`]: starting the agent command inside it.
+//! - [`restart`]: restarting a child that exits 75, with its handoff note.
 //! - [`lockfd`]: runner.lock, held for the runner's whole life.
 //! - [`supervise`]: the runner's event loop.
 
@@ -26,6 +27,7 @@ pub mod exit_record;
 pub mod launch;
 pub mod lockfd;
 pub mod logsink;
+pub mod restart;
 pub mod sandbox;
 pub mod spec;
 pub mod supervise;

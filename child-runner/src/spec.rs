@@ -38,6 +38,28 @@ pub struct RunnerSpec {
     /// Run the agent as this uid and gid (a root runner only).
     #[serde(default)]
     pub run_as: Option<(u32, u32)>,
+    /// Restarts after exit 75, with a freshly composed context.
+    #[serde(default)]
+    pub restart: Option<RestartSpec>,
+}
+
+/// How to restart a child that exits 75.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartSpec {
+    /// Attempts allowed in all (1 + max_restarts).
+    pub max_attempts: u32,
+    /// compose.json: the composition's recorded inputs.
+    pub compose_input: PathBuf,
+    /// The context dir the composed files go to.
+    pub context_dir: PathBuf,
+    /// Where the child leaves handoff.md.
+    pub artifact_dir: PathBuf,
+    /// attempt.json: the attempt in progress, for the status.
+    pub attempt_file: PathBuf,
+    /// The group the composed files are shared with (run_as).
+    #[serde(default)]
+    pub share_gid: Option<u32>,
 }
 
 fn default_grace() -> u64 {

@@ -92,6 +92,64 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
             source,
         }
     })?;
+    let started = Instant::now();
+    // The wall time covers every attempt. Far-future limits saturate
+    // instead of overflowing the clock.
+    let deadline = started
+        .checked_add(Duration::from_secs(spec.wall_time_s))
+        .unwrap_or(started + Duration::from_secs(100 * 365 * 24 * 3600));
+    let max_attempts = spec.restart.as_ref().map_or(1, |r| r.max_attempts.max(1));
+    let mut attempt = 1;
+    let first_start = now_unix_ms();
+    loop {
+        if let Some(r) = &spec.restart {
+            crate::restart::record_attempt(r, attempt);
+            if attempt > 1 {
+                sink.note(&format!(
+                    "\n[subagentd: attempt {attempt} of {max_attempts}]\n"
+                ));
+            }
+        }
+        let mut rec = attempt_once(spec, &sfd, &mut sink, me, deadline)?;
+        let continue_me =
+            rec.outcome == Outcome::Exited && rec.exit_code == Some(crate::restart::EXIT_CONTINUE);
+        if continue_me && attempt < max_attempts {
+            if let Some(r) = &spec.restart {
+                match crate::restart::prepare_next(r, attempt + 1) {
+                    Ok(()) => {
+                        attempt += 1;
+                        continue;
+                    }
+                    Err(e) => {
+                        sink.note(&format!("[subagentd: cannot restart: {e}]\n"));
+                        rec.reason = format!("exited with code 75 and could not be restarted: {e}");
+                    }
+                }
+            }
+        } else if continue_me && max_attempts > 1 {
+            rec.reason = format!(
+                "asked to be continued (exit 75) after the last of {max_attempts} attempts"
+            );
+        }
+        let (log_bytes, log_truncated, log_error) = sink.finish();
+        rec.log_bytes = log_bytes;
+        rec.log_truncated = log_truncated;
+        rec.log_error = log_error;
+        rec.started_at_ms = first_start;
+        rec.attempts = attempt;
+        return Ok(rec);
+    }
+}
+
+/// One attempt: starts the agent in a fresh sandbox and supervises it to
+/// its end. The caller fills in the log fields.
+fn attempt_once(
+    spec: &RunnerSpec,
+    sfd: &SignalFd,
+    sink: &mut LogSink,
+    me: i32,
+    deadline: Instant,
+) -> Result<ExitRecord, RunnerError> {
     let (pipe_r, pipe_w) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(setup("pipe2"))?;
     // Best effort: a larger pipe means fewer wake-ups for chatty children.
@@ -101,8 +159,8 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
         .map_err(setup("fcntl(pipe)"))?;
 
     let started_at_ms = now_unix_ms();
-    let not_started = |sink: LogSink, exit_code: Option<i32>, reason: String| {
-        let (log_bytes, log_truncated, log_error) = sink.finish();
+    let not_started = |exit_code: Option<i32>, reason: String| {
+        let (log_bytes, log_truncated, log_error) = (0, false, None);
         ExitRecord {
             outcome: Outcome::SpawnFailed,
             exit_code,
@@ -117,6 +175,7 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
             leftover_killed: 0,
             isolation: None,
             resources: Default::default(),
+            attempts: 1,
         }
     };
     let prepared =
@@ -125,7 +184,7 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
             Err(e) => {
                 let reason = format!("sandbox: {e}; the agent was not started");
                 sink.note(&format!("[subagentd: {reason}]\n"));
-                return Ok(not_started(sink, None, reason));
+                return Ok(not_started(None, reason));
             }
         };
     let child = match launch::start(spec, pipe_w, prepared.clone()) {
@@ -134,14 +193,9 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
             prepared.cgroups().remove();
             sink.note(&format!("[subagentd: {e}]\n"));
             let code = e.exit_code();
-            return Ok(not_started(sink, Some(code), e.to_string()));
+            return Ok(not_started(Some(code), e.to_string()));
         }
     };
-    let started = Instant::now();
-    // Far-future limits saturate instead of overflowing the clock.
-    let deadline = started
-        .checked_add(Duration::from_secs(spec.wall_time_s))
-        .unwrap_or(started + Duration::from_secs(100 * 365 * 24 * 3600));
     let grace = Duration::from_millis(spec.kill_grace_ms);
     let mut st = Loop {
         child_pid: child.id() as i32,
@@ -259,7 +313,7 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
         peak_memory_bytes,
         oom_killed: ooms.unwrap_or(0) > 0,
     };
-    let (log_bytes, log_truncated, log_error) = sink.finish();
+    let (log_bytes, log_truncated, log_error) = (0, false, None);
     let (exit_code, signal) = match st.status {
         Some(WaitStatus::Exited(_, code)) => (Some(code), None),
         Some(WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
@@ -311,6 +365,7 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
         leftover_killed: st.leftover_killed,
         isolation: Some(prepared.report.clone()),
         resources,
+        attempts: 1,
     })
 }
 

@@ -50,6 +50,15 @@ pub struct Config {
     /// defaults.
     #[serde(default)]
     pub audiences: BTreeMap<Audience, AudienceConfig>,
+    /// The operator's playbook, injected after the built-in operating rules.
+    #[serde(default)]
+    pub rules_file: Option<PathBuf>,
+    /// Restarts after exit 75 (default 3); a spawn's own value wins.
+    #[serde(default)]
+    pub max_restarts: Option<u32>,
+    /// Caps on the composed context (`[context]`).
+    #[serde(default)]
+    pub context: crate::compose::Caps,
 }
 
 /// One audience's settings.
@@ -127,6 +136,30 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
             line,
             column,
             message: "command must not be empty".into(),
+        });
+    }
+    if config.max_restarts.is_some_and(|n| n > crate::MAX_RESTARTS) {
+        let (line, column) = at("max_restarts");
+        return Err(ConfigError {
+            line,
+            column,
+            message: format!("max_restarts must be at most {}", crate::MAX_RESTARTS),
+        });
+    }
+    if config.context.max_file_chars == 0 || config.context.max_total_chars == 0 {
+        let (line, column) = at("context");
+        return Err(ConfigError {
+            line,
+            column,
+            message: "context caps must be positive".into(),
+        });
+    }
+    if config.rules_file.as_ref().is_some_and(|p| !p.is_absolute()) {
+        let (line, column) = at("rules_file");
+        return Err(ConfigError {
+            line,
+            column,
+            message: "rules_file must be an absolute path".into(),
         });
     }
     if config.max_concurrent == Some(0) {

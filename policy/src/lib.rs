@@ -5,6 +5,8 @@
 //!
 //! Layout:
 //! - [`audience`]: who may delegate to subagents (Public sessions may not).
+//! - [`compose`]: the child's prompt stack (system.md, first_message.md,
+//!   plan.json), a pure function of its inputs.
 //! - [`config`]: the config file, parsed from its text.
 //! - [`definition`]: subagent definitions (Markdown with YAML front matter).
 //! - [`env`]: the allowlisted environment a child starts with.
@@ -17,6 +19,7 @@
 //!   seccomp deny-list, cgroup plan, rlimits, required mechanisms).
 
 pub mod audience;
+pub mod compose;
 pub mod config;
 pub mod definition;
 pub mod env;
@@ -29,3 +32,8 @@ pub mod workctx;
 pub use audience::{Audience, AudienceError};
 pub use env::{child_env, validate_request_env, ChildPaths, EnvError};
 pub use limits::Limits;
+
+/// Default restarts after exit 75.
+pub const DEFAULT_MAX_RESTARTS: u32 = 3;
+/// The most restarts a run may ask for.
+pub const MAX_RESTARTS: u32 = 10;

@@ -93,6 +93,9 @@ pub struct SpawnParams {
     /// `subagent/<run_id>`), not in project_dir.
     #[serde(default)]
     pub isolation: Option<Isolation>,
+    /// Restarts after exit 75 (0–10; default: the config's, else 3).
+    #[serde(default)]
+    pub max_restarts: Option<u32>,
     /// Extra environment for the child.
     #[serde(default)]
     pub env: BTreeMap<String, String>,

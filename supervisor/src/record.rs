@@ -158,6 +158,16 @@ pub struct RunRecord {
     /// ended (merged only when it succeeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<crate::engine::workctx::DeltaReport>,
+    /// Attempts allowed (1 + max_restarts).
+    #[serde(default = "one")]
+    pub max_attempts: u32,
+    /// Attempts made, once the run has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl RunRecord {
@@ -270,6 +280,14 @@ impl RunRecord {
             worktree_dir: self.worktree.as_ref().map(|w| w.dir.clone()),
             worktree_branch: self.worktree.as_ref().map(|w| w.branch.clone()),
             delta: self.delta.clone(),
+            attempt: self.attempts.or_else(|| {
+                // A running run's attempt, as its runner records it.
+                let text = std::fs::read_to_string(self.run_dir.join("attempt.json")).ok()?;
+                serde_json::from_str::<serde_json::Value>(&text).ok()?["attempt"]
+                    .as_u64()
+                    .map(|a| a as u32)
+            }),
+            max_attempts: self.max_attempts,
         }
     }
 }
@@ -344,6 +362,13 @@ pub struct RunStatus {
     /// The delta's accepted and rejected paths, once the run has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<crate::engine::workctx::DeltaReport>,
+    /// The attempt in progress (or the last one made): restarts after
+    /// exit 75 count; null before the run starts.
+    #[serde(default)]
+    pub attempt: Option<u32>,
+    /// Attempts allowed (1 + max_restarts).
+    #[serde(default)]
+    pub max_attempts: u32,
 }
 
 #[cfg(test)]

@@ -60,11 +60,14 @@ fn success_writes_log_artifacts_and_result() {
     let run_dir = path(&st["log_path"]).parent().unwrap().to_path_buf();
     let first = std::fs::read_to_string(run_dir.join("context/first_message.md")).unwrap();
     // Context and Task, then the [working-context] block (/tmp is not a
-    // git repository).
-    assert_eq!(
-        first,
-        "Context: some background\nTask: test task\n\n[working-context]\nproject_dir: /tmp\nrecent_files: (none)\ngit: unavailable (not a git repository)\n"
+    // git repository), then the [session] block.
+    let want = format!(
+        "Context: some background\nTask: test task\n\n[working-context]\nproject_dir: /tmp\nrecent_files: (none)\ngit: unavailable (not a git repository)\n\n[session]\nsession_id: {s}\ntemp_dir: {}\nartifact_dir: {}\nworktree_dir: (none)\nlog_path: {}\n",
+        st["temp_dir"].as_str().unwrap(),
+        st["artifact_dir"].as_str().unwrap(),
+        st["log_path"].as_str().unwrap()
     );
+    assert_eq!(first, want);
     let rec: Value =
         serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
     assert_eq!(rec["state"], "succeeded");

@@ -85,6 +85,7 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
         isolation: args
             .worktree
             .then_some(crate::protocol::Isolation::Worktree),
+        max_restarts: args.max_restarts,
         sandbox: policy::sandbox::SandboxRequest {
             write_project: args.write_project.then_some(true),
             network: args.network.then_some(true),
@@ -242,6 +243,50 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                     .map(|_| 0)
                     .with_context(|| format!("reading {}", dir.join("child.log").display())),
             }
+        }
+        Command::Context { run, detail, show } => {
+            let dir = run_dir(ctx, &run)?.join("context");
+            let read = |name: &str| {
+                std::fs::read_to_string(dir.join(name))
+                    .with_context(|| format!("reading {}", dir.join(name).display()))
+            };
+            let plan: policy::compose::Plan = serde_json::from_str(&read("plan.json")?)?;
+            let tools: Value = serde_json::from_str(&read("tools.json")?)?;
+            let mut sizes: Vec<(String, usize)> = tools
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| {
+                    (
+                        t["name"].as_str().unwrap_or("?").to_owned(),
+                        serde_json::to_string(t).map_or(0, |s| s.chars().count()),
+                    )
+                })
+                .collect();
+            sizes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            if ctx.json {
+                let mut v = serde_json::to_value(&plan)?;
+                if detail {
+                    v["tool_schemas"] = json!(sizes
+                        .iter()
+                        .map(|(n, c)| json!({"name": n, "chars": c, "approx_tokens": c / 4}))
+                        .collect::<Vec<_>>());
+                }
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!(
+                    "{}",
+                    show::context_table(&plan, detail.then_some(&sizes[..]))
+                );
+            }
+            if show {
+                println!("\n===== system.md =====\n{}", read("system.md")?);
+                println!(
+                    "===== first_message.md =====\n{}",
+                    read("first_message.md")?
+                );
+            }
+            Ok(0)
         }
         Command::ContextOf { session } => {
             let v = ctx.call("working_context", json!({ "session_id": session }))?;

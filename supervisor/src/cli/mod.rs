@@ -89,6 +89,9 @@ pub struct RunArgs {
     /// delegated, and OS rights to match).
     #[arg(long, value_name = "T1,T2")]
     pub tools: Option<String>,
+    /// Restarts after the child exits 75 (default: the config's, else 3).
+    #[arg(long, value_name = "N")]
+    pub max_restarts: Option<u32>,
     /// Work in a git worktree of its own (branch subagent/<run id>).
     #[arg(long)]
     pub worktree: bool,
@@ -171,6 +174,18 @@ pub enum Command {
         /// The run.
         #[command(flatten)]
         run: RunArgs,
+    },
+    /// Show what a run's child was given: each context layer with its raw
+    /// and injected size, ~tokens, truncation, and the stable-prefix hash.
+    Context {
+        /// The run id.
+        run: String,
+        /// Also the tool schemas' sizes, largest first.
+        #[arg(long)]
+        detail: bool,
+        /// Print the composed texts (system.md, first_message.md).
+        #[arg(long)]
+        show: bool,
     },
     /// Print a session's `[working-context]` block (project dir, recent
     /// files, a fresh git snapshot).

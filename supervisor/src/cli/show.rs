@@ -123,3 +123,44 @@ pub fn agents_table(found: &crate::agents::Found) -> String {
     }
     out
 }
+
+/// `subagent context`: each layer with its sizes, the totals, the stable
+/// prefix, what was left out; with `tools`, the schemas' sizes.
+pub fn context_table(plan: &policy::compose::Plan, tools: Option<&[(String, usize)]>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "attempt {} of {}", plan.attempt, plan.max_attempts);
+    let _ = writeln!(
+        out,
+        "{:<22} {:<17} {:>9} {:>9} {:>8}  {}",
+        "LAYER", "FILE", "RAW", "INJECTED", "~TOKENS", "SOURCE"
+    );
+    for l in &plan.layers {
+        let cut = if l.truncated { " (truncated)" } else { "" };
+        let _ = writeln!(
+            out,
+            "{:<22} {:<17} {:>9} {:>9} {:>8}  {}{cut}",
+            l.name, l.file, l.raw_chars, l.injected_chars, l.approx_tokens, l.source
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:<22} {:<17} {:>9} {:>9} {:>8}",
+        "total", "", plan.total_raw_chars, plan.total_injected_chars, plan.total_approx_tokens
+    );
+    let _ = writeln!(out, "stable_prefix: {}", plan.stable_prefix);
+    let _ = writeln!(
+        out,
+        "caps: {} chars per layer, {} in all",
+        plan.caps.max_file_chars, plan.caps.max_total_chars
+    );
+    for o in &plan.omitted {
+        let _ = writeln!(out, "omitted: {} ({})", o.name, o.reason);
+    }
+    if let Some(tools) = tools {
+        let _ = writeln!(out, "\ntool schemas (largest first):");
+        for (name, chars) in tools {
+            let _ = writeln!(out, "  {name:<20} {chars:>7} chars  ~{} tokens", chars / 4);
+        }
+    }
+    out
+}

@@ -266,6 +266,12 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
         ));
     }
     check_command(&p.command, "command")?;
+    if p.max_restarts.is_some_and(|n| n > policy::MAX_RESTARTS) {
+        return Err(EngineError::invalid(
+            "max_restarts",
+            format!("must be at most {}", policy::MAX_RESTARTS),
+        ));
+    }
     if let Some(a) = &p.agent {
         if !a
             .bytes()
@@ -353,6 +359,89 @@ fn give_dirs_to_child(
     share_with_group(&files.context(), gid, 0o750)
 }
 
+/// The first of `.subagents/AGENTS.md`, `AGENTS.md`, `CLAUDE.md`,
+/// `CONTEXT.md` in `dir` (at most 1 MiB of it is read).
+pub fn project_instructions(dir: &Path) -> Option<policy::compose::Sourced> {
+    for name in [
+        ".subagents/AGENTS.md",
+        "AGENTS.md",
+        "CLAUDE.md",
+        "CONTEXT.md",
+    ] {
+        let path = dir.join(name);
+        if path.is_file() {
+            let mut buf = Vec::new();
+            let read = std::fs::File::open(&path).and_then(|f| {
+                std::io::Read::read_to_end(&mut std::io::Read::take(f, 1 << 20), &mut buf)
+            });
+            if read.is_ok() {
+                return Some(policy::compose::Sourced {
+                    path,
+                    text: String::from_utf8_lossy(&buf).into_owned(),
+                });
+            }
+        }
+    }
+    None
+}
+
+/// What the composition of this run depends on.
+#[allow(clippy::too_many_arguments)]
+fn compose_input(
+    inner: &Inner,
+    p: &SpawnParams,
+    plan: &Plan,
+    workdir: &Path,
+    files: &RunFiles,
+    temp_dir: &Path,
+    worktree: Option<&super::workctx::Worktree>,
+    tools_json: &str,
+    working_context: String,
+) -> policy::compose::ComposeInput {
+    let settings = &inner.cfg.settings;
+    let playbook = settings
+        .rules_file
+        .as_ref()
+        .map(|path| policy::compose::Sourced {
+            path: path.clone(),
+            text: std::fs::read_to_string(path).unwrap_or_default(),
+        });
+    let tools = plan
+        .tools
+        .iter()
+        .flatten()
+        .filter_map(|n| inner.tools.tool(n))
+        .map(|t| (t.name.clone(), t.description.clone()))
+        .collect();
+    let max_restarts = p
+        .max_restarts
+        .or(settings.max_restarts)
+        .unwrap_or(policy::DEFAULT_MAX_RESTARTS);
+    policy::compose::ComposeInput {
+        playbook,
+        project_instructions: project_instructions(workdir),
+        agent: plan.agent.as_ref().map(|d| policy::compose::Sourced {
+            path: d.source.clone(),
+            text: d.body.clone(),
+        }),
+        tools,
+        tools_json: tools_json.to_owned(),
+        paths: policy::compose::SessionPaths {
+            session_id: p.session.id.clone(),
+            temp_dir: temp_dir.to_path_buf(),
+            artifact_dir: files.artifacts(),
+            worktree_dir: worktree.map(|w| w.dir.clone()),
+            log_path: files.log(),
+            delta_path: files.delta(),
+        },
+        task: p.task.clone(),
+        context: p.context.clone(),
+        working_context,
+        caps: settings.context,
+        max_attempts: 1 + max_restarts,
+    }
+}
+
 /// The text of context/first_message.md.
 pub fn first_message(context: Option<&str>, task: &str) -> String {
     let context = context.filter(|c| !c.trim().is_empty()).unwrap_or("(none)");
@@ -408,32 +497,41 @@ pub(crate) fn create_run(
             .as_ref()
             .map_or(p.session.project_dir.clone(), |w| w.dir.clone());
         let git = crate::gitsnap::snapshot(&workdir, inner.cfg.git_budget);
-        let first = files.context().join("first_message.md");
-        let message = format!(
-            "{}\n{}",
-            first_message(p.context.as_deref(), &p.task),
-            policy::workctx::render_block(&workdir, &session_state.recent_files, &git)
+        // The child's context: composed from recorded inputs (compose.json),
+        // so a restart can compose it again with a handoff note.
+        let listed = plan.tools.clone().unwrap_or_default();
+        let tools_json = inner.tools.tools_json(&listed);
+        let input = compose_input(
+            inner,
+            p,
+            plan,
+            &workdir,
+            &files,
+            &t,
+            worktree.as_ref(),
+            &tools_json,
+            { policy::workctx::render_block(&workdir, &session_state.recent_files, &git) },
         );
-        write_atomic(&first, message.as_bytes())
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
-        if let Some(d) = &plan.agent {
-            // The subagent's own prompt (the prompt-stack issue composes it
-            // into system.md).
-            let body = files.context().join("agent.md");
-            write_atomic(&body, d.body.as_bytes())
-                .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let composed = policy::compose::compose(&input, 1, None);
+        let compose_json =
+            serde_json::to_vec_pretty(&input).map_err(|e| EngineError::Internal(e.to_string()))?;
+        let ctx = files.context();
+        for (name, bytes) in [
+            ("system.md", composed.system_md.as_bytes()),
+            ("first_message.md", composed.first_message_md.as_bytes()),
+            ("tools.json", tools_json.as_bytes()),
+            ("plan.json", composed.plan_json.as_bytes()),
+            ("plan-1.json", composed.plan_json.as_bytes()),
+        ] {
+            let path = ctx.join(name);
+            write_atomic(&path, bytes).map_err(|e| EngineError::Storage(e.to_string()))?;
             if let Some((_, gid)) = child {
-                share_with_group(&body, gid, 0o640)?;
+                share_with_group(&path, gid, 0o640)?;
             }
         }
-        let tools_json = files.context().join("tools.json");
-        let listed = plan.tools.clone().unwrap_or_default();
-        write_atomic(&tools_json, inner.tools.tools_json(&listed).as_bytes())
+        // The inputs stay with the run (not in the child's context dir).
+        write_atomic(&files.dir.join("compose.json"), &compose_json)
             .map_err(|e| EngineError::Storage(e.to_string()))?;
-        if let Some((_, gid)) = child {
-            share_with_group(&first, gid, 0o640)?;
-            share_with_group(&tools_json, gid, 0o640)?;
-        }
         let show = |p: &Path| p.display().to_string();
         let paths = policy::ChildPaths {
             run_id: id.to_string(),
@@ -496,6 +594,14 @@ pub(crate) fn create_run(
             sandbox,
             cgroup_plan: inner.probe.cgroups.clone(),
             run_as: child,
+            restart: Some(subagent_runner::spec::RestartSpec {
+                max_attempts: input.max_attempts,
+                compose_input: files.dir.join("compose.json"),
+                context_dir: files.context(),
+                artifact_dir: files.artifacts(),
+                attempt_file: files.dir.join("attempt.json"),
+                share_gid: child.map(|(_, gid)| gid),
+            }),
         };
         let bytes =
             serde_json::to_vec_pretty(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
@@ -537,6 +643,8 @@ pub(crate) fn create_run(
             git: Some(git),
             worktree,
             delta: None,
+            max_attempts: input.max_attempts,
+            attempts: None,
         };
         rec.save()
             .map_err(|e| EngineError::Storage(e.to_string()))?;
@@ -577,6 +685,7 @@ mod tests {
             sandbox: Default::default(),
             agent: None,
             isolation: None,
+            max_restarts: None,
         }
     }
 
@@ -608,6 +717,9 @@ mod tests {
         let mut p = params();
         p.command = vec![String::new()];
         assert_eq!(field_of(&p), "command[0]");
+        let mut p = params();
+        p.max_restarts = Some(11);
+        assert_eq!(field_of(&p), "max_restarts");
         let mut p = params();
         p.agent = Some("Bad Name".into());
         assert_eq!(field_of(&p), "agent");

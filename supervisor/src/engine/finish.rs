@@ -29,6 +29,7 @@ pub fn apply_exit(
             rec.ended_at_ms = Some(x.ended_at_ms);
             rec.log_truncated = x.log_truncated;
             rec.isolation = x.isolation.clone();
+            rec.attempts = Some(x.attempts);
             rec.resources = Some(x.resources.clone());
             let mut reason = x.reason.clone();
             if let Some(e) = &x.log_error {
@@ -287,6 +288,7 @@ mod tests {
             leftover_killed: 0,
             isolation: None,
             resources: Default::default(),
+            attempts: 1,
         }
     }
 
