@@ -131,8 +131,8 @@ pub fn context_table(plan: &policy::compose::Plan, tools: Option<&[(String, usiz
     let _ = writeln!(out, "attempt {} of {}", plan.attempt, plan.max_attempts);
     let _ = writeln!(
         out,
-        "{:<22} {:<17} {:>9} {:>9} {:>8}  {}",
-        "LAYER", "FILE", "RAW", "INJECTED", "~TOKENS", "SOURCE"
+        "{:<22} {:<17} {:>9} {:>9} {:>8}  SOURCE",
+        "LAYER", "FILE", "RAW", "INJECTED", "~TOKENS"
     );
     for l in &plan.layers {
         let cut = if l.truncated { " (truncated)" } else { "" };

@@ -510,7 +510,7 @@ pub(crate) fn create_run(
             &t,
             worktree.as_ref(),
             &tools_json,
-            { policy::workctx::render_block(&workdir, &session_state.recent_files, &git) },
+            policy::workctx::render_block(&workdir, &session_state.recent_files, &git),
         );
         let composed = policy::compose::compose(&input, 1, None);
         let compose_json =
