@@ -111,8 +111,14 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
             }
         }
         let mut rec = attempt_once(spec, &sfd, &mut sink, me, deadline)?;
-        let continue_me =
+        let mut continue_me =
             rec.outcome == Outcome::Exited && rec.exit_code == Some(crate::restart::EXIT_CONTINUE);
+        // A cancel that arrived as the attempt ended is not lost: no restart.
+        if continue_me && cancel_pending(&sfd) {
+            rec.outcome = Outcome::Cancelled;
+            rec.reason = "cancelled on request".to_owned();
+            continue_me = false;
+        }
         if continue_me && attempt < max_attempts {
             if let Some(r) = &spec.restart {
                 match crate::restart::prepare_next(r, attempt + 1) {
@@ -139,6 +145,19 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
         rec.attempts = attempt;
         return Ok(rec);
     }
+}
+
+/// Whether a cancel signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) is waiting
+/// on the signalfd; other signals read here are dropped (SIGCHLD: every
+/// child of the attempt is reaped already).
+fn cancel_pending(sfd: &SignalFd) -> bool {
+    let mut cancel = false;
+    while let Ok(Some(info)) = sfd.read_signal() {
+        if info.ssi_signo as i32 != libc::SIGCHLD {
+            cancel = true;
+        }
+    }
+    cancel
 }
 
 /// One attempt: starts the agent in a fresh sandbox and supervises it to

@@ -200,32 +200,27 @@ struct Layer {
     priority: u8,
 }
 
-fn contract(input: &ComposeInput, attempt: u32) -> String {
-    let p = &input.paths;
-    let restarts_left = input.max_attempts.saturating_sub(attempt);
+fn contract() -> String {
     format!(
         "You run unattended. Nobody reads your questions and nobody will answer them: decide, act, and say in your results what you assumed.\n\
-- Temp dir (scratch, deleted when you end; also $HOME and $TMPDIR): {}\n\
-- Artifact dir (write your results here; the parent reads them): {}\n\
-- When you create or change project files, write JSON {{\"written\": [...], \"edited\": [...], \"read\": [...]}} to {} (paths absolute or relative to the project, most recent first). Only files that really changed are kept.\n\
-- If you run out of context or turns before the task is done, write a handoff note to {}/handoff.md (what is done, what remains, what you learned, where things are) and exit with code {EXIT_CONTINUE}: a fresh process continues the task with your note. This is attempt {attempt} of {}; {restarts_left} more may follow.\n\
-- Exit codes: 0 when the task is done; {EXIT_CONTINUE} to be continued; anything else means failure, and your artifact dir should say why.",
-        p.temp_dir.display(),
-        p.artifact_dir.display(),
-        p.delta_path.display(),
-        p.artifact_dir.display(),
-        input.max_attempts
+- Your temp dir ($SUBAGENT_TEMP_DIR, also $HOME and $TMPDIR) is scratch space, deleted when you end.\n\
+- Write your results into your artifact dir ($SUBAGENT_ARTIFACT_DIR); the parent reads them.\n\
+- When you create or change project files, write JSON {{\"written\": [...], \"edited\": [...], \"read\": [...]}} to $SUBAGENT_DELTA_PATH (paths absolute or relative to the project, most recent first). Only files that really changed are kept.\n\
+- If you run out of context or turns before the task is done, write a handoff note to handoff.md in your artifact dir (what is done, what remains, what you learned, where things are) and exit with code {EXIT_CONTINUE}: a fresh process continues the task with your note, as long as attempts remain (see [session]).\n\
+- Exit codes: 0 when the task is done; {EXIT_CONTINUE} to be continued; anything else means failure, and your artifact dir should say why.\n\
+- Your paths and your attempt are in the [session] block of your first message."
     )
 }
 
-fn session_block(p: &SessionPaths) -> String {
+fn session_block(p: &SessionPaths, attempt: u32, max_attempts: u32) -> String {
     format!(
-        "[session]\nsession_id: {}\ntemp_dir: {}\nartifact_dir: {}\nworktree_dir: {}\nlog_path: {}\n",
+        "[session]\nsession_id: {}\ntemp_dir: {}\nartifact_dir: {}\nworktree_dir: {}\nlog_path: {}\ndelta_path: {}\nattempt: {attempt} of {max_attempts}\n",
         p.session_id,
         p.temp_dir.display(),
         p.artifact_dir.display(),
         p.worktree_dir.as_ref().map_or("(none)".to_owned(), |w| w.display().to_string()),
-        p.log_path.display()
+        p.log_path.display(),
+        p.delta_path.display()
     )
 }
 
@@ -331,7 +326,7 @@ pub fn compose(input: &ComposeInput, attempt: u32, handoff: Option<&str>) -> Com
         "system.md",
         Some("Execution contract"),
         "built-in".into(),
-        contract(input, attempt),
+        contract(),
         1,
     );
     let context = input
@@ -372,7 +367,9 @@ pub fn compose(input: &ComposeInput, attempt: u32, handoff: Option<&str>) -> Com
         "first_message.md",
         None,
         "built-in".into(),
-        session_block(&input.paths).trim_end().to_owned(),
+        session_block(&input.paths, attempt, input.max_attempts)
+            .trim_end()
+            .to_owned(),
         1,
     );
 
@@ -384,7 +381,9 @@ pub fn compose(input: &ComposeInput, attempt: u32, handoff: Option<&str>) -> Com
         .map(|&r| r.min(input.caps.max_file_chars))
         .collect();
     let mut total: usize = budget.iter().sum();
-    let mut order: Vec<usize> = (0..layers.len()).collect();
+    let mut order: Vec<usize> = (0..layers.len())
+        .filter(|&i| layers[i].name != "task")
+        .collect();
     order.sort_by_key(|&i| std::cmp::Reverse(layers[i].priority));
     for i in order {
         if total <= input.caps.max_total_chars {
@@ -497,7 +496,14 @@ mod tests {
         assert!(a
             .first_message_md
             .starts_with("Context: Tests fail.\nTask: Fix the bug.\n\n[working-context]\n"));
-        assert!(a.first_message_md.ends_with("[session]\nsession_id: s1\ntemp_dir: /tmp/subagentd-0/s1/c1\nartifact_dir: /st/a\nworktree_dir: (none)\nlog_path: /st/child.log\n"));
+        assert!(a.first_message_md.ends_with("[session]\nsession_id: s1\ntemp_dir: /tmp/subagentd-0/s1/c1\nartifact_dir: /st/a\nworktree_dir: (none)\nlog_path: /st/child.log\ndelta_path: /st/delta/delta.json\nattempt: 1 of 4\n"));
+        // Another run (other paths, a later attempt) has the same system.md.
+        let mut moved = input();
+        moved.paths.temp_dir = "/tmp/elsewhere".into();
+        moved.paths.artifact_dir = "/elsewhere/a".into();
+        let m = compose(&moved, 2, Some("note"));
+        assert_eq!(m.system_md, a.system_md);
+        assert_eq!(m.plan.stable_prefix, a.plan.stable_prefix);
         let names: Vec<&str> = a.plan.layers.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(
             names,
@@ -558,7 +564,7 @@ mod tests {
         };
         let c = compose(&big, 1, None);
         let task = c.plan.layers.iter().find(|l| l.name == "task").unwrap();
-        assert!(!task.truncated, "the task is the last thing cut");
+        assert!(!task.truncated, "the task is never cut");
         assert!(
             c.plan
                 .layers
@@ -576,9 +582,7 @@ mod tests {
             .first_message_md
             .contains("[handoff]\nAn earlier attempt (1 of 4) was cut off"));
         assert!(c.first_message_md.contains("Did step 1. Next: step 2."));
-        assert!(c
-            .system_md
-            .contains("This is attempt 2 of 4; 2 more may follow."));
+        assert!(c.first_message_md.contains("attempt: 2 of 4"));
         assert_eq!(c.plan.attempt, 2);
     }
 }

@@ -59,6 +59,17 @@ pub struct Config {
     /// Caps on the composed context (`[context]`).
     #[serde(default)]
     pub context: crate::compose::Caps,
+    /// More uids allowed on the control socket (the daemon's own uid and
+    /// root always are).
+    #[serde(default)]
+    pub allow_uids: Vec<u32>,
+    /// At most this many connections served at once (default 256).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// A connection with nothing in flight, no subscription and no request
+    /// for this long is closed (default 600).
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
 }
 
 /// One audience's settings.
@@ -161,6 +172,19 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
             column,
             message: "rules_file must be an absolute path".into(),
         });
+    }
+    for (key, zero) in [
+        ("max_connections", config.max_connections == Some(0)),
+        ("idle_timeout_s", config.idle_timeout_s == Some(0)),
+    ] {
+        if zero {
+            let (line, column) = at(key);
+            return Err(ConfigError {
+                line,
+                column,
+                message: format!("{key} must be at least 1"),
+            });
+        }
     }
     if config.max_concurrent == Some(0) {
         let offset = text.find("max_concurrent").unwrap_or(0);

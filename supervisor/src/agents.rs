@@ -42,9 +42,14 @@ impl Found {
         self.definitions.iter().find(|d| d.name == name)
     }
 
-    /// The names available, sorted.
+    /// The names available (a malformed file blocks its name), sorted.
     pub fn names(&self) -> Vec<String> {
-        let mut n: Vec<String> = self.definitions.iter().map(|d| d.name.clone()).collect();
+        let mut n: Vec<String> = self
+            .definitions
+            .iter()
+            .map(|d| d.name.clone())
+            .filter(|n| self.error_for(n).is_none())
+            .collect();
         n.sort();
         n
     }

@@ -39,6 +39,9 @@ pub mod codes {
     /// The caller is a process inside a run: subagents cannot use the
     /// control socket (and so cannot spawn their own subagents).
     pub const NOT_PERMITTED: i64 = -32006;
+    /// The connecting uid may not use this daemon (only its own uid, root
+    /// and the config's `allow_uids` may).
+    pub const UID_NOT_ALLOWED: i64 = -32007;
     /// The daemon is shutting down: it accepts no new runs, and a pending
     /// `wait_agent_run` is answered with this.
     pub const SHUTTING_DOWN: i64 = -32004;

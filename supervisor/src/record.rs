@@ -281,6 +281,9 @@ impl RunRecord {
             worktree_branch: self.worktree.as_ref().map(|w| w.branch.clone()),
             delta: self.delta.clone(),
             attempt: self.attempts.or_else(|| {
+                if self.state != RunState::Running {
+                    return None;
+                }
                 // A running run's attempt, as its runner records it.
                 let text = std::fs::read_to_string(self.run_dir.join("attempt.json")).ok()?;
                 serde_json::from_str::<serde_json::Value>(&text).ok()?["attempt"]

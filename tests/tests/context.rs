@@ -18,7 +18,7 @@ const RESTARTING: &str = r#"
 n=$(cat "$TMPDIR/n" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$TMPDIR/n"
 echo "attempt $n"
 grep -q "note from attempt 2" "$SUBAGENT_CONTEXT_DIR/first_message.md" && echo SAW-NOTE-2
-grep -q "This is attempt $n of" "$SUBAGENT_CONTEXT_DIR/system.md" && echo CONTRACT-KNOWS-$n
+grep -q "attempt: $n of" "$SUBAGENT_CONTEXT_DIR/first_message.md" && echo CONTRACT-KNOWS-$n
 if [ $n -lt 3 ]; then echo "note from attempt $n" > "$SUBAGENT_ARTIFACT_DIR/handoff.md"; exit 75; fi
 exit 0
 "#;

@@ -62,10 +62,11 @@ fn success_writes_log_artifacts_and_result() {
     // Context and Task, then the [working-context] block (/tmp is not a
     // git repository), then the [session] block.
     let want = format!(
-        "Context: some background\nTask: test task\n\n[working-context]\nproject_dir: /tmp\nrecent_files: (none)\ngit: unavailable (not a git repository)\n\n[session]\nsession_id: {s}\ntemp_dir: {}\nartifact_dir: {}\nworktree_dir: (none)\nlog_path: {}\n",
+        "Context: some background\nTask: test task\n\n[working-context]\nproject_dir: /tmp\nrecent_files: (none)\ngit: unavailable (not a git repository)\n\n[session]\nsession_id: {s}\ntemp_dir: {}\nartifact_dir: {}\nworktree_dir: (none)\nlog_path: {}\ndelta_path: {}\nattempt: 1 of 4\n",
         st["temp_dir"].as_str().unwrap(),
         st["artifact_dir"].as_str().unwrap(),
-        st["log_path"].as_str().unwrap()
+        st["log_path"].as_str().unwrap(),
+        run_dir.join("delta/delta.json").display()
     );
     assert_eq!(first, want);
     let rec: Value =
@@ -313,6 +314,10 @@ fn the_child_gets_only_the_allowlisted_environment() {
         .trim()
         .parse()
         .unwrap();
+    // Read the agent once sh has exec'd into sleep, not sh on its way there.
+    wait_until(Duration::from_secs(20), "the exec into sleep", || {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep"))
+    });
     // Read the live agent process's environment and descriptors.
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
     let env: Vec<String> = environ

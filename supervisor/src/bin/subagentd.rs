@@ -169,7 +169,8 @@ async fn run(args: Args) -> Result<()> {
         pid = std::process::id(),
         "subagentd listening"
     );
-    subagentd::server::serve(sup, &bound, shutdown)
+    let server_cfg = subagentd::server::ServerConfig::from_settings(&file);
+    subagentd::server::serve(sup, &bound, server_cfg, shutdown)
         .await
         .context("serving the socket")?;
     drop(bound);

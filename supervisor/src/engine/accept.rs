@@ -145,15 +145,11 @@ pub fn plan(
             match found.get(name) {
                 Some(d) => Some(d.clone()),
                 None => {
-                    let why = match found.error_for(name) {
-                        Some(e) => format!("the definition of {name:?} cannot be used: {e}"),
-                        None if found.definitions.is_empty() => {
-                            format!("no agent named {name:?}; no definitions were found")
-                        }
-                        None => format!(
-                            "no agent named {name:?}; available: {}",
-                            found.names().join(", ")
-                        ),
+                    let names = found.names();
+                    let why = if names.is_empty() {
+                        format!("no agent named {name:?}; no definitions were found")
+                    } else {
+                        format!("no agent named {name:?}; available: {}", names.join(", "))
                     };
                     return Err(EngineError::invalid("agent", why));
                 }
@@ -464,6 +460,7 @@ pub(crate) fn create_run(
     };
     mkdir_private(&files.dir, false)?;
     let mut temp_dir = None;
+    let mut made_worktree: Option<super::workctx::Worktree> = None;
     let result = (|| {
         for d in [files.artifacts(), files.context(), files.delta_dir()] {
             mkdir_private(&d, false)?;
@@ -477,6 +474,21 @@ pub(crate) fn create_run(
         temp_dir = Some(t.clone());
         // The working context: the session's recent files, an optional
         // worktree, and the git snapshot of where the child will work.
+        let worktree = match p.isolation {
+            Some(crate::protocol::Isolation::Worktree) => {
+                let w = super::workctx::create_worktree(
+                    &p.session.project_dir,
+                    &inner.layout.session_dir(session),
+                    id.as_str(),
+                )?;
+                made_worktree = Some(w.clone());
+                if let Some((uid, gid)) = child {
+                    super::workctx::give_to(&w.dir, uid, gid)?;
+                }
+                Some(w)
+            }
+            _ => None,
+        };
         let session_state = inner
             .sessions
             .on_spawn(
@@ -485,14 +497,6 @@ pub(crate) fn create_run(
                 p.session.recent_files.as_deref(),
             )
             .map_err(EngineError::Storage)?;
-        let worktree = match p.isolation {
-            Some(crate::protocol::Isolation::Worktree) => Some(super::workctx::create_worktree(
-                &p.session.project_dir,
-                &inner.layout.session_dir(session),
-                id.as_str(),
-            )?),
-            _ => None,
-        };
         let workdir = worktree
             .as_ref()
             .map_or(p.session.project_dir.clone(), |w| w.dir.clone());
@@ -653,6 +657,9 @@ pub(crate) fn create_run(
         Ok(rec)
     })();
     if result.is_err() {
+        if let Some(w) = &made_worktree {
+            let _ = super::workctx::remove_worktree(&p.session.project_dir, w, id.as_str());
+        }
         let _ = std::fs::remove_dir_all(&files.dir);
         if let Some(t) = temp_dir {
             let _ = std::fs::remove_dir_all(t);

@@ -50,16 +50,81 @@ fn load_all(layout: &StateLayout) -> Vec<RunRecord> {
         let Ok(runs) = std::fs::read_dir(s.path().join("runs")) else {
             continue;
         };
+        let session = s.file_name().to_string_lossy().into_owned();
         for r in runs.flatten() {
             let path = r.path().join("run.json");
+            if !path.exists() {
+                // The engine stopped while recording this run: its spawn was
+                // never answered, so nobody knows it. Leave nothing behind.
+                tracing::warn!(dir = %r.path().display(), "removing a half-made run folder (no run.json)");
+                let _ = std::fs::remove_dir_all(r.path());
+                continue;
+            }
             match RunRecord::load(&path) {
                 Ok(rec) => out.push(rec),
-                Err(e) => tracing::warn!("skipping a run that cannot be loaded: {e}"),
+                Err(e) => {
+                    tracing::error!("a run.json cannot be loaded; the run is marked lost and the file kept: {e}");
+                    if let Some(rec) = lost_placeholder(&session, &r.path(), &e.to_string()) {
+                        out.push(rec);
+                    }
+                }
             }
         }
     }
     out.sort_by(|a, b| a.run_id.cmp(&b.run_id));
     out
+}
+
+/// A record for a run whose run.json is corrupt: `lost`, with the reason;
+/// the corrupt file is kept as run.json.corrupt for inspection.
+fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<RunRecord> {
+    let id = crate::ids::RunId::parse(&dir.file_name()?.to_string_lossy())?;
+    crate::ids::check_session_id(session).ok()?;
+    let _ = std::fs::rename(dir.join("run.json"), dir.join("run.json.corrupt"));
+    let now = crate::timefmt::now_ms();
+    let rec = RunRecord {
+        format: crate::record::RECORD_FORMAT,
+        run_id: id.to_string(),
+        session_id: session.to_owned(),
+        audience: policy::Audience::Personal,
+        project_dir: "/".into(),
+        task: String::new(),
+        context: None,
+        command: Vec::new(),
+        env: Default::default(),
+        limits: Default::default(),
+        keep_temp: true,
+        state: RunState::Lost,
+        exit_code: None,
+        signal: None,
+        reason: Some(format!(
+            "run.json was corrupt ({why}); kept as run.json.corrupt"
+        )),
+        cancel_requested: false,
+        created_at_ms: now,
+        started_at_ms: None,
+        ended_at_ms: Some(now),
+        temp_dir: "/nonexistent".into(),
+        run_dir: dir.to_path_buf(),
+        runner_pid: None,
+        runner_start_ticks: None,
+        log_truncated: false,
+        finalized: false,
+        finalize_error: None,
+        sandbox: Default::default(),
+        isolation: None,
+        resources: None,
+        agent: None,
+        tools: None,
+        rights: None,
+        git: None,
+        worktree: None,
+        delta: None,
+        max_attempts: 1,
+        attempts: None,
+    };
+    rec.save().ok()?;
+    Some(rec)
 }
 
 /// Whether the runner recorded in `rec` is alive (pid and start time match).

@@ -55,6 +55,22 @@ pub fn create_worktree(
     Ok(Worktree { dir, branch })
 }
 
+/// Gives a worktree to the `run_as` user (every entry, without following
+/// symlinks), so the child can write it.
+pub fn give_to(dir: &Path, uid: u32, gid: u32) -> Result<(), EngineError> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        std::os::unix::fs::lchown(&d, Some(uid), Some(gid))
+            .map_err(|e| EngineError::Workspace(format!("chown {}: {e}", d.display())))?;
+        if d.is_dir() && !d.is_symlink() {
+            let rd = std::fs::read_dir(&d)
+                .map_err(|e| EngineError::Workspace(format!("list {}: {e}", d.display())))?;
+            stack.extend(rd.flatten().map(|e| e.path()));
+        }
+    }
+    Ok(())
+}
+
 /// Removes a run's worktree and its branch. Blocking.
 pub fn remove_worktree(project_dir: &Path, wt: &Worktree, run_id: &str) -> Result<(), String> {
     let repo = crate::gitsnap::open(project_dir)?;

@@ -78,9 +78,30 @@ pub async fn refuse(stream: UnixStream) {
     let _ = wr.shutdown().await;
 }
 
-/// Serves one connection until the peer closes it, it breaks the rules, or
-/// the daemon shuts down.
-pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: watch::Receiver<bool>) {
+/// Answers a connection from a uid that may not use the daemon with one
+/// -32007 error and closes it.
+pub async fn refuse_uid(stream: UnixStream, uid: Option<u32>) {
+    let (_rd, mut wr) = stream.into_split();
+    let who = uid.map_or("an unknown uid".to_owned(), |u| format!("uid {u}"));
+    let e = RpcError::new(
+        codes::UID_NOT_ALLOWED,
+        format!("permission denied: {who} may not use this daemon (allow_uids)"),
+    );
+    let _ = wr
+        .write_all(&protocol::error_response(&Value::Null, &e))
+        .await;
+    let _ = wr.shutdown().await;
+}
+
+/// Serves one connection until the peer closes it, it breaks the rules, it
+/// stays idle past `idle` (nothing in flight, no subscription, no request),
+/// or the daemon shuts down.
+pub async fn serve(
+    sup: Supervisor,
+    stream: UnixStream,
+    mut shutdown: watch::Receiver<bool>,
+    idle: std::time::Duration,
+) {
     let (rd, mut wr) = stream.into_split();
     let mut reader = BufReader::with_capacity(64 * 1024, rd);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
@@ -98,10 +119,18 @@ pub async fn serve(sup: Supervisor, stream: UnixStream, mut shutdown: watch::Rec
     let mut subscription: Option<tokio::task::JoinHandle<()>> = None;
     let mut buf = Vec::new();
     let mut stopping = shutdown.clone();
+    let mut last_request = tokio::time::Instant::now();
     loop {
+        let idle_at = last_request + idle;
+        let can_idle = requests.is_empty() && subscription.is_none();
         tokio::select! {
+            _ = tokio::time::sleep_until(idle_at), if can_idle => {
+                tracing::debug!("closing an idle connection");
+                break;
+            }
             line = read_line(&mut reader, &mut buf) => match line {
                 Ok(Line::Complete) => {
+                    last_request = tokio::time::Instant::now();
                     let line = std::mem::take(&mut buf);
                     match protocol::decode(&line) {
                         Decoded::Blank | Decoded::Error { reply: false, .. } => {}

@@ -12,8 +12,49 @@ use std::sync::Arc;
 use tokio::net::UnixListener;
 use tokio::sync::{watch, Semaphore};
 
-/// At most this many connections at once; more wait in the backlog.
+/// At most this many connections served at once by default.
 pub const MAX_CONNECTIONS: usize = 256;
+/// A connection idle this long is closed by default.
+pub const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The server's limits.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Idle connections are closed after this long.
+    pub idle_timeout: std::time::Duration,
+    /// Uids allowed besides the daemon's own and root.
+    pub allow_uids: Vec<u32>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_connections: MAX_CONNECTIONS,
+            idle_timeout: IDLE_TIMEOUT,
+            allow_uids: Vec::new(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// From the config file's keys.
+    pub fn from_settings(s: &policy::config::Config) -> ServerConfig {
+        ServerConfig {
+            max_connections: s.max_connections.unwrap_or(MAX_CONNECTIONS),
+            idle_timeout: s
+                .idle_timeout_s
+                .map_or(IDLE_TIMEOUT, std::time::Duration::from_secs),
+            allow_uids: s.allow_uids.clone(),
+        }
+    }
+
+    /// Whether `uid` may use the socket.
+    pub fn uid_allowed(&self, uid: u32) -> bool {
+        uid == 0 || uid == crate::paths::uid() || self.allow_uids.contains(&uid)
+    }
+}
 
 /// How long a shutdown waits for connections to flush their answers.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -23,6 +64,7 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2
 pub async fn serve(
     sup: Supervisor,
     bound: &BoundSocket,
+    cfg: ServerConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let listener = UnixListener::from_std(bound.listener.try_clone()?)?;
@@ -30,7 +72,8 @@ pub async fn serve(
     let (stop_tx, _) = watch::channel(false);
     // Every connection task holds a sender; when all are gone, all are done.
     let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let limit = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    let cfg = Arc::new(cfg);
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -44,17 +87,29 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let (sup, stop, done, limit) = (
+        let (sup, stop, done, limit, cfg) = (
             sup.clone(),
             stop_tx.subscribe(),
             done_tx.clone(),
             limit.clone(),
+            cfg.clone(),
         );
         tokio::spawn(async move {
             // Who is calling is settled before the connection may take a
             // slot: a process inside a run is answered and dropped, and can
             // never fill the connection cap.
-            let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+            let cred = stream.peer_cred().ok();
+            let peer_uid = cred.map(|c| c.uid());
+            if !peer_uid.is_some_and(|u| cfg.uid_allowed(u)) {
+                tracing::warn!(
+                    ?peer_uid,
+                    "refusing a connection from a uid that is not allowed"
+                );
+                connection::refuse_uid(stream, peer_uid).await;
+                drop(done);
+                return;
+            }
+            let peer_pid = cred.and_then(|c| c.pid());
             let from_run = tokio::task::spawn_blocking(move || peer::inside_run(peer_pid))
                 .await
                 .unwrap_or(true);
@@ -65,7 +120,7 @@ pub async fn serve(
                 );
                 connection::refuse(stream).await;
             } else if let Ok(permit) = limit.acquire_owned().await {
-                connection::serve(sup, stream, stop).await;
+                connection::serve(sup, stream, stop, cfg.idle_timeout).await;
                 drop(permit);
             }
             drop(done);

@@ -1,0 +1,480 @@
+//! Reliability: crash recovery with kill -9 at several points, hostile
+//! frames, socket hardening, and a full state dir.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use subagentd_e2e::{
+    alive, is_root, runnable, session, unsafe_kill, wait_until, Conn, Daemon, DaemonOpts,
+};
+
+#[test]
+fn a_corrupt_run_json_makes_that_run_lost_and_the_daemon_still_starts() {
+    let mut d = Daemon::start();
+    let s = session("corrupt");
+    let mut c = d.conn();
+    let good = c.spawn(&s, &["true"], json!({}));
+    let bad = c.spawn(&s, &["true"], json!({}));
+    c.wait(&good);
+    let st = c.wait(&bad);
+    c.call("take_notices", json!({"session_id": s})).unwrap();
+    drop(c);
+    d.stop();
+    let dir = Path::new(st["log_path"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    std::fs::write(dir.join("run.json"), "{\"format\": 1, \"run_id\": \"trunc").unwrap();
+    // A half-made run folder (no run.json) is removed.
+    let half = dir
+        .parent()
+        .unwrap()
+        .join("20200101T000000.000000Z-00000000");
+    std::fs::create_dir_all(half.join("artifacts")).unwrap();
+    d.restart();
+    let mut c = d.conn();
+    let st = c.call("check_agent_run", json!({"run_id": bad})).unwrap();
+    assert_eq!(st["state"], "lost", "{st}");
+    assert!(
+        st["reason"]
+            .as_str()
+            .unwrap()
+            .contains("run.json was corrupt"),
+        "{st}"
+    );
+    assert!(dir.join("run.json.corrupt").exists(), "kept for inspection");
+    assert_eq!(
+        c.call("check_agent_run", json!({"run_id": good})).unwrap()["state"],
+        "succeeded"
+    );
+    assert!(!half.exists());
+    // Its notice was taken before the file broke: it is not handed out again.
+    let n = c.call("take_notices", json!({"session_id": s})).unwrap();
+    assert_eq!(n["notices"], json!([]), "{n}");
+}
+
+#[test]
+fn a_uid_that_is_not_allowed_is_refused() {
+    if !runnable(is_root(), "setuid", "switching to another uid needs root") {
+        return;
+    }
+    let d = Daemon::start();
+    // Open the socket's mode so the kernel lets the other uid connect:
+    // the daemon's own check must then refuse it.
+    std::fs::set_permissions(
+        &d.socket,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        d.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let py = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\\n')\nprint(s.makefile().readline())\n";
+    use std::os::unix::process::CommandExt;
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", py])
+        .arg(&d.socket)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(v["error"]["code"], -32007, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("uid 65534"),
+        "{v}"
+    );
+    assert!(d.conn().call("ping", json!({})).is_ok());
+}
+
+#[test]
+fn an_idle_connection_is_closed_and_a_subscriber_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "idle_timeout_s = 1\n").unwrap();
+    let d = Daemon::start_with(DaemonOpts {
+        args: vec!["--config".into(), cfg.display().to_string()],
+        ..Default::default()
+    });
+    let mut idle = d.conn();
+    let mut sub = d.conn();
+    sub.call("subscribe", json!({})).unwrap();
+    assert!(idle.read_msg().is_none(), "the idle connection is closed");
+    // The subscriber is still served after the idle one was closed.
+    let mut c = d.conn();
+    let run = c.spawn(&session("idle"), &["true"], json!({}));
+    c.wait(&run);
+    let n = sub.read_msg().expect("the subscriber stays open");
+    assert_eq!(n["params"]["run_id"], run.as_str());
+}
+
+/// A tiny deterministic generator (xorshift), so a failure reproduces.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn hostile_frame(r: &mut Rng) -> Vec<u8> {
+    let mut f: Vec<u8> = match r.below(10) {
+        0 => (0..r.below(200)).map(|_| r.next() as u8).filter(|&b| b != b'\n').collect(),
+        1 => br#"{"jsonrpc":"2.0","id":1,"method":"spawn_agent","params":{"session":{"#.to_vec(),
+        2 => format!("{}{}", "[".repeat(2000 + r.below(5000) as usize), "]".repeat(10)).into_bytes(),
+        3 => format!(r#"{{"jsonrpc":"2.0","id":2,"method":"ping","params":{{"x":"{}"}}}}"#, "a".repeat(r.below(900_000) as usize)).into_bytes(),
+        4 => br#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#.to_vec(),
+        5 => br#"{"jsonrpc":"2.0","id":3,"method":"spawn_agent","params":{"session":{"id":5,"audience":"team","project_dir":"/"},"task":[],"command":{}}}"#.to_vec(),
+        6 => format!(r#"{{"jsonrpc":"2.0","id":4,"method":"m{}"}}"#, r.next()).into_bytes(),
+        7 => b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"ping\x00\"}".to_vec(),
+        8 => vec![0xff, 0xfe, b'{', 0xc3, 0x28],
+        _ => br#"{"jsonrpc":"2.0","id":6,"method":"check_agent_run","params":{"run_id":"../../../../etc/passwd"}}"#.to_vec(),
+    };
+    f.push(b'\n');
+    f
+}
+
+#[test]
+fn ten_thousand_hostile_frames_while_a_good_client_keeps_spawning() {
+    let d = Daemon::start();
+    let socket = d.socket.clone();
+    let senders: Vec<_> = (0..6u64)
+        .map(|t| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
+                let mut conn = UnixStream::connect(&socket).unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(30)))
+                    .unwrap();
+                let (mut answered, mut closed) = (0usize, 0usize);
+                for _ in 0..1700 {
+                    let frame = hostile_frame(&mut r);
+                    let mut reply = [0u8; 4096];
+                    let ok = conn.write_all(&frame).is_ok() && {
+                        // Every frame is answered with an error (a line), or the
+                        // connection is closed.
+                        match conn.read(&mut reply) {
+                            Ok(0) | Err(_) => false,
+                            Ok(_) => true,
+                        }
+                    };
+                    if ok {
+                        answered += 1;
+                    } else {
+                        closed += 1;
+                        conn = UnixStream::connect(&socket).unwrap();
+                        conn.set_read_timeout(Some(Duration::from_secs(30)))
+                            .unwrap();
+                    }
+                }
+                (answered, closed)
+            })
+        })
+        .collect();
+    // One client dribbles a valid request a byte at a time.
+    let dribbler = {
+        let socket = socket.clone();
+        std::thread::spawn(move || {
+            let mut conn = UnixStream::connect(&socket).unwrap();
+            for b in b"{\"jsonrpc\":\"2.0\",\"id\":\"slow\",\"method\":\"ping\"}\n" {
+                conn.write_all(&[*b]).unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let mut buf = String::new();
+            std::io::BufReader::new(conn).read_line_into(&mut buf);
+            buf
+        })
+    };
+    let mut good = d.conn();
+    let s = session("good");
+    let mut runs = 0;
+    while senders.iter().any(|h| !h.is_finished()) || runs < 5 {
+        let run = good.spawn(&s, &["sh", "-c", "echo fine"], json!({}));
+        assert_eq!(good.wait(&run)["state"], "succeeded");
+        runs += 1;
+    }
+    let mut total = 0;
+    for h in senders {
+        let (answered, closed) = h.join().unwrap();
+        total += answered + closed;
+    }
+    assert!(total >= 10_000, "{total} frames");
+    assert!(dribbler.join().unwrap().contains("\"slow\""));
+    assert!(alive(d.pid()));
+    assert!(d.conn().call("ping", json!({})).is_ok());
+}
+
+trait ReadLineInto {
+    fn read_line_into(&mut self, buf: &mut String);
+}
+impl<R: std::io::BufRead> ReadLineInto for R {
+    fn read_line_into(&mut self, buf: &mut String) {
+        let _ = self.read_line(buf);
+    }
+}
+
+/// The script of crash-test child `i`: records each start (a second start
+/// would be a duplicate), prints numbered lines, sleeps, writes a delta,
+/// exits with its code.
+fn crash_child(i: usize) -> (String, i32) {
+    let code = if i % 5 == 4 { 3 } else { 0 };
+    let sleep = ["0", "0.2", "1", "2", "3"][i % 5];
+    let script = format!(
+        "echo $$ >> \"$SUBAGENT_ARTIFACT_DIR/starts\"; for n in 1 2 3 4 5; do echo child {i} line $n; done; sleep {sleep}; echo x > f{i}.txt; echo '{{\"written\": [\"f{i}.txt\"]}}' > \"$SUBAGENT_DELTA_PATH\"; exit {code}"
+    );
+    (script, code)
+}
+
+#[test]
+fn kill_9_of_the_daemon_at_several_points_loses_nothing() {
+    let mut d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(6),
+        ..Default::default()
+    });
+    let project = tempfile::Builder::new()
+        .prefix("sa-crash-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let spawn_batch = |d: &Daemon, range: std::ops::Range<usize>| -> Vec<(usize, String, String)> {
+        let mut c = d.conn();
+        range
+            .map(|i| {
+                let s = session(&format!("crash{i}"));
+                let (script, _) = crash_child(i);
+                let r = c
+                    .call(
+                        "spawn_agent",
+                        json!({"session": {"id": s, "audience": "personal", "project_dir": project.path(), "tools": ["file_write", "shell"]},
+                               "task": "t", "command": ["sh", "-c", script]}),
+                    )
+                    .unwrap();
+                (i, s, r["run_id"].as_str().unwrap().to_owned())
+            })
+            .collect()
+    };
+    // 1. Mid-spawn: kill while a thread is still spawning.
+    let mut runs = spawn_batch(&d, 0..10);
+    let socket = d.socket.clone();
+    let project_path = project.path().to_path_buf();
+    let racer = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let Some(mut c) = Conn::try_connect(&socket) else {
+            return got;
+        };
+        for i in 10..20 {
+            let s = session(&format!("crash{i}"));
+            let (script, _) = crash_child(i);
+            let params = json!({"session": {"id": s, "audience": "personal", "project_dir": project_path, "tools": ["file_write", "shell"]},
+                                "task": "t", "command": ["sh", "-c", script]});
+            let id = 1000 + i;
+            let line =
+                json!({"jsonrpc": "2.0", "id": id, "method": "spawn_agent", "params": params});
+            if c.send_raw(format!("{line}\n").as_bytes()).is_err() {
+                break;
+            }
+            match c.read_msg() {
+                Some(m) if m.get("result").is_some() => {
+                    got.push((i, s, m["result"]["run_id"].as_str().unwrap().to_owned()))
+                }
+                _ => break,
+            }
+        }
+        got
+    });
+    std::thread::sleep(Duration::from_millis(30));
+    unsafe_kill(d.pid(), libc::SIGKILL);
+    d.child.wait().unwrap();
+    runs.extend(racer.join().unwrap());
+    d.restart();
+    // 2. Mid-run: the rest of the children, then kill while they run.
+    let have: BTreeSet<usize> = runs.iter().map(|r| r.0).collect();
+    let missing: Vec<usize> = (10..30).filter(|i| !have.contains(i)).collect();
+    for i in missing {
+        runs.extend(spawn_batch(&d, i..i + 1));
+    }
+    let mut c = d.conn();
+    wait_until(Duration::from_secs(30), "some runs to be running", || {
+        let v = c
+            .call("list_agent_runs", json!({"state": "running"}))
+            .unwrap();
+        !v["runs"].as_array().unwrap().is_empty()
+    });
+    drop(c);
+    unsafe_kill(d.pid(), libc::SIGKILL);
+    d.child.wait().unwrap();
+    d.restart();
+    // 3. While runs are finishing.
+    let mut c = d.conn();
+    wait_until(Duration::from_secs(30), "some runs to have ended", || {
+        let v = c.call("list_agent_runs", json!({})).unwrap();
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["state"] == "succeeded")
+    });
+    drop(c);
+    unsafe_kill(d.pid(), libc::SIGKILL);
+    d.child.wait().unwrap();
+    d.restart();
+
+    assert_eq!(
+        runs.len(),
+        30,
+        "every accepted spawn has an id: {}",
+        runs.len()
+    );
+    let mut c = d.conn();
+    let root = project.path().canonicalize().unwrap();
+    for (i, s, run) in &runs {
+        let st = c.wait(run);
+        let (_, code) = crash_child(*i);
+        let want = if code == 0 { "succeeded" } else { "failed" };
+        assert_eq!(st["state"], want, "child {i}: {st}");
+        assert_eq!(st["exit_code"], code, "child {i}");
+        let art = PathBuf::from(st["artifact_dir"].as_str().unwrap());
+        let starts = std::fs::read_to_string(art.join("starts")).unwrap();
+        assert_eq!(
+            starts.lines().count(),
+            1,
+            "child {i} started once: {starts}"
+        );
+        let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+        for n in 1..=5 {
+            assert!(
+                log.contains(&format!("child {i} line {n}\n")),
+                "child {i}'s log is complete:\n{log}"
+            );
+        }
+        let notices = c.call("take_notices", json!({"session_id": s})).unwrap();
+        let got: Vec<&str> = notices["notices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["run_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, [run.as_str()], "child {i}: one notice");
+        let wc = c.call("working_context", json!({"session_id": s})).unwrap();
+        let recent: Vec<&str> = wc["recent_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        if code == 0 {
+            assert_eq!(
+                recent,
+                [root.join(format!("f{i}.txt")).to_str().unwrap()],
+                "child {i}: merged once"
+            );
+        } else {
+            assert!(recent.is_empty(), "child {i} failed: nothing merged");
+        }
+        let pid: i32 = starts.trim().parse().unwrap();
+        assert!(!alive(pid), "child {i} is gone");
+    }
+    let again: BTreeMap<String, usize> = runs
+        .iter()
+        .map(|(_, s, _)| {
+            (
+                s.clone(),
+                c.call("take_notices", json!({"session_id": s})).unwrap()["notices"]
+                    .as_array()
+                    .unwrap()
+                    .len(),
+            )
+        })
+        .collect();
+    assert!(
+        again.values().all(|&n| n == 0),
+        "no notice twice: {again:?}"
+    );
+}
+
+#[test]
+fn a_full_state_dir_refuses_spawns_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let mounted = is_root()
+        && Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+            .arg(&state)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !runnable(
+        mounted,
+        "tmpfs",
+        "mounting a small tmpfs needs root and mount rights",
+    ) {
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(state.clone());
+    let socket = dir.path().join("s.sock");
+    let mut child = Daemon::spawn_process(&socket, &state, dir.path(), &DaemonOpts::default());
+    wait_until(Duration::from_secs(20), "the daemon", || {
+        Conn::try_connect(&socket).is_some_and(|mut c| c.call("ping", json!({})).is_ok())
+    });
+    let mut c = Conn::connect(&socket);
+    let s = session("full");
+    let big = "x".repeat(60 * 1024);
+    let mut refused = None;
+    for _ in 0..40 {
+        let r = c.call(
+            "spawn_agent",
+            json!({"session": {"id": s, "audience": "personal", "project_dir": "/tmp"}, "task": big, "command": ["true"]}),
+        );
+        if let Err(e) = r {
+            refused = Some(e);
+            break;
+        }
+    }
+    let e = refused.expect("the tmpfs fills up");
+    assert_eq!(e["code"], -32002, "{e}");
+    assert!(
+        e["message"].as_str().unwrap().starts_with("state dir: "),
+        "{e}"
+    );
+    // No half-made run: every run folder has its run.json.
+    for r in std::fs::read_dir(state.join("sessions").join(&s).join("runs"))
+        .unwrap()
+        .flatten()
+    {
+        assert!(
+            r.path().join("run.json").exists(),
+            "half-made run {}",
+            r.path().display()
+        );
+    }
+    assert!(
+        c.call("ping", json!({})).is_ok(),
+        "the daemon keeps serving"
+    );
+    unsafe_kill(child.id() as i32, libc::SIGKILL);
+    let _ = child.wait();
+}
