@@ -1,11 +1,5 @@
-//! `subagent-bench [--quick]`: the benchmark harness (run by scripts/bench
-//! in release mode). Prints a markdown table and writes JSON under
-//! target/bench/. Measurements only: no assertion here fails a build.
-//!
-//! - git: the spawn-time git snapshot against `git status --porcelain=v2
-//!   --branch` on the same generated repository (ratio, lower is better).
-
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The spawn-time git snapshot against `git status --porcelain=v2
+//! --branch` on the same generated repository (ratio, lower is better).
 
 use serde_json::{json, Value};
 use std::path::Path;
@@ -33,12 +27,12 @@ fn git(dir: &Path, args: &[&str]) {
     );
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
+pub fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
-fn ms(d: Duration) -> f64 {
+pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
@@ -66,7 +60,7 @@ fn generate_repo(files: usize, modified: usize) -> tempfile::TempDir {
     d
 }
 
-fn bench_git(quick: bool) -> Value {
+pub fn bench_git(quick: bool) -> Value {
     let (files, modified, rounds) = if quick {
         (2_000, 100, 3)
     } else {
@@ -106,24 +100,3 @@ fn bench_git(quick: bool) -> Value {
     })
 }
 
-fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let started = Instant::now();
-    let git = bench_git(quick);
-    let results = json!({
-        "mode": if quick { "quick" } else { "full" },
-        "git_snapshot": git,
-        "elapsed_s": started.elapsed().as_secs_f64(),
-    });
-    println!("| benchmark | ours | reference | ratio | target |");
-    println!("|---|---|---|---|---|");
-    println!(
-        "| git snapshot ({} files, {} modified) | {:.1} ms | git status {:.1} ms | {:.2}x | <= 1.0x |",
-        git["files"], git["modified"], git["snapshot_ms"].as_f64().unwrap(), git["git_status_ms"].as_f64().unwrap(), git["ratio"].as_f64().unwrap()
-    );
-    let out = Path::new("target/bench");
-    std::fs::create_dir_all(out).unwrap();
-    let file = out.join(if quick { "quick.json" } else { "full.json" });
-    std::fs::write(&file, serde_json::to_vec_pretty(&results).unwrap()).unwrap();
-    eprintln!("wrote {}", file.display());
-}
