@@ -14,18 +14,28 @@ use subagentd_e2e::{session, wait_until, Conn, Daemon, DaemonOpts};
 fn rss_kib(pid: i32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").parse().unwrap_or(0))))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:")
+                    .map(|v| v.trim().trim_end_matches(" kB").parse().unwrap_or(0))
+            })
+        })
         .unwrap_or(0)
 }
 
 fn count(pid: i32, what: &str) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/{what}")).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(format!("/proc/{pid}/{what}"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 #[test]
 #[ignore = "load: run by scripts/stress"]
 fn two_thousand_spawns_from_sixteen_connections() {
-    let d = Daemon::start_with(DaemonOpts { max_concurrent: Some(32), ..Default::default() });
+    let d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(32),
+        ..Default::default()
+    });
     let (fds0, threads0) = (count(d.pid(), "fd"), count(d.pid(), "task"));
     let socket = d.socket.clone();
     let started = Instant::now();
@@ -35,13 +45,24 @@ fn two_thousand_spawns_from_sixteen_connections() {
             std::thread::spawn(move || {
                 let s = session(&format!("load{w}"));
                 let mut c = Conn::connect(&socket);
-                let runs: Vec<String> = (0..125).map(|_| c.spawn(&s, &["true"], json!({}))).collect();
+                let runs: Vec<String> = (0..125)
+                    .map(|_| c.spawn(&s, &["true"], json!({})))
+                    .collect();
                 for r in &runs {
                     assert_eq!(c.wait(r)["state"], "succeeded");
                 }
                 let n = c.call("take_notices", json!({"session_id": s})).unwrap();
-                let got: BTreeSet<String> = n["notices"].as_array().unwrap().iter().map(|x| x["run_id"].as_str().unwrap().to_owned()).collect();
-                assert_eq!(got, runs.iter().cloned().collect::<BTreeSet<_>>(), "every notice, once");
+                let got: BTreeSet<String> = n["notices"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x["run_id"].as_str().unwrap().to_owned())
+                    .collect();
+                assert_eq!(
+                    got,
+                    runs.iter().cloned().collect::<BTreeSet<_>>(),
+                    "every notice, once"
+                );
                 runs.len()
             })
         })
@@ -49,26 +70,49 @@ fn two_thousand_spawns_from_sixteen_connections() {
     let total: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
     let secs = started.elapsed().as_secs_f64();
     assert_eq!(total, 2000);
-    println!("2000 runs in {secs:.1} s: {:.0} runs/s; daemon RSS {} KiB", 2000.0 / secs, rss_kib(d.pid()));
-    wait_until(Duration::from_secs(30), "fds and threads back to their baseline", || {
-        count(d.pid(), "fd") <= fds0 + 2 && count(d.pid(), "task") <= threads0 + 8
-    });
+    println!(
+        "2000 runs in {secs:.1} s: {:.0} runs/s; daemon RSS {} KiB",
+        2000.0 / secs,
+        rss_kib(d.pid())
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "fds and threads back to their baseline",
+        || count(d.pid(), "fd") <= fds0 + 2 && count(d.pid(), "task") <= threads0 + 8,
+    );
 }
 
 #[test]
 #[ignore = "load: run by scripts/stress"]
 fn five_hundred_sleepers() {
-    let d = Daemon::start_with(DaemonOpts { max_concurrent: Some(500), ..Default::default() });
+    let d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(500),
+        ..Default::default()
+    });
     let release = tempfile::tempdir().unwrap();
     let flag = release.path().join("go");
     let s = session("sleepers");
     let mut c = d.conn();
     let script = format!("while [ ! -e {} ]; do sleep 0.2; done", flag.display());
     let runs: Vec<String> = (0..500)
-        .map(|_| c.spawn(&s, &["sh", "-c", &script], json!({"sandbox": {"read_paths": [release.path()]}})))
+        .map(|_| {
+            c.spawn(
+                &s,
+                &["sh", "-c", &script],
+                json!({"sandbox": {"read_paths": [release.path()]}}),
+            )
+        })
         .collect();
     wait_until(Duration::from_secs(120), "500 children running", || {
-        c.call("list_agent_runs", json!({"session_id": s, "state": "running"})).unwrap()["runs"].as_array().unwrap().len() == 500
+        c.call(
+            "list_agent_runs",
+            json!({"session_id": s, "state": "running"}),
+        )
+        .unwrap()["runs"]
+            .as_array()
+            .unwrap()
+            .len()
+            == 500
     });
     let mut worst = Duration::ZERO;
     for _ in 0..20 {
@@ -76,7 +120,10 @@ fn five_hundred_sleepers() {
         assert!(c.call("ping", json!({})).is_ok());
         worst = worst.max(t.elapsed());
     }
-    println!("500 sleepers: daemon RSS {} KiB; slowest of 20 pings {worst:?}", rss_kib(d.pid()));
+    println!(
+        "500 sleepers: daemon RSS {} KiB; slowest of 20 pings {worst:?}",
+        rss_kib(d.pid())
+    );
     std::fs::write(&flag, "").unwrap();
     for r in &runs {
         assert_eq!(c.wait(r)["state"], "succeeded");

@@ -99,4 +99,3 @@ pub fn bench_git(quick: bool) -> Value {
         "target_ratio": 1.0,
     })
 }
-

@@ -9,12 +9,20 @@ use subagentd_e2e::{session, wait_until, Conn, Daemon, DaemonOpts};
 fn rss_kib(pid: i32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:")
+                    .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            })
+        })
         .unwrap_or(0.0)
 }
 
 fn throughput(runs: usize) -> f64 {
-    let d = Daemon::start_with(DaemonOpts { max_concurrent: Some(32), ..Default::default() });
+    let d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(32),
+        ..Default::default()
+    });
     let mut sub = d.conn();
     sub.call("subscribe", json!({})).unwrap();
     let socket = d.socket.clone();
@@ -46,7 +54,10 @@ fn throughput(runs: usize) -> f64 {
 }
 
 fn memory(sleepers: usize) -> (f64, f64, f64) {
-    let d = Daemon::start_with(DaemonOpts { max_concurrent: Some(sleepers), ..Default::default() });
+    let d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(sleepers),
+        ..Default::default()
+    });
     let idle = rss_kib(d.pid()) / 1024.0;
     let release = tempfile::tempdir().unwrap();
     let flag = release.path().join("go");
@@ -54,16 +65,39 @@ fn memory(sleepers: usize) -> (f64, f64, f64) {
     let s = session("bench-mem");
     let script = format!("while [ ! -e {} ]; do sleep 0.2; done", flag.display());
     let runs: Vec<String> = (0..sleepers)
-        .map(|_| c.spawn(&s, &["sh", "-c", &script], json!({"sandbox": {"read_paths": [release.path()]}})))
+        .map(|_| {
+            c.spawn(
+                &s,
+                &["sh", "-c", &script],
+                json!({"sandbox": {"read_paths": [release.path()]}}),
+            )
+        })
         .collect();
     wait_until(std::time::Duration::from_secs(300), "the sleepers", || {
-        c.call("list_agent_runs", json!({"session_id": s, "state": "running"})).unwrap()["runs"].as_array().unwrap().len() == sleepers
+        c.call(
+            "list_agent_runs",
+            json!({"session_id": s, "state": "running"}),
+        )
+        .unwrap()["runs"]
+            .as_array()
+            .unwrap()
+            .len()
+            == sleepers
     });
     let with = rss_kib(d.pid()) / 1024.0;
     let mut runner_kib = Vec::new();
     for r in &runs {
         let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
-        let rec: Value = serde_json::from_slice(&std::fs::read(std::path::Path::new(st["log_path"].as_str().unwrap()).parent().unwrap().join("run.json")).unwrap()).unwrap();
+        let rec: Value = serde_json::from_slice(
+            &std::fs::read(
+                std::path::Path::new(st["log_path"].as_str().unwrap())
+                    .parent()
+                    .unwrap()
+                    .join("run.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
         if let Some(pid) = rec["runner_pid"].as_i64() {
             runner_kib.push(rss_kib(pid as i32));
         }

@@ -23,7 +23,9 @@ fn capture(d: &Daemon, me: &std::path::Path, bytes: usize, chunk: usize) -> f64 
         c.wait(r["run_id"].as_str().unwrap())
     };
     assert_eq!(st["state"], "succeeded", "{st}");
-    let len = std::fs::metadata(st["log_path"].as_str().unwrap()).unwrap().len() as usize;
+    let len = std::fs::metadata(st["log_path"].as_str().unwrap())
+        .unwrap()
+        .len() as usize;
     assert_eq!(len, bytes, "the whole output reached child.log");
     let ms = |k: &str| subagentd::timefmt::parse_rfc3339_ms(st[k].as_str().unwrap()).unwrap();
     let secs = (ms("ended_at") - ms("started_at")) as f64 / 1000.0;
@@ -39,12 +41,21 @@ pub fn bench(quick: bool) -> Value {
     let lines = capture(&d, &me, lines_mb * 1_000_000, 64);
     let f = tempfile::NamedTempFile::new_in("/tmp").unwrap();
     let t = Instant::now();
-    assert!(Command::new(&me).args(["--emit", &(mb * 1_000_000).to_string(), "65536"]).arg(f.path()).status().unwrap().success());
+    assert!(Command::new(&me)
+        .args(["--emit", &(mb * 1_000_000).to_string(), "65536"])
+        .arg(f.path())
+        .status()
+        .unwrap()
+        .success());
     let direct = mb as f64 / t.elapsed().as_secs_f64();
     // logs -f: the delay from a line's write to its display.
     let mut c = d.conn();
     let ticks = if quick { 10 } else { 30 };
-    let run = c.spawn(&session("bench-follow"), &[me.to_str().unwrap(), "--tick", &ticks.to_string()], json!({}));
+    let run = c.spawn(
+        &session("bench-follow"),
+        &[me.to_str().unwrap(), "--tick", &ticks.to_string()],
+        json!({}),
+    );
     let mut follow = Command::new(bin("subagent"))
         .arg("--socket")
         .arg(&d.socket)
@@ -55,7 +66,10 @@ pub fn bench(quick: bool) -> Value {
     let mut lat = Vec::new();
     for line in std::io::BufReader::new(follow.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
-        if let Some(ns) = line.strip_prefix("tick ").and_then(|v| v.parse::<u128>().ok()) {
+        if let Some(ns) = line
+            .strip_prefix("tick ")
+            .and_then(|v| v.parse::<u128>().ok())
+        {
             lat.push((now_ns() - ns) as f64 / 1e6);
         }
     }

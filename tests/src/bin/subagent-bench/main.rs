@@ -43,7 +43,10 @@ fn main() {
     }
     let quick = std::env::args().any(|a| a == "--quick");
     // The daemon and the runner are the ones built beside this binary.
-    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
         std::env::set_var("SUBAGENT_BIN_DIR", dir);
     }
     let started = Instant::now();
@@ -67,21 +70,98 @@ fn main() {
     let ours = &spawn["ours_exec"];
     row(
         &format!("spawn → exec, p50/p90/p99 ({} spawns)", spawn["n"]),
-        format!("{:.2}/{:.2}/{:.2} ms", f(ours, "p50"), f(ours, "p90"), f(ours, "p99")),
-        format!("plain {:.2} ms; bwrap {}", f(plain, "p50"), spawn["bwrap"].get("p50").and_then(Value::as_f64).map_or("not installed".into(), |b| format!("{b:.2} ms"))),
-        format!("{:.1}x plain; {} bwrap", f(&spawn, "ratio_plain"), spawn.get("ratio_bwrap").and_then(Value::as_f64).map_or("-".into(), |r| format!("{r:.2}x"))),
+        format!(
+            "{:.2}/{:.2}/{:.2} ms",
+            f(ours, "p50"),
+            f(ours, "p90"),
+            f(ours, "p99")
+        ),
+        format!(
+            "plain {:.2} ms; bwrap {}",
+            f(plain, "p50"),
+            spawn["bwrap"]
+                .get("p50")
+                .and_then(Value::as_f64)
+                .map_or("not installed".into(), |b| format!("{b:.2} ms"))
+        ),
+        format!(
+            "{:.1}x plain; {} bwrap",
+            f(&spawn, "ratio_plain"),
+            spawn
+                .get("ratio_bwrap")
+                .and_then(Value::as_f64)
+                .map_or("-".into(), |r| format!("{r:.2}x"))
+        ),
         "<= 1.0x bwrap (stretch 2 ms)",
     );
     let notice = &spawn["ours_notice"];
-    row("spawn → notice, p50/p90/p99", format!("{:.2}/{:.2}/{:.2} ms", f(notice, "p50"), f(notice, "p90"), f(notice, "p99")), "-".into(), "-".into(), "-");
-    row(&format!("throughput ({} runs, max_concurrent 32)", load["runs"]), format!("{:.0} runs/s", f(&load, "runs_per_s")), "-".into(), "-".into(), ">= 300 runs/s");
-    row(&format!("daemon RSS idle / with {} sleepers", load["sleepers"]), format!("{:.1} / {:.1} MiB", f(&load, "daemon_idle_mib"), f(&load, "daemon_sleepers_mib")), "-".into(), "-".into(), "<= 100 MiB");
-    row("runner RSS (mean)", format!("{:.2} MiB", f(&load, "runner_mean_mib")), "-".into(), "-".into(), "<= 4 MiB");
-    row(&format!("log capture, {} MB in 64 KiB chunks", logs["mb"]), format!("{:.0} MB/s", f(&logs, "chunks_mb_s")), format!("direct {:.0} MB/s", f(&logs, "direct_mb_s")), format!("{:.2}x", f(&logs, "chunks_mb_s") / f(&logs, "direct_mb_s")), ">= 500 MB/s");
-    row(&format!("log capture, {} MB in 64-byte lines", logs["lines_mb"]), format!("{:.0} MB/s", f(&logs, "lines_mb_s")), "-".into(), "-".into(), "-");
-    row("logs -f latency, p50/max", format!("{:.1}/{:.1} ms", f(&logs["follow"], "p50"), f(&logs["follow"], "max")), "-".into(), "-".into(), "-");
     row(
-        &format!("git snapshot ({} files, {} modified)", git["files"], git["modified"]),
+        "spawn → notice, p50/p90/p99",
+        format!(
+            "{:.2}/{:.2}/{:.2} ms",
+            f(notice, "p50"),
+            f(notice, "p90"),
+            f(notice, "p99")
+        ),
+        "-".into(),
+        "-".into(),
+        "-",
+    );
+    row(
+        &format!("throughput ({} runs, max_concurrent 32)", load["runs"]),
+        format!("{:.0} runs/s", f(&load, "runs_per_s")),
+        "-".into(),
+        "-".into(),
+        ">= 300 runs/s",
+    );
+    row(
+        &format!("daemon RSS idle / with {} sleepers", load["sleepers"]),
+        format!(
+            "{:.1} / {:.1} MiB",
+            f(&load, "daemon_idle_mib"),
+            f(&load, "daemon_sleepers_mib")
+        ),
+        "-".into(),
+        "-".into(),
+        "<= 100 MiB",
+    );
+    row(
+        "runner RSS (mean)",
+        format!("{:.2} MiB", f(&load, "runner_mean_mib")),
+        "-".into(),
+        "-".into(),
+        "<= 4 MiB",
+    );
+    row(
+        &format!("log capture, {} MB in 64 KiB chunks", logs["mb"]),
+        format!("{:.0} MB/s", f(&logs, "chunks_mb_s")),
+        format!("direct {:.0} MB/s", f(&logs, "direct_mb_s")),
+        format!("{:.2}x", f(&logs, "chunks_mb_s") / f(&logs, "direct_mb_s")),
+        ">= 500 MB/s",
+    );
+    row(
+        &format!("log capture, {} MB in 64-byte lines", logs["lines_mb"]),
+        format!("{:.0} MB/s", f(&logs, "lines_mb_s")),
+        "-".into(),
+        "-".into(),
+        "-",
+    );
+    row(
+        "logs -f latency, p50/max",
+        format!(
+            "{:.1}/{:.1} ms",
+            f(&logs["follow"], "p50"),
+            f(&logs["follow"], "max")
+        ),
+        "-".into(),
+        "-".into(),
+        "-",
+    );
+    row(
+        &format!(
+            "git snapshot ({} files, {} modified)",
+            git["files"], git["modified"]
+        ),
         format!("{:.1} ms", f(&git, "snapshot_ms")),
         format!("git status {:.1} ms", f(&git, "git_status_ms")),
         format!("{:.2}x", f(&git, "ratio")),
@@ -91,12 +171,22 @@ fn main() {
     std::fs::create_dir_all(out).unwrap();
     let file = out.join(if quick { "quick.json" } else { "full.json" });
     std::fs::write(&file, serde_json::to_vec_pretty(&results).unwrap()).unwrap();
-    eprintln!("wrote {} in {:.0} s", file.display(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "wrote {} in {:.0} s",
+        file.display(),
+        started.elapsed().as_secs_f64()
+    );
 }
 
 fn machine() -> Value {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let model = read("/proc/cpuinfo").lines().find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())).unwrap_or_default();
+    let model = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
     json!({
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "cpu": model,

@@ -21,14 +21,24 @@ fn read_ns(p: &Path) -> u128 {
 pub fn bench(quick: bool) -> Value {
     let n = if quick { 40 } else { 500 };
     let me = std::env::current_exe().unwrap();
-    let d = Daemon::start_with(DaemonOpts { max_concurrent: Some(4), ..Default::default() });
+    let d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(4),
+        ..Default::default()
+    });
     let mut sub = d.conn();
     sub.call("subscribe", json!({})).unwrap();
     let mut c = d.conn();
     let s = session("bench-spawn");
-    let scratch = tempfile::Builder::new().prefix("sa-bench-").tempdir_in("/tmp").unwrap();
-    let bwrap = Command::new("bwrap").arg("--version").output().is_ok_and(|o| o.status.success());
-    let (mut exec, mut notice, mut plain, mut bw) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let scratch = tempfile::Builder::new()
+        .prefix("sa-bench-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let bwrap = Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let (mut exec, mut notice, mut plain, mut bw) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n {
         // Ours: spawn_agent → the workload's stamp, → the notice.
         let t0 = now_ns();
@@ -54,14 +64,30 @@ pub fn bench(quick: bool) -> Value {
         // Plain fork/exec.
         let f = scratch.path().join("plain");
         let t0 = now_ns();
-        assert!(Command::new(&me).arg("--stamp").arg(&f).status().unwrap().success());
+        assert!(Command::new(&me)
+            .arg("--stamp")
+            .arg(&f)
+            .status()
+            .unwrap()
+            .success());
         plain.push((read_ns(&f) - t0) as f64 / 1e6);
         // bubblewrap.
         if bwrap {
             let f = scratch.path().join("bwrap");
             let t0 = now_ns();
             let ok = Command::new("bwrap")
-                .args(["--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind"])
+                .args([
+                    "--unshare-all",
+                    "--die-with-parent",
+                    "--ro-bind",
+                    "/",
+                    "/",
+                    "--dev",
+                    "/dev",
+                    "--proc",
+                    "/proc",
+                    "--bind",
+                ])
                 .arg(scratch.path())
                 .arg(scratch.path())
                 .arg(&me)

@@ -7,7 +7,10 @@ use std::io::Write;
 
 /// Nanoseconds since the epoch.
 pub fn now_ns() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
 }
 
 /// Runs a workload when asked to; returns whether it did.
@@ -17,7 +20,10 @@ pub fn dispatch() -> bool {
         Some("--stamp") => {
             let t = now_ns();
             let target = match args.get(1).map(String::as_str) {
-                Some("-") | None => format!("{}/stamp", std::env::var("SUBAGENT_ARTIFACT_DIR").unwrap_or_default()),
+                Some("-") | None => format!(
+                    "{}/stamp",
+                    std::env::var("SUBAGENT_ARTIFACT_DIR").unwrap_or_default()
+                ),
                 Some(p) => p.to_owned(),
             };
             std::fs::write(target, t.to_string()).unwrap();
