@@ -40,6 +40,17 @@ pub fn fsync_dir(dir: &Path) -> Result<(), AtomicError> {
 
 /// Replaces `path` with `bytes` atomically and durably; mode 0600.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
+    replace(path, bytes, true)
+}
+
+/// Replaces `path` with `bytes` atomically (readers see the old or the new
+/// content, never a mix) but without fsync: for files derived from a
+/// durable record, which can be made again.
+pub fn write_replace(path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
+    replace(path, bytes, false)
+}
+
+fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<(), AtomicError> {
     let dir = path
         .parent()
         .ok_or_else(|| AtomicError::BadPath(path.to_path_buf()))?;
@@ -59,9 +70,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
             .open(&tmp)
             .map_err(io("create", &tmp))?;
         f.write_all(bytes).map_err(io("write", &tmp))?;
-        f.sync_all().map_err(io("fsync", &tmp))?;
+        if durable {
+            f.sync_all().map_err(io("fsync", &tmp))?;
+        }
         fs::rename(&tmp, path).map_err(io("rename into place", path))?;
-        fsync_dir(dir)
+        if durable {
+            fsync_dir(dir)?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);

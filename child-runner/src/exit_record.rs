@@ -54,6 +54,10 @@ pub struct ExitRecord {
     /// Attempts made (restarts after exit 75 included).
     #[serde(default = "one")]
     pub attempts: u32,
+    /// How long each sandbox step took, in µs (prepare, fork_to_exec, and
+    /// each step applied in the child), for the last attempt.
+    #[serde(default)]
+    pub setup_us: std::collections::BTreeMap<String, u64>,
 }
 
 fn one() -> u32 {

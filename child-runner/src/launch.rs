@@ -32,11 +32,12 @@ impl LaunchError {
 
 /// Starts the agent command with `output` as its stdout and stderr, inside
 /// the prepared sandbox.
+/// Returns the child and its sandbox steps' durations ("name=µs ...").
 pub fn start(
     spec: &RunnerSpec,
     output: OwnedFd,
     sandbox: std::sync::Arc<Prepared>,
-) -> Result<Child, LaunchError> {
+) -> Result<(Child, String), LaunchError> {
     let err = |source| LaunchError {
         program: spec.argv[0].clone(),
         source,
@@ -48,6 +49,10 @@ pub fn start(
     let (why_r, why_w) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| err(e.into()))?;
     let why_fd = std::os::fd::AsRawFd::as_raw_fd(&why_w);
+    // And reports its setup steps' durations here (CLOEXEC: closed at exec).
+    let (times_r, times_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| err(e.into()))?;
+    let times_fd = std::os::fd::AsRawFd::as_raw_fd(&times_w);
     let mut cmd = Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
@@ -69,10 +74,16 @@ pub fn start(
             }
             sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
             crate::sys::cloexec_from(3).map_err(|e| e.source)?;
-            if let Err(why) = sandbox.apply() {
-                // SAFETY: writes our own buffer to a pipe we hold open.
-                let _ = libc::write(why_fd, why.as_ptr().cast(), why.len());
-                return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+            match sandbox.apply() {
+                Ok(times) => {
+                    // SAFETY: writes our own buffer to a pipe we hold open.
+                    let _ = libc::write(times_fd, times.as_ptr().cast(), times.len());
+                }
+                Err(why) => {
+                    // SAFETY: writes our own buffer to a pipe we hold open.
+                    let _ = libc::write(why_fd, why.as_ptr().cast(), why.len());
+                    return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+                }
             }
             Ok(())
         });
@@ -80,8 +91,13 @@ pub fn start(
     let spawned = cmd.spawn();
     drop(cmd);
     drop(why_w);
+    drop(times_w);
     match spawned {
-        Ok(child) => Ok(child),
+        Ok(child) => {
+            let mut t = String::new();
+            let _ = std::io::Read::read_to_string(&mut std::fs::File::from(times_r), &mut t);
+            Ok((child, t))
+        }
         Err(e) => {
             let mut why = String::new();
             let _ = std::io::Read::read_to_string(&mut std::fs::File::from(why_r), &mut why);

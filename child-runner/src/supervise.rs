@@ -195,8 +195,10 @@ fn attempt_once(
             isolation: None,
             resources: Default::default(),
             attempts: 1,
+            setup_us: Default::default(),
         }
     };
+    let prepare_started = Instant::now();
     let prepared =
         match sandbox::prepare(&spec.sandbox, &spec.cgroup_plan, &spec.run_id, spec.run_as) {
             Ok(p) => std::sync::Arc::new(p),
@@ -206,8 +208,10 @@ fn attempt_once(
                 return Ok(not_started(None, reason));
             }
         };
-    let child = match launch::start(spec, pipe_w, prepared.clone()) {
-        Ok(child) => child,
+    let prepare_us = prepare_started.elapsed().as_micros() as u64;
+    let spawn_started = Instant::now();
+    let (child, step_times) = match launch::start(spec, pipe_w, prepared.clone()) {
+        Ok(c) => c,
         Err(e) => {
             prepared.cgroups().remove();
             sink.note(&format!("[subagentd: {e}]\n"));
@@ -215,6 +219,7 @@ fn attempt_once(
             return Ok(not_started(Some(code), e.to_string()));
         }
     };
+    let spawn_us = spawn_started.elapsed().as_micros() as u64;
     let grace = Duration::from_millis(spec.kill_grace_ms);
     let mut st = Loop {
         child_pid: child.id() as i32,
@@ -385,6 +390,16 @@ fn attempt_once(
         isolation: Some(prepared.report.clone()),
         resources,
         attempts: 1,
+        setup_us: {
+            let mut m: std::collections::BTreeMap<String, u64> = step_times
+                .split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+                .collect();
+            m.insert("prepare".into(), prepare_us);
+            m.insert("fork_to_exec".into(), spawn_us);
+            m
+        },
     })
 }
 

@@ -79,15 +79,20 @@ impl SessionStore {
         project_dir: &Path,
         seed: Option<&[PathBuf]>,
     ) -> Result<SessionState, String> {
-        let first = !file(&self.layout, session).exists();
-        self.update(session, |s| {
-            s.project_dir = Some(project_dir.to_path_buf());
-            if first {
-                if let Some(seed) = seed {
-                    s.recent_files = touch(&[], &absolute(project_dir, seed));
-                }
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let existing = self.load(session);
+        let mut s = existing.clone().unwrap_or_default();
+        s.project_dir = Some(project_dir.to_path_buf());
+        if existing.is_none() {
+            if let Some(seed) = seed {
+                s.recent_files = touch(&[], &absolute(project_dir, seed));
             }
-        })
+        }
+        // Written only when something changed: not on every spawn.
+        if existing.as_ref() != Some(&s) {
+            self.save(session, &s)?;
+        }
+        Ok(s)
     }
 
     /// Puts `files` at the front of the session's recent files.

@@ -54,6 +54,16 @@ impl RunCgroups {
         pids_max: u64,
     ) -> Result<RunCgroups, CgroupError> {
         let mut cg = RunCgroups::default();
+        // Joining a cgroup v2 costs a few milliseconds per process (an RCU
+        // grace period), the largest part of a spawn. When v1 controllers
+        // hold both limits (hybrid hosts), their pids cgroup lists every
+        // process of the run for the whole-tree kill, so the v2 cgroup is
+        // skipped.
+        let v1_only = matches!(plan.memory, Via::V1(_)) && matches!(plan.pids, Via::V1(_));
+        let plan = &CgroupPlan {
+            v2: if v1_only { None } else { plan.v2.clone() },
+            ..plan.clone()
+        };
         let made = Self::fill(&mut cg, plan, run_id, memory_bytes, pids_max);
         if made.is_err() {
             // Whatever exists of the run's cgroups goes, made or half-made.
@@ -179,12 +189,22 @@ impl RunCgroups {
         Ok(())
     }
 
-    /// Kills every process in the run's v2 cgroup at once; false when
-    /// there is no v2 cgroup (the caller kills the tree itself).
+    /// Kills every process of the run: at once through the v2 cgroup's
+    /// cgroup.kill, else each process the cgroups list. False when there is
+    /// no cgroup to ask (the caller kills the tree itself too).
     pub fn kill_all(&self) -> bool {
-        self.v2
+        if self
+            .v2
             .as_ref()
             .is_some_and(|d| write(&d.join("cgroup.kill"), "1").is_ok())
+        {
+            return true;
+        }
+        if self.pids.is_some() || self.memory.is_some() {
+            self.kill_listed();
+            return true;
+        }
+        false
     }
 
     /// Peak memory in bytes and the number of OOM kills, where known.

@@ -191,13 +191,14 @@ pub fn prepare(
             "memory {} MiB via {memory_via}; pids {} via {pids_via}; whole-tree kill via {}",
             spec.memory_bytes >> 20,
             spec.pids_max,
-            cgroups
-                .v2
-                .as_ref()
-                .map_or("a /proc walk (no cgroup v2)".to_owned(), |d| format!(
-                    "cgroup.kill ({})",
+            match (&cgroups.v2, &cgroups.pids) {
+                (Some(d), _) => format!("cgroup.kill ({})", d.display()),
+                (None, Some(d)) => format!(
+                    "the pids cgroup's process list ({}) and a /proc walk",
                     d.display()
-                ))
+                ),
+                (None, None) => "a /proc walk (no cgroup)".to_owned(),
+            }
         ),
     };
     report.rlimits = rlimits
@@ -248,13 +249,24 @@ pub fn prepare(
 impl Prepared {
     /// Applies the sandbox to the calling process, in order. Runs in the
     /// child between fork and exec; the error names the step.
-    pub fn apply(&self) -> Result<(), String> {
+    pub fn apply(&self) -> Result<String, String> {
+        // Each step's duration, reported as "name=µs ..." (the isolation
+        // cost the benchmark harness shows).
+        let mut times = String::new();
+        let mut t = std::time::Instant::now();
+        let mut lap = |name: &str, times: &mut String| {
+            times.push_str(&format!("{name}={} ", t.elapsed().as_micros()));
+            t = std::time::Instant::now();
+        };
         rlimits::apply(&self.rlimits).map_err(|e| e.to_string())?;
+        lap("rlimits", &mut times);
         self.cgroups.join_self().map_err(|e| e.to_string())?;
+        lap("cgroup_join", &mut times);
         if self.netns {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(|e| format!("network namespace: unshare: {e}"))?;
         }
+        lap("namespaces", &mut times);
         // Landlock's rule paths are opened now, while the process may still
         // reach them; the rules are enforced after the user switch.
         let ruleset = if self.landlock_abi > 0 {
@@ -265,19 +277,24 @@ impl Prepared {
         } else {
             None
         };
+        lap("landlock_build", &mut times);
         caps::drop_bounding(self.privileged, self.last_cap).map_err(|e| e.to_string())?;
         if let Some((uid, gid)) = self.run_as {
             caps::switch_user(uid, gid).map_err(|e| e.to_string())?;
         }
         caps::clear_sets().map_err(|e| e.to_string())?;
+        lap("capabilities", &mut times);
         caps::no_new_privs().map_err(|e| e.to_string())?;
+        lap("no_new_privs", &mut times);
         if let Some(r) = ruleset {
             landlock::enforce(r).map_err(|e| e.to_string())?;
         }
+        lap("landlock_enforce", &mut times);
         if let Some(s) = &self.seccomp {
             seccomp::install(s).map_err(|e| e.to_string())?;
         }
-        Ok(())
+        lap("seccomp", &mut times);
+        Ok(times)
     }
 
     /// The run's cgroups.

@@ -528,7 +528,10 @@ pub(crate) fn create_run(
             ("plan-1.json", composed.plan_json.as_bytes()),
         ] {
             let path = ctx.join(name);
-            write_atomic(&path, bytes).map_err(|e| EngineError::Storage(e.to_string()))?;
+            // Derived from the durable record; made durable by the one
+            // directory fsync below, not one fsync each.
+            subagent_runner::atomic::write_replace(&path, bytes)
+                .map_err(|e| EngineError::Storage(e.to_string()))?;
             if let Some((_, gid)) = child {
                 share_with_group(&path, gid, 0o640)?;
             }
@@ -536,6 +539,7 @@ pub(crate) fn create_run(
         // The inputs stay with the run (not in the child's context dir).
         write_atomic(&files.dir.join("compose.json"), &compose_json)
             .map_err(|e| EngineError::Storage(e.to_string()))?;
+        fsync_dir(&ctx).map_err(|e| EngineError::Storage(e.to_string()))?;
         let show = |p: &Path| p.display().to_string();
         let paths = policy::ChildPaths {
             run_id: id.to_string(),

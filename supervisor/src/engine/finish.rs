@@ -208,10 +208,18 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
         })
         .await
         .unwrap_or_default();
+        let merged = !report.accepted.is_empty();
         let mut next = rec.clone();
         next.delta = Some(report);
-        if let Err(e) = sup.persist(slot, &mut rec, next.clone()).await {
-            tracing::error!(run_id = %next.run_id, "recording the delta: {e}");
+        if merged {
+            // Something was merged: record it before anything else, so no
+            // restart merges it again.
+            if let Err(e) = sup.persist(slot, &mut rec, next.clone()).await {
+                tracing::error!(run_id = %next.run_id, "recording the delta: {e}");
+                *rec = next;
+            }
+        } else {
+            // Nothing to repeat: the report is saved with the final record.
             *rec = next;
         }
     }
@@ -289,6 +297,7 @@ mod tests {
             isolation: None,
             resources: Default::default(),
             attempts: 1,
+            setup_us: Default::default(),
         }
     }
 

@@ -49,11 +49,35 @@ fn main() {
     {
         std::env::set_var("SUBAGENT_BIN_DIR", dir);
     }
+    // `--only NAME` (spawn, load, logs, git) runs one part, for profiling.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
     let started = Instant::now();
-    let spawn = spawn::bench(quick);
-    let load = load::bench(quick);
-    let logs = logs::bench(quick);
-    let git = git::bench_git(quick);
+    let spawn = if want("spawn") {
+        spawn::bench(quick)
+    } else {
+        Value::Null
+    };
+    let load = if want("load") {
+        load::bench(quick)
+    } else {
+        Value::Null
+    };
+    let logs = if want("logs") {
+        logs::bench(quick)
+    } else {
+        Value::Null
+    };
+    let git = if want("git") {
+        git::bench_git(quick)
+    } else {
+        Value::Null
+    };
     let results = json!({
         "mode": if quick { "quick" } else { "full" },
         "machine": machine(),
@@ -94,6 +118,15 @@ fn main() {
         ),
         "<= 1.0x bwrap (stretch 2 ms)",
     );
+    for (step, v) in spawn["setup_p50_ms"].as_object().into_iter().flatten() {
+        row(
+            &format!("  sandbox step: {step} (p50)"),
+            format!("{:.3} ms", v.as_f64().unwrap_or(0.0)),
+            "-".into(),
+            "-".into(),
+            "-",
+        );
+    }
     let notice = &spawn["ours_notice"];
     row(
         "spawn → notice, p50/p90/p99",

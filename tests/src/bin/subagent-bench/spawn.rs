@@ -39,6 +39,7 @@ pub fn bench(quick: bool) -> Value {
         .is_ok_and(|o| o.status.success());
     let (mut exec, mut notice, mut plain, mut bw) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut steps: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
     for _ in 0..n {
         // Ours: spawn_agent → the workload's stamp, → the notice.
         let t0 = now_ns();
@@ -60,6 +61,22 @@ pub fn bench(quick: bool) -> Value {
         let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
         let stamp = read_ns(&Path::new(st["artifact_dir"].as_str().unwrap()).join("stamp"));
         exec.push((stamp - t0) as f64 / 1e6);
+        let exit: Value = serde_json::from_slice(
+            &std::fs::read(
+                Path::new(st["log_path"].as_str().unwrap())
+                    .parent()
+                    .unwrap()
+                    .join("exit.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        for (k, v) in exit["setup_us"].as_object().into_iter().flatten() {
+            steps
+                .entry(k.clone())
+                .or_default()
+                .push(v.as_f64().unwrap_or(0.0) / 1000.0);
+        }
         notice.push((t_notice - t0) as f64 / 1e6);
         // Plain fork/exec.
         let f = scratch.path().join("plain");
@@ -103,8 +120,13 @@ pub fn bench(quick: bool) -> Value {
     }
     let ours = stats(&exec);
     let p = stats(&plain);
+    let setup: serde_json::Map<String, Value> = steps
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(pct(v, 50.0))))
+        .collect();
     let mut out = json!({
         "n": n,
+        "setup_p50_ms": setup,
         "ours_exec": ours,
         "ours_notice": stats(&notice),
         "plain": p,
