@@ -14,8 +14,24 @@ use subagent_runner::spec::RunnerSpec;
 use subagent_runner::{lockfd, supervise};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: subagent-runner [--lock-fd N] RUNNER_JSON");
+    say("usage: subagent-runner [--lock-fd N] RUNNER_JSON");
     ExitCode::from(2)
+}
+
+/// Writes a line to stderr (runner.log), ignoring failure: a full disk must
+/// not turn into a panic.
+fn say(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "subagent-runner: {msg}");
+}
+
+/// Creates a 64 KiB file beside exit.json and returns its path.
+fn exit_reserve(exit_path: &std::path::Path) -> Option<PathBuf> {
+    let mut name = exit_path.file_name()?.to_owned();
+    name.push(".reserve");
+    let path = exit_path.with_file_name(name);
+    std::fs::write(&path, vec![0u8; 64 * 1024]).ok()?;
+    Some(path)
 }
 
 fn main() -> ExitCode {
@@ -30,26 +46,32 @@ fn main() -> ExitCode {
     };
     if let Some(fd) = lock_fd {
         if let Err(e) = lockfd::adopt(fd) {
-            eprintln!("subagent-runner: {e}");
+            say(&format!("{e}"));
             return ExitCode::from(2);
         }
     }
     let spec = match RunnerSpec::load(&spec_path) {
         Ok(spec) => spec,
         Err(e) => {
-            eprintln!("subagent-runner: {e}");
+            say(&format!("{e}"));
             return ExitCode::from(2);
         }
     };
+    // Room for exit.json, kept from the start: if the child fills the disk,
+    // the reserve is given back just before the record is written.
+    let reserve = exit_reserve(&spec.exit_path);
     let record = match supervise::run(&spec) {
         Ok(record) => record,
         Err(e) => {
-            eprintln!("subagent-runner: run {}: {e}", spec.run_id);
+            say(&format!("run {}: {e}", spec.run_id));
             return ExitCode::from(2);
         }
     };
+    if let Some(r) = &reserve {
+        let _ = std::fs::remove_file(r);
+    }
     if let Err(e) = record.save(&spec.exit_path) {
-        eprintln!("subagent-runner: run {}: {e}", spec.run_id);
+        say(&format!("run {}: {e}", spec.run_id));
         return ExitCode::from(2);
     }
     ExitCode::SUCCESS

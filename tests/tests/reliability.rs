@@ -480,3 +480,54 @@ fn a_full_state_dir_refuses_spawns_cleanly() {
     unsafe_kill(child.id() as i32, libc::SIGKILL);
     let _ = child.wait();
 }
+
+#[test]
+fn a_failing_log_write_is_recorded_and_the_child_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let mounted = is_root()
+        && Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(&state)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !runnable(
+        mounted,
+        "tmpfs",
+        "mounting a small tmpfs needs root and mount rights",
+    ) {
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(state.clone());
+    let socket = dir.path().join("s.sock");
+    let mut child = Daemon::spawn_process(&socket, &state, dir.path(), &DaemonOpts::default());
+    wait_until(Duration::from_secs(20), "the daemon", || {
+        Conn::try_connect(&socket).is_some_and(|mut c| c.call("ping", json!({})).is_ok())
+    });
+    let mut c = Conn::connect(&socket);
+    // 3 MB of output into a 1 MiB file system: the log write fails; the
+    // child goes on and its artifact shows it finished.
+    let run = c.spawn(
+        &session("logfail"),
+        &["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x; echo done > \"$TMPDIR/../done\" 2>/dev/null; exit 0"],
+        json!({"limits": {"output_mb": 10}}),
+    );
+    let st = c.wait(&run);
+    assert!(matches!(st["state"].as_str(), Some("succeeded")), "{st}");
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("write child.log"),
+        "the log failure is recorded: {reason}"
+    );
+    assert!(c.call("ping", json!({})).is_ok());
+    unsafe_kill(child.id() as i32, libc::SIGKILL);
+    let _ = child.wait();
+}
