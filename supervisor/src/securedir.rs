@@ -193,12 +193,17 @@ pub fn make_temp_dir(
     let owner = crate::paths::uid();
     let (parent, name) = split(base)?;
     let base_dir = PrivateDir::open_trusted(&parent)?.ensure_child(&name, owner)?;
-    let session_dir = base_dir.ensure_child(session, owner)?;
-    if child.is_some() {
-        base_dir.set_mode(0o711)?;
-        session_dir.set_mode(0o711)?;
-    }
+    // A finishing run removes its session dir once it is empty
+    // (`remove_empty_session_dir`); if that happens between opening the
+    // session dir and making the leaf, the mkdir fails with ENOENT and the
+    // session dir is made again.
+    let mut retries = 3;
     loop {
+        let session_dir = base_dir.ensure_child(session, owner)?;
+        if child.is_some() {
+            base_dir.set_mode(0o711)?;
+            session_dir.set_mode(0o711)?;
+        }
         let leaf = format!("c{}", crate::ids::random_hex8());
         match session_dir.create_child(&leaf, owner) {
             Ok(dir) => {
@@ -211,8 +216,23 @@ pub fn make_temp_dir(
                 errno: Errno::EEXIST,
                 ..
             }) => continue,
+            Err(SecureDirError::Sys {
+                errno: Errno::ENOENT,
+                ..
+            }) if retries > 0 => retries -= 1,
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Removes a run's session dir (the parent of its temp dir) if it is empty,
+/// so `/tmp/subagentd-<uid>` does not fill with empty session dirs. A
+/// non-empty dir (another run of the session is alive) is left alone.
+pub fn remove_empty_session_dir(temp_dir: &Path) {
+    if let Some(session_dir) = temp_dir.parent() {
+        // rmdir only removes an empty directory; ENOTEMPTY and ENOENT are the
+        // expected outcomes when another run still uses it.
+        let _ = std::fs::remove_dir(session_dir);
     }
 }
 
@@ -254,6 +274,22 @@ mod tests {
             make_temp_dir(&base2, "s", None).unwrap_err(),
             SecureDirError::Symlink(_)
         ));
+    }
+
+    #[test]
+    fn an_empty_session_dir_is_removed_and_made_again() {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().join("b");
+        let a = make_temp_dir(&base, "s", None).unwrap();
+        let b = make_temp_dir(&base, "s", None).unwrap();
+        std::fs::remove_dir(&a).unwrap();
+        remove_empty_session_dir(&a);
+        assert!(base.join("s").is_dir(), "b still lives there");
+        std::fs::remove_dir(&b).unwrap();
+        remove_empty_session_dir(&b);
+        assert!(!base.join("s").exists());
+        let c = make_temp_dir(&base, "s", None).unwrap();
+        assert!(c.is_dir() && c.starts_with(base.join("s")));
     }
 
     #[test]

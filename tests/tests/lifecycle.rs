@@ -82,6 +82,8 @@ fn success_writes_log_artifacts_and_result() {
         temp.parent().unwrap(),
         PathBuf::from(format!("/tmp/subagentd-{}/{s}", unsafe_uid()))
     );
+    // The session's only run is over, so its empty session dir is gone too.
+    assert!(!temp.parent().unwrap().exists());
 }
 
 fn unsafe_uid() -> u32 {

@@ -666,7 +666,8 @@ pub(crate) fn create_run(
         }
         let _ = std::fs::remove_dir_all(&files.dir);
         if let Some(t) = temp_dir {
-            let _ = std::fs::remove_dir_all(t);
+            let _ = std::fs::remove_dir_all(&t);
+            crate::securedir::remove_empty_session_dir(&t);
         }
     }
     result

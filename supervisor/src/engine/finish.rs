@@ -153,6 +153,7 @@ fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, S
         .map_err(|e| e.to_string())?;
     if !rec.keep_temp {
         remove_tree(&rec.temp_dir);
+        crate::securedir::remove_empty_session_dir(&rec.temp_dir);
     }
     Ok(fresh.then_some(notice))
 }

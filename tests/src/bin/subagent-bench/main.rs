@@ -89,120 +89,134 @@ fn main() {
     });
     println!("| benchmark | ours | reference | ratio | target |");
     println!("|---|---|---|---|---|");
+    // A part that did not run (`--only`) prints no rows.
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-    let plain = &spawn["plain"];
-    let ours = &spawn["ours_exec"];
-    row(
-        &format!("spawn → exec, p50/p90/p99 ({} spawns)", spawn["n"]),
-        format!(
-            "{:.2}/{:.2}/{:.2} ms",
-            f(ours, "p50"),
-            f(ours, "p90"),
-            f(ours, "p99")
-        ),
-        format!(
-            "plain {:.2} ms; bwrap {}",
-            f(plain, "p50"),
-            spawn["bwrap"]
-                .get("p50")
-                .and_then(Value::as_f64)
-                .map_or("not installed".into(), |b| format!("{b:.2} ms"))
-        ),
-        format!(
-            "{:.1}x plain; {} bwrap",
-            f(&spawn, "ratio_plain"),
-            spawn
-                .get("ratio_bwrap")
-                .and_then(Value::as_f64)
-                .map_or("-".into(), |r| format!("{r:.2}x"))
-        ),
-        "<= 1.0x bwrap (stretch 2 ms)",
-    );
-    for (step, v) in spawn["setup_p50_ms"].as_object().into_iter().flatten() {
+    if !spawn.is_null() {
+        let plain = &spawn["plain"];
+        let ours = &spawn["ours_exec"];
         row(
-            &format!("  sandbox step: {step} (p50)"),
-            format!("{:.3} ms", v.as_f64().unwrap_or(0.0)),
+            &format!("spawn → exec, p50/p90/p99 ({} spawns)", spawn["n"]),
+            format!(
+                "{:.2}/{:.2}/{:.2} ms",
+                f(ours, "p50"),
+                f(ours, "p90"),
+                f(ours, "p99")
+            ),
+            format!(
+                "plain {:.2} ms; bwrap {}",
+                f(plain, "p50"),
+                spawn["bwrap"]
+                    .get("p50")
+                    .and_then(Value::as_f64)
+                    .map_or("not installed".into(), |b| format!("{b:.2} ms"))
+            ),
+            format!(
+                "{:.1}x plain; {} bwrap",
+                f(&spawn, "ratio_plain"),
+                spawn
+                    .get("ratio_bwrap")
+                    .and_then(Value::as_f64)
+                    .map_or("-".into(), |r| format!("{r:.2}x"))
+            ),
+            "<= 1.0x bwrap (stretch 2 ms)",
+        );
+        for (step, v) in spawn["setup_p50_ms"].as_object().into_iter().flatten() {
+            row(
+                &format!("  sandbox step: {step} (p50)"),
+                format!("{:.3} ms", v.as_f64().unwrap_or(0.0)),
+                "-".into(),
+                "-".into(),
+                "-",
+            );
+        }
+        let notice = &spawn["ours_notice"];
+        row(
+            "spawn → notice, p50/p90/p99",
+            format!(
+                "{:.2}/{:.2}/{:.2} ms",
+                f(notice, "p50"),
+                f(notice, "p90"),
+                f(notice, "p99")
+            ),
             "-".into(),
             "-".into(),
             "-",
         );
     }
-    let notice = &spawn["ours_notice"];
-    row(
-        "spawn → notice, p50/p90/p99",
-        format!(
-            "{:.2}/{:.2}/{:.2} ms",
-            f(notice, "p50"),
-            f(notice, "p90"),
-            f(notice, "p99")
-        ),
-        "-".into(),
-        "-".into(),
-        "-",
-    );
-    row(
-        &format!("throughput ({} runs, max_concurrent 32)", load["runs"]),
-        format!("{:.0} runs/s", f(&load, "runs_per_s")),
-        "-".into(),
-        "-".into(),
-        ">= 300 runs/s",
-    );
-    row(
-        &format!("daemon RSS idle / with {} sleepers", load["sleepers"]),
-        format!(
-            "{:.1} / {:.1} MiB",
-            f(&load, "daemon_idle_mib"),
-            f(&load, "daemon_sleepers_mib")
-        ),
-        "-".into(),
-        "-".into(),
-        "<= 100 MiB",
-    );
-    row(
-        "runner RSS (mean)",
-        format!("{:.2} MiB", f(&load, "runner_mean_mib")),
-        "-".into(),
-        "-".into(),
-        "<= 4 MiB",
-    );
-    row(
-        &format!("log capture, {} MB in 64 KiB chunks", logs["mb"]),
-        format!("{:.0} MB/s", f(&logs, "chunks_mb_s")),
-        format!("direct {:.0} MB/s", f(&logs, "direct_mb_s")),
-        format!("{:.2}x", f(&logs, "chunks_mb_s") / f(&logs, "direct_mb_s")),
-        ">= 500 MB/s",
-    );
-    row(
-        &format!("log capture, {} MB in 64-byte lines", logs["lines_mb"]),
-        format!("{:.0} MB/s", f(&logs, "lines_mb_s")),
-        "-".into(),
-        "-".into(),
-        "-",
-    );
-    row(
-        "logs -f latency, p50/max",
-        format!(
-            "{:.1}/{:.1} ms",
-            f(&logs["follow"], "p50"),
-            f(&logs["follow"], "max")
-        ),
-        "-".into(),
-        "-".into(),
-        "-",
-    );
-    row(
-        &format!(
-            "git snapshot ({} files, {} modified)",
-            git["files"], git["modified"]
-        ),
-        format!("{:.1} ms", f(&git, "snapshot_ms")),
-        format!("git status {:.1} ms", f(&git, "git_status_ms")),
-        format!("{:.2}x", f(&git, "ratio")),
-        "<= 1.0x",
-    );
+    if !load.is_null() {
+        row(
+            &format!("throughput ({} runs, max_concurrent 32)", load["runs"]),
+            format!("{:.0} runs/s", f(&load, "runs_per_s")),
+            "-".into(),
+            "-".into(),
+            ">= 300 runs/s",
+        );
+        row(
+            &format!("daemon RSS idle / with {} sleepers", load["sleepers"]),
+            format!(
+                "{:.1} / {:.1} MiB",
+                f(&load, "daemon_idle_mib"),
+                f(&load, "daemon_sleepers_mib")
+            ),
+            "-".into(),
+            "-".into(),
+            "<= 100 MiB",
+        );
+        row(
+            "runner RSS (mean)",
+            format!("{:.2} MiB", f(&load, "runner_mean_mib")),
+            "-".into(),
+            "-".into(),
+            "<= 4 MiB",
+        );
+    }
+    if !logs.is_null() {
+        row(
+            &format!("log capture, {} MB in 64 KiB chunks", logs["mb"]),
+            format!("{:.0} MB/s", f(&logs, "chunks_mb_s")),
+            format!("direct {:.0} MB/s", f(&logs, "direct_mb_s")),
+            format!("{:.2}x", f(&logs, "chunks_mb_s") / f(&logs, "direct_mb_s")),
+            ">= 500 MB/s",
+        );
+        row(
+            &format!("log capture, {} MB in 64-byte lines", logs["lines_mb"]),
+            format!("{:.0} MB/s", f(&logs, "lines_mb_s")),
+            "-".into(),
+            "-".into(),
+            "-",
+        );
+        row(
+            "logs -f latency, p50/max",
+            format!(
+                "{:.1}/{:.1} ms",
+                f(&logs["follow"], "p50"),
+                f(&logs["follow"], "max")
+            ),
+            "-".into(),
+            "-".into(),
+            "-",
+        );
+    }
+    if !git.is_null() {
+        row(
+            &format!(
+                "git snapshot ({} files, {} modified)",
+                git["files"], git["modified"]
+            ),
+            format!("{:.1} ms", f(&git, "snapshot_ms")),
+            format!("git status {:.1} ms", f(&git, "git_status_ms")),
+            format!("{:.2}x", f(&git, "ratio")),
+            "<= 1.0x",
+        );
+    }
     let out = Path::new("target/bench");
     std::fs::create_dir_all(out).unwrap();
-    let file = out.join(if quick { "quick.json" } else { "full.json" });
+    let mode = if quick { "quick" } else { "full" };
+    // A partial run (`--only`) does not overwrite the complete results.
+    let file = out.join(match &only {
+        Some(part) => format!("{mode}-{part}.json"),
+        None => format!("{mode}.json"),
+    });
     std::fs::write(&file, serde_json::to_vec_pretty(&results).unwrap()).unwrap();
     eprintln!(
         "wrote {} in {:.0} s",
