@@ -9,19 +9,8 @@
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+use subagentd_e2e::sleepers::{rss_kib, Sleepers};
 use subagentd_e2e::{session, wait_until, Conn, Daemon, DaemonOpts};
-
-fn rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("VmRSS:")
-                    .map(|v| v.trim().trim_end_matches(" kB").parse().unwrap_or(0))
-            })
-        })
-        .unwrap_or(0)
-}
 
 fn count(pid: i32, what: &str) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/{what}"))
@@ -89,31 +78,9 @@ fn five_hundred_sleepers() {
         max_concurrent: Some(500),
         ..Default::default()
     });
-    let release = tempfile::tempdir().unwrap();
-    let flag = release.path().join("go");
     let s = session("sleepers");
     let mut c = d.conn();
-    let script = format!("while [ ! -e {} ]; do sleep 0.2; done", flag.display());
-    let runs: Vec<String> = (0..500)
-        .map(|_| {
-            c.spawn(
-                &s,
-                &["sh", "-c", &script],
-                json!({"sandbox": {"read_paths": [release.path()]}}),
-            )
-        })
-        .collect();
-    wait_until(Duration::from_secs(120), "500 children running", || {
-        c.call(
-            "list_agent_runs",
-            json!({"session_id": s, "state": "running"}),
-        )
-        .unwrap()["runs"]
-            .as_array()
-            .unwrap()
-            .len()
-            == 500
-    });
+    let sleepers = Sleepers::start(&mut c, &s, 500, Duration::from_secs(120));
     let mut worst = Duration::ZERO;
     for _ in 0..20 {
         let t = Instant::now();
@@ -124,8 +91,7 @@ fn five_hundred_sleepers() {
         "500 sleepers: daemon RSS {} KiB; slowest of 20 pings {worst:?}",
         rss_kib(d.pid())
     );
-    std::fs::write(&flag, "").unwrap();
-    for r in &runs {
-        assert_eq!(c.wait(r)["state"], "succeeded");
+    for st in sleepers.release(&mut c) {
+        assert_eq!(st["state"], "succeeded", "{st}");
     }
 }

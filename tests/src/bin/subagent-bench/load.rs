@@ -4,18 +4,11 @@
 
 use serde_json::{json, Value};
 use std::time::Instant;
-use subagentd_e2e::{session, wait_until, Conn, Daemon, DaemonOpts};
+use subagentd_e2e::sleepers::{rss_kib, Sleepers};
+use subagentd_e2e::{session, Conn, Daemon, DaemonOpts};
 
-fn rss_kib(pid: i32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("VmRSS:")
-                    .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-            })
-        })
-        .unwrap_or(0.0)
+fn rss_mib(pid: i32) -> f64 {
+    rss_kib(pid) as f64 / 1024.0
 }
 
 fn throughput(runs: usize) -> f64 {
@@ -58,35 +51,17 @@ fn memory(sleepers: usize) -> (f64, f64, f64) {
         max_concurrent: Some(sleepers),
         ..Default::default()
     });
-    let idle = rss_kib(d.pid()) / 1024.0;
-    let release = tempfile::tempdir().unwrap();
-    let flag = release.path().join("go");
+    let idle = rss_mib(d.pid());
     let mut c = d.conn();
-    let s = session("bench-mem");
-    let script = format!("while [ ! -e {} ]; do sleep 0.2; done", flag.display());
-    let runs: Vec<String> = (0..sleepers)
-        .map(|_| {
-            c.spawn(
-                &s,
-                &["sh", "-c", &script],
-                json!({"sandbox": {"read_paths": [release.path()]}}),
-            )
-        })
-        .collect();
-    wait_until(std::time::Duration::from_secs(300), "the sleepers", || {
-        c.call(
-            "list_agent_runs",
-            json!({"session_id": s, "state": "running"}),
-        )
-        .unwrap()["runs"]
-            .as_array()
-            .unwrap()
-            .len()
-            == sleepers
-    });
-    let with = rss_kib(d.pid()) / 1024.0;
+    let sl = Sleepers::start(
+        &mut c,
+        &session("bench-mem"),
+        sleepers,
+        std::time::Duration::from_secs(300),
+    );
+    let with = rss_mib(d.pid());
     let mut runner_kib = Vec::new();
-    for r in &runs {
+    for r in &sl.runs {
         let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
         let rec: Value = serde_json::from_slice(
             &std::fs::read(
@@ -99,13 +74,10 @@ fn memory(sleepers: usize) -> (f64, f64, f64) {
         )
         .unwrap();
         if let Some(pid) = rec["runner_pid"].as_i64() {
-            runner_kib.push(rss_kib(pid as i32));
+            runner_kib.push(rss_kib(pid as i32) as f64);
         }
     }
-    std::fs::write(&flag, "").unwrap();
-    for r in &runs {
-        c.wait(r);
-    }
+    sl.release(&mut c);
     let mean = runner_kib.iter().sum::<f64>() / runner_kib.len().max(1) as f64 / 1024.0;
     (idle, with, mean)
 }
