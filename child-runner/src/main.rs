@@ -35,6 +35,7 @@ fn exit_reserve(exit_path: &std::path::Path) -> Option<PathBuf> {
 }
 
 fn main() -> ExitCode {
+    let main_started = std::time::Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (lock_fd, spec_path) = match args.as_slice() {
         [flag, fd, spec] if flag == "--lock-fd" => match fd.parse::<i32>() {
@@ -60,7 +61,7 @@ fn main() -> ExitCode {
     // Room for exit.json, kept from the start: if the child fills the disk,
     // the reserve is given back just before the record is written.
     let reserve = exit_reserve(&spec.exit_path);
-    let record = match supervise::run(&spec) {
+    let record = match supervise::run(&spec, main_started) {
         Ok(record) => record,
         Err(e) => {
             say(&format!("run {}: {e}", spec.run_id));

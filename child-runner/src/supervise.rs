@@ -79,7 +79,9 @@ impl Loop {
 
 /// Runs the agent command to its end and returns how it ended. The caller
 /// writes the record to exit.json.
-pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
+/// `main_started` is when the runner's `main` began; the time from it to
+/// the first attempt is reported as `runner_start` in `setup_us`.
+pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, RunnerError> {
     let me = nix::unistd::getpid().as_raw();
     let mask = handled_signals();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(setup("sigprocmask"))?;
@@ -110,7 +112,11 @@ pub fn run(spec: &RunnerSpec) -> Result<ExitRecord, RunnerError> {
                 ));
             }
         }
+        let runner_start_us = main_started.elapsed().as_micros() as u64;
         let mut rec = attempt_once(spec, &sfd, &mut sink, me, deadline)?;
+        if attempt == 1 {
+            rec.setup_us.insert("runner_start".into(), runner_start_us);
+        }
         let mut continue_me =
             rec.outcome == Outcome::Exited && rec.exit_code == Some(crate::restart::EXIT_CONTINUE);
         // A cancel that arrived as the attempt ended is not lost: no restart.

@@ -86,6 +86,39 @@ fn success_writes_log_artifacts_and_result() {
     assert!(!temp.parent().unwrap().exists());
 }
 
+/// exit.json times the runner's start and each sandbox step (the benchmark
+/// reads them); every step of a sandboxed run is there.
+#[test]
+fn exit_json_times_each_setup_step() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let run = c.spawn(&session("steps"), &["true"], json!({}));
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let exit: Value = serde_json::from_slice(
+        &std::fs::read(path(&st["log_path"]).parent().unwrap().join("exit.json")).unwrap(),
+    )
+    .unwrap();
+    let steps = exit["setup_us"].as_object().expect("setup_us");
+    for step in [
+        "runner_start",
+        "prepare",
+        "rlimits",
+        "capabilities",
+        "no_new_privs",
+        "landlock_build",
+        "landlock_enforce",
+        "seccomp",
+        "fork_to_exec",
+    ] {
+        assert!(steps[step].is_u64(), "{step} missing: {steps:?}");
+    }
+    // The child-side steps happen between fork and exec, so none can take
+    // longer than that whole span.
+    let whole = steps["fork_to_exec"].as_u64().unwrap();
+    assert!(steps["seccomp"].as_u64().unwrap() <= whole, "{steps:?}");
+}
+
 fn unsafe_uid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() }
