@@ -54,16 +54,6 @@ impl RunCgroups {
         pids_max: u64,
     ) -> Result<RunCgroups, CgroupError> {
         let mut cg = RunCgroups::default();
-        // Joining a cgroup v2 costs a few milliseconds per process (an RCU
-        // grace period), the largest part of a spawn. When v1 controllers
-        // hold both limits (hybrid hosts), their pids cgroup lists every
-        // process of the run for the whole-tree kill, so the v2 cgroup is
-        // skipped.
-        let v1_only = matches!(plan.memory, Via::V1(_)) && matches!(plan.pids, Via::V1(_));
-        let plan = &CgroupPlan {
-            v2: if v1_only { None } else { plan.v2.clone() },
-            ..plan.clone()
-        };
         let made = Self::fill(&mut cg, plan, run_id, memory_bytes, pids_max);
         if made.is_err() {
             // Whatever exists of the run's cgroups goes, made or half-made.

@@ -191,10 +191,16 @@ pub fn prepare(
             "memory {} MiB via {memory_via}; pids {} via {pids_via}; whole-tree kill via {}",
             spec.memory_bytes >> 20,
             spec.pids_max,
-            match (&cgroups.v2, &cgroups.pids) {
+            match (
+                &cgroups.v2,
+                cgroups
+                    .pids
+                    .as_ref()
+                    .or(cgroups.memory.as_ref().map(|(d, _)| d))
+            ) {
                 (Some(d), _) => format!("cgroup.kill ({})", d.display()),
                 (None, Some(d)) => format!(
-                    "the pids cgroup's process list ({}) and a /proc walk",
+                    "the cgroup's process list ({}) and a /proc walk",
                     d.display()
                 ),
                 (None, None) => "a /proc walk (no cgroup)".to_owned(),

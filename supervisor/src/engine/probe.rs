@@ -86,7 +86,7 @@ impl HostProbe {
             if self.full_cap_drop { "full (bounding set too)" } else { "effective/permitted/ambient (the bounding set needs CAP_SETPCAP)" },
             via(&self.cgroups.memory),
             via(&self.cgroups.pids),
-            if self.cgroups.v2.is_some() { "cgroup.kill" } else { "a /proc walk" },
+            self.cgroups.kill_via(),
         )
     }
 }
