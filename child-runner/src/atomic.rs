@@ -1,5 +1,6 @@
 //! Durable, atomic file replacement: write a temp file in the same folder,
-//! fsync it, rename it over the target, fsync the folder.
+//! fsync it, rename it over the target, fsync the folder; and [`Reserved`],
+//! disk room held up front for such a write.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -40,17 +41,36 @@ pub fn fsync_dir(dir: &Path) -> Result<(), AtomicError> {
 
 /// Replaces `path` with `bytes` atomically and durably; mode 0600.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
-    replace(path, bytes, true)
+    replace(path, bytes, Sync::FileAndDir)
+}
+
+/// Like [`write_atomic`], but the folder's fsync is left to the caller, who
+/// writes several files into one folder and then fsyncs it once
+/// ([`fsync_dir`]). Until then the new name may not survive a crash of the
+/// machine.
+pub fn write_atomic_in_batch(path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
+    replace(path, bytes, Sync::File)
 }
 
 /// Replaces `path` with `bytes` atomically (readers see the old or the new
 /// content, never a mix) but without fsync: for files derived from a
 /// durable record, which can be made again.
 pub fn write_replace(path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
-    replace(path, bytes, false)
+    replace(path, bytes, Sync::None)
 }
 
-fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<(), AtomicError> {
+/// What a replacement fsyncs.
+#[derive(Clone, Copy, PartialEq)]
+enum Sync {
+    /// Nothing.
+    None,
+    /// The file's content, before the rename.
+    File,
+    /// The content, then the folder after the rename.
+    FileAndDir,
+}
+
+fn replace(path: &Path, bytes: &[u8], sync: Sync) -> Result<(), AtomicError> {
     let dir = path
         .parent()
         .ok_or_else(|| AtomicError::BadPath(path.to_path_buf()))?;
@@ -70,11 +90,11 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<(), AtomicError> 
             .open(&tmp)
             .map_err(io("create", &tmp))?;
         f.write_all(bytes).map_err(io("write", &tmp))?;
-        if durable {
+        if sync != Sync::None {
             f.sync_all().map_err(io("fsync", &tmp))?;
         }
         fs::rename(&tmp, path).map_err(io("rename into place", path))?;
-        if durable {
+        if sync == Sync::FileAndDir {
             fsync_dir(dir)?;
         }
         Ok(())
@@ -83,6 +103,84 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<(), AtomicError> 
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Disk room held for a later atomic write of a file: a temp file made at
+/// full size up front, then filled and renamed into place by
+/// [`Reserved::commit`]. The final write needs no new blocks (so a full
+/// disk cannot stop it) and no new inode.
+pub struct Reserved {
+    file: fs::File,
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl Reserved {
+    /// Makes `.<name>.reserve` beside `path`, `size` bytes long.
+    pub fn create(path: &Path, size: usize) -> Result<Reserved, AtomicError> {
+        let dir = path
+            .parent()
+            .ok_or_else(|| AtomicError::BadPath(path.to_path_buf()))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| AtomicError::BadPath(path.to_path_buf()))?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(".reserve");
+        let tmp = dir.join(tmp_name);
+        let made = (|| {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(io("create", &tmp))?;
+            // Written, not just sized: a sparse file would hold no blocks.
+            file.write_all(&vec![0u8; size])
+                .map_err(io("write", &tmp))?;
+            Ok(file)
+        })();
+        match made {
+            Ok(file) => Ok(Reserved {
+                file,
+                tmp,
+                path: path.to_path_buf(),
+            }),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes `bytes` into the reserved file, cuts it to their length,
+    /// fsyncs it and renames it over the target, then fsyncs the folder.
+    /// If that fails, the reserve is removed and a plain [`write_atomic`]
+    /// is tried.
+    pub fn commit(self, bytes: &[u8]) -> Result<(), AtomicError> {
+        use std::os::unix::fs::FileExt;
+        let Reserved { file, tmp, path } = self;
+        let filled = (|| {
+            file.write_all_at(bytes, 0).map_err(io("write", &tmp))?;
+            file.set_len(bytes.len() as u64)
+                .map_err(io("truncate", &tmp))?;
+            file.sync_all().map_err(io("fsync", &tmp))?;
+            fs::rename(&tmp, &path).map_err(io("rename into place", &path))?;
+            let dir = path
+                .parent()
+                .ok_or_else(|| AtomicError::BadPath(path.clone()))?;
+            fsync_dir(dir)
+        })();
+        drop(file);
+        match filled {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                let _ = fs::remove_file(&tmp);
+                write_atomic(&path, bytes)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -101,6 +199,32 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("run.json")]);
+    }
+
+    #[test]
+    fn a_reserve_holds_room_and_becomes_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("exit.json");
+        let r = Reserved::create(&p, 4096).unwrap();
+        let tmp = dir.path().join(".exit.json.reserve");
+        assert_eq!(fs::metadata(&tmp).unwrap().len(), 4096);
+        assert!(!p.exists());
+        r.commit(b"{}\n").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"{}\n");
+        assert!(!tmp.exists());
+    }
+
+    #[test]
+    fn a_reserve_that_cannot_be_renamed_falls_back_and_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("exit.json");
+        let r = Reserved::create(&p, 64).unwrap();
+        // A directory in the way: rename and the fallback both fail.
+        fs::create_dir(&p).unwrap();
+        fs::write(p.join("x"), b"x").unwrap();
+        let err = r.commit(b"{}").unwrap_err();
+        assert!(err.to_string().contains("exit.json"), "{err}");
+        assert!(!dir.path().join(".exit.json.reserve").exists());
     }
 
     #[test]

@@ -78,11 +78,24 @@ pub struct Resources {
 }
 
 impl ExitRecord {
-    /// Writes exit.json atomically.
-    pub fn save(&self, path: &Path) -> Result<(), crate::atomic::AtomicError> {
+    /// exit.json's bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
         let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
         bytes.push(b'\n');
-        crate::atomic::write_atomic(path, &bytes)
+        bytes
+    }
+
+    /// Writes exit.json atomically.
+    pub fn save(&self, path: &Path) -> Result<(), crate::atomic::AtomicError> {
+        crate::atomic::write_atomic(path, &self.to_bytes())
+    }
+
+    /// Writes exit.json atomically into the room reserved for it.
+    pub fn save_into(
+        &self,
+        reserve: crate::atomic::Reserved,
+    ) -> Result<(), crate::atomic::AtomicError> {
+        reserve.commit(&self.to_bytes())
     }
 
     /// Reads exit.json; `Ok(None)` when it does not exist.

@@ -25,14 +25,8 @@ fn say(msg: &str) {
     let _ = writeln!(std::io::stderr(), "subagent-runner: {msg}");
 }
 
-/// Creates a 64 KiB file beside exit.json and returns its path.
-fn exit_reserve(exit_path: &std::path::Path) -> Option<PathBuf> {
-    let mut name = exit_path.file_name()?.to_owned();
-    name.push(".reserve");
-    let path = exit_path.with_file_name(name);
-    std::fs::write(&path, vec![0u8; 64 * 1024]).ok()?;
-    Some(path)
-}
+/// The room held for exit.json.
+const EXIT_RESERVE_BYTES: usize = 64 * 1024;
 
 fn main() -> ExitCode {
     let main_started = std::time::Instant::now();
@@ -59,8 +53,14 @@ fn main() -> ExitCode {
         }
     };
     // Room for exit.json, kept from the start: if the child fills the disk,
-    // the reserve is given back just before the record is written.
-    let reserve = exit_reserve(&spec.exit_path);
+    // the record is still written, into the reserved file.
+    let reserve = subagent_runner::atomic::Reserved::create(&spec.exit_path, EXIT_RESERVE_BYTES);
+    if let Err(e) = &reserve {
+        say(&format!(
+            "run {}: reserving room for exit.json: {e}",
+            spec.run_id
+        ));
+    }
     let record = match supervise::run(&spec, main_started) {
         Ok(record) => record,
         Err(e) => {
@@ -68,10 +68,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(r) = &reserve {
-        let _ = std::fs::remove_file(r);
-    }
-    if let Err(e) = record.save(&spec.exit_path) {
+    let saved = match reserve {
+        Ok(r) => record.save_into(r),
+        Err(_) => record.save(&spec.exit_path),
+    };
+    if let Err(e) = saved {
         say(&format!("run {}: {e}", spec.run_id));
         return ExitCode::from(2);
     }

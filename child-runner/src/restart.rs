@@ -13,13 +13,18 @@ pub const EXIT_CONTINUE: i32 = policy::compose::EXIT_CONTINUE;
 /// The largest handoff note read.
 pub const MAX_HANDOFF_BYTES: u64 = 64 * 1024;
 
-/// Records the attempt in progress (for the status); best effort.
+/// Records the attempt in progress (for the status); best effort, and not
+/// durable: it only informs a status read while the run is alive. Nothing
+/// is written for the first attempt, which a missing file means.
 pub fn record_attempt(r: &RestartSpec, attempt: u32) {
+    if attempt <= 1 {
+        return;
+    }
     let text = format!(
         "{{\"attempt\": {attempt}, \"max_attempts\": {}}}\n",
         r.max_attempts
     );
-    let _ = crate::atomic::write_atomic(&r.attempt_file, text.as_bytes());
+    let _ = crate::atomic::write_replace(&r.attempt_file, text.as_bytes());
 }
 
 /// Reads the child's handoff note without following symlinks (the child

@@ -284,11 +284,15 @@ impl RunRecord {
                 if self.state != RunState::Running {
                     return None;
                 }
-                // A running run's attempt, as its runner records it.
-                let text = std::fs::read_to_string(self.run_dir.join("attempt.json")).ok()?;
-                serde_json::from_str::<serde_json::Value>(&text).ok()?["attempt"]
-                    .as_u64()
-                    .map(|a| a as u32)
+                // A running run's attempt, as its runner records it from
+                // the second attempt on (no file: the first).
+                match std::fs::read_to_string(self.run_dir.join("attempt.json")) {
+                    Ok(text) => serde_json::from_str::<serde_json::Value>(&text).ok()?["attempt"]
+                        .as_u64()
+                        .map(|a| a as u32),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(1),
+                    Err(_) => None,
+                }
             }),
             max_attempts: self.max_attempts,
         }

@@ -10,7 +10,7 @@ use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use subagent_runner::atomic::{fsync_dir, write_atomic};
+use subagent_runner::atomic::{fsync_dir, write_atomic_in_batch};
 use subagent_runner::spec::RunnerSpec;
 
 /// Fails when a mechanism the run requires is missing on this host.
@@ -525,7 +525,6 @@ pub(crate) fn create_run(
             ("first_message.md", composed.first_message_md.as_bytes()),
             ("tools.json", tools_json.as_bytes()),
             ("plan.json", composed.plan_json.as_bytes()),
-            ("plan-1.json", composed.plan_json.as_bytes()),
         ] {
             let path = ctx.join(name);
             // Derived from the durable record; made durable by the one
@@ -536,8 +535,16 @@ pub(crate) fn create_run(
                 share_with_group(&path, gid, 0o640)?;
             }
         }
+        // plan-1.json is the first attempt's plan: a second name for
+        // plan.json's file, no new inode (a restart replaces plan.json with
+        // a new file and leaves this one).
+        let plan_1 = ctx.join("plan-1.json");
+        std::fs::hard_link(ctx.join("plan.json"), &plan_1)
+            .map_err(|e| EngineError::Storage(format!("link {}: {e}", plan_1.display())))?;
         // The inputs stay with the run (not in the child's context dir).
-        write_atomic(&files.dir.join("compose.json"), &compose_json)
+        // compose.json, runner.json and run.json share one fsync of the run
+        // folder, at run.json.
+        write_atomic_in_batch(&files.dir.join("compose.json"), &compose_json)
             .map_err(|e| EngineError::Storage(e.to_string()))?;
         fsync_dir(&ctx).map_err(|e| EngineError::Storage(e.to_string()))?;
         let show = |p: &Path| p.display().to_string();
@@ -613,7 +620,7 @@ pub(crate) fn create_run(
         };
         let bytes =
             serde_json::to_vec_pretty(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
-        write_atomic(&files.runner_spec(), &bytes)
+        write_atomic_in_batch(&files.runner_spec(), &bytes)
             .map_err(|e| EngineError::Storage(e.to_string()))?;
         let rec = RunRecord {
             format: RECORD_FORMAT,

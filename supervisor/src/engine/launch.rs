@@ -1,16 +1,13 @@
-//! Launching a run: one `subagent-runner` process per run, in its own
-//! session so it outlives the daemon, holding the run's runner.lock, and
+//! Launching a run: one `subagent-runner` process per run (started with
+//! `posix_spawn`, see [`super::spawn`]), in its own session so it outlives the daemon, holding the run's runner.lock, and
 //! watched through a pidfd.
 
 use super::{finish, pidfd, Slot, Supervisor};
 use crate::paths::RunFiles;
 use crate::record::RunState;
-use nix::sys::signal::{sigprocmask, SigmaskHow};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -41,41 +38,23 @@ pub fn start_runner(runner: &Path, files: &RunFiles) -> Result<Launched, String>
         .mode(0o600)
         .open(files.runner_log())
         .map_err(|e| format!("open {}: {e}", files.runner_log().display()))?;
-    let log2 = log
-        .try_clone()
-        .map_err(|e| format!("dup runner.log: {e}"))?;
-    let lock_fd = lock.as_raw_fd();
-    let mut cmd = Command::new(runner);
-    cmd.arg("--lock-fd")
-        .arg(lock_fd.to_string())
-        .arg(files.runner_spec())
-        .env_clear()
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(log))
-        .stderr(Stdio::from(log2));
-    let mask = subagent_runner::supervise::handled_signals();
-    // SAFETY: runs between fork and exec; only syscalls (setsid,
-    // sigprocmask, fcntl), no allocation, no locks.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::unistd::setsid()?;
-            // Blocked from the first instruction: the runner reads these
-            // through a signalfd, so an early cancel is never lost.
-            sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None)?;
-            // Hand runner.lock over: the runner holds it until it dies.
-            if libc::fcntl(lock_fd, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("start {}: {e}", runner.display()))?;
-    let pid = child.id() as i32;
-    // The Child is dropped without waiting: the pidfd reaps it.
-    drop(child);
+    let args = [
+        "--lock-fd".to_owned(),
+        super::spawn::LOCK_FD.to_string(),
+        files.runner_spec().display().to_string(),
+    ];
+    // The runner reads its signals through a signalfd, so they are blocked
+    // from its first instruction and an early cancel is never lost. It gets
+    // runner.lock as fd 3 and holds it until it dies.
+    let pid = super::spawn::spawn(&super::spawn::RunnerSpawn {
+        program: runner,
+        args: &args,
+        output: log.as_fd(),
+        lock: lock.as_fd(),
+        blocked: subagent_runner::supervise::handled_signals(),
+    })
+    .map_err(|e| e.to_string())?;
+    drop(log);
     drop(lock);
     let pidfd = pidfd::open(pid).map_err(|e| e.to_string())?;
     let start_ticks = subagent_runner::tree::read_stat(pid)

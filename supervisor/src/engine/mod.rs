@@ -4,7 +4,8 @@
 //! over the socket; `subagent run` embeds it in-process.
 //!
 //! - [`accept`]: validating a spawn and recording it durably.
-//! - [`launch`]: starting a runner process.
+//! - [`launch`]: starting a runner process; [`spawn`]: the `posix_spawn`
+//!   that does it.
 //! - [`finish`]: turning exit.json into the terminal state, result.md and
 //!   the notice.
 //! - [`recover`]: picking up the state dir's runs when the engine starts.
@@ -17,6 +18,7 @@ pub mod lockfile;
 pub mod pidfd;
 pub mod probe;
 pub mod recover;
+pub mod spawn;
 pub mod workctx;
 
 pub use error::EngineError;
