@@ -115,19 +115,20 @@ pub struct Reserved {
     path: PathBuf,
 }
 
+/// Where [`Reserved::create`] holds room for `path`: `.<name>.reserve`
+/// beside it.
+pub fn reserve_path(path: &Path) -> Option<PathBuf> {
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(path.file_name()?);
+    tmp_name.push(".reserve");
+    Some(path.with_file_name(tmp_name))
+}
+
 impl Reserved {
-    /// Makes `.<name>.reserve` beside `path`, `size` bytes long.
+    /// Makes `.<name>.reserve` beside `path` (or reuses an existing file
+    /// there), `size` bytes long.
     pub fn create(path: &Path, size: usize) -> Result<Reserved, AtomicError> {
-        let dir = path
-            .parent()
-            .ok_or_else(|| AtomicError::BadPath(path.to_path_buf()))?;
-        let name = path
-            .file_name()
-            .ok_or_else(|| AtomicError::BadPath(path.to_path_buf()))?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(".reserve");
-        let tmp = dir.join(tmp_name);
+        let tmp = reserve_path(path).ok_or_else(|| AtomicError::BadPath(path.to_path_buf()))?;
         let made = (|| {
             let mut file = OpenOptions::new()
                 .write(true)

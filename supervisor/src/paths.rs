@@ -110,6 +110,10 @@ impl StateLayout {
     pub fn sessions(&self) -> PathBuf {
         self.root.join("sessions")
     }
+    /// `<root>/spare`: run folders made ahead of need.
+    pub fn spare(&self) -> PathBuf {
+        self.root.join("spare")
+    }
     /// `<root>/sessions/<session>`.
     pub fn session_dir(&self, session: &str) -> PathBuf {
         self.sessions().join(session)
@@ -151,6 +155,10 @@ impl RunFiles {
     /// runner.json.
     pub fn runner_spec(&self) -> PathBuf {
         self.dir.join("runner.json")
+    }
+    /// compose.json: what the child's context is composed from.
+    pub fn compose(&self) -> PathBuf {
+        self.dir.join("compose.json")
     }
     /// runner.lock.
     pub fn runner_lock(&self) -> PathBuf {

@@ -10,7 +10,7 @@ use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use subagent_runner::atomic::{fsync_dir, write_atomic_in_batch};
+use subagent_runner::atomic::fsync_dir;
 use subagent_runner::spec::RunnerSpec;
 
 /// Fails when a mechanism the run requires is missing on this host.
@@ -444,8 +444,10 @@ pub fn first_message(context: Option<&str>, task: &str) -> String {
     format!("Context: {context}\nTask: {task}\n")
 }
 
-/// Records a new run: makes its folder and temp dir, writes
-/// first_message.md, runner.json and run.json (durably). Blocking.
+/// Records a new run: fills a spare run folder (see [`super::spare`]) with
+/// its context files, compose.json, runner.json and run.json, makes its
+/// temp dir, and publishes the folder under its run id, durably.
+/// Blocking.
 pub(crate) fn create_run(
     inner: &Inner,
     p: &SpawnParams,
@@ -455,19 +457,26 @@ pub(crate) fn create_run(
     let session = &p.session.id;
     let runs_dir = inner.layout.runs_dir(session);
     mkdir_private(&runs_dir, true)?;
+    // `files` is where the run will live (its paths go into every record);
+    // `stage` is the spare folder filled until it is renamed there.
     let files = RunFiles {
         dir: runs_dir.join(id.as_str()),
     };
-    mkdir_private(&files.dir, false)?;
+    let stage = RunFiles {
+        dir: inner
+            .spare
+            .take()
+            .map_err(|e| EngineError::Storage(e.to_string()))?,
+    };
+    let fill = |path: &Path, bytes: &[u8], sync: bool| {
+        super::spare::fill(path, bytes, sync).map_err(|e| EngineError::Storage(e.to_string()))
+    };
     let mut temp_dir = None;
     let mut made_worktree: Option<super::workctx::Worktree> = None;
     let result = (|| {
-        for d in [files.artifacts(), files.context(), files.delta_dir()] {
-            mkdir_private(&d, false)?;
-        }
         let child = inner.cfg.run_as.map(|r| (r.uid, r.gid));
         if let Some((uid, gid)) = child {
-            give_dirs_to_child(&runs_dir, &files, uid, gid)?;
+            give_dirs_to_child(&runs_dir, &stage, uid, gid)?;
         }
         let t = crate::securedir::make_temp_dir(&inner.cfg.temp_base, session, child)
             .map_err(|e| EngineError::Workspace(e.to_string()))?;
@@ -519,34 +528,24 @@ pub(crate) fn create_run(
         let composed = policy::compose::compose(&input, 1, None);
         let compose_json =
             serde_json::to_vec_pretty(&input).map_err(|e| EngineError::Internal(e.to_string()))?;
-        let ctx = files.context();
+        let ctx = stage.context();
         for (name, bytes) in [
             ("system.md", composed.system_md.as_bytes()),
             ("first_message.md", composed.first_message_md.as_bytes()),
             ("tools.json", tools_json.as_bytes()),
             ("plan.json", composed.plan_json.as_bytes()),
+            // The first attempt's plan (a restart replaces plan.json).
+            ("plan-1.json", composed.plan_json.as_bytes()),
         ] {
             let path = ctx.join(name);
-            // Derived from the durable record; made durable by the one
-            // directory fsync below, not one fsync each.
-            subagent_runner::atomic::write_replace(&path, bytes)
-                .map_err(|e| EngineError::Storage(e.to_string()))?;
+            // Derived from compose.json, which is durable: not fsynced.
+            fill(&path, bytes, false)?;
             if let Some((_, gid)) = child {
                 share_with_group(&path, gid, 0o640)?;
             }
         }
-        // plan-1.json is the first attempt's plan: a second name for
-        // plan.json's file, no new inode (a restart replaces plan.json with
-        // a new file and leaves this one).
-        let plan_1 = ctx.join("plan-1.json");
-        std::fs::hard_link(ctx.join("plan.json"), &plan_1)
-            .map_err(|e| EngineError::Storage(format!("link {}: {e}", plan_1.display())))?;
         // The inputs stay with the run (not in the child's context dir).
-        // compose.json, runner.json and run.json share one fsync of the run
-        // folder, at run.json.
-        write_atomic_in_batch(&files.dir.join("compose.json"), &compose_json)
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
-        fsync_dir(&ctx).map_err(|e| EngineError::Storage(e.to_string()))?;
+        fill(&stage.compose(), &compose_json, true)?;
         let show = |p: &Path| p.display().to_string();
         let paths = policy::ChildPaths {
             run_id: id.to_string(),
@@ -611,7 +610,7 @@ pub(crate) fn create_run(
             run_as: child,
             restart: Some(subagent_runner::spec::RestartSpec {
                 max_attempts: input.max_attempts,
-                compose_input: files.dir.join("compose.json"),
+                compose_input: files.compose(),
                 context_dir: files.context(),
                 artifact_dir: files.artifacts(),
                 attempt_file: files.dir.join("attempt.json"),
@@ -620,8 +619,7 @@ pub(crate) fn create_run(
         };
         let bytes =
             serde_json::to_vec_pretty(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
-        write_atomic_in_batch(&files.runner_spec(), &bytes)
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        fill(&stage.runner_spec(), &bytes, true)?;
         let rec = RunRecord {
             format: RECORD_FORMAT,
             run_id: id.to_string(),
@@ -661,9 +659,11 @@ pub(crate) fn create_run(
             max_attempts: input.max_attempts,
             attempts: None,
         };
-        rec.save()
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
-        // The run folder's own entry must be durable too.
+        fill(&stage.record(), &rec.to_bytes(), true)?;
+        // Published whole: the folder's files and their names are durable
+        // (the spare was fsynced when made); one rename gives it its name.
+        std::fs::rename(&stage.dir, &files.dir)
+            .map_err(|e| storage("rename into place", &files.dir, e))?;
         fsync_dir(&runs_dir).map_err(|e| EngineError::Storage(e.to_string()))?;
         Ok(rec)
     })();
@@ -671,6 +671,7 @@ pub(crate) fn create_run(
         if let Some(w) = &made_worktree {
             let _ = super::workctx::remove_worktree(&p.session.project_dir, w, id.as_str());
         }
+        let _ = std::fs::remove_dir_all(&stage.dir);
         let _ = std::fs::remove_dir_all(&files.dir);
         if let Some(t) = temp_dir {
             let _ = std::fs::remove_dir_all(&t);

@@ -9,6 +9,7 @@
 //! - [`finish`]: turning exit.json into the terminal state, result.md and
 //!   the notice.
 //! - [`recover`]: picking up the state dir's runs when the engine starts.
+//! - [`spare`]: run folders made ahead of need, off the spawn path.
 
 pub mod accept;
 pub mod error;
@@ -18,6 +19,7 @@ pub mod lockfile;
 pub mod pidfd;
 pub mod probe;
 pub mod recover;
+pub mod spare;
 pub mod spawn;
 pub mod workctx;
 
@@ -121,8 +123,13 @@ pub(crate) struct Inner {
     accepting: AtomicBool,
     probe: probe::HostProbe,
     tools: policy::toolpolicy::ToolPolicy,
+    spare: Arc<spare::SparePool>,
     _state_lock: std::fs::File,
 }
+
+/// Spare run folders kept ready: enough for back-to-back spawns; a burst
+/// beyond them makes its folders on the spot.
+const SPARE_RUN_DIRS: usize = 4;
 
 /// A handle on the engine; cheap to clone.
 #[derive(Clone)]
@@ -179,6 +186,15 @@ impl Supervisor {
             })
             .await?;
         }
+        let spare = {
+            let dir = layout.spare();
+            blocking(move || {
+                spare::SparePool::open(dir, SPARE_RUN_DIRS)
+                    .map_err(|e| EngineError::Storage(e.to_string()))
+            })
+            .await?
+        };
+        let spare = Arc::new(spare);
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
         let inner = Arc::new(Inner {
@@ -194,8 +210,10 @@ impl Supervisor {
             accepting: AtomicBool::new(true),
             probe: probe::probe(),
             tools,
+            spare: spare.clone(),
             _state_lock: lock,
         });
+        tokio::spawn(spare::SparePool::keep_filled(spare));
         let sup = Supervisor { inner };
         recover::recover(&sup).await;
         tokio::spawn(dispatch(sup.clone(), rx));
