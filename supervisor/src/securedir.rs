@@ -193,10 +193,10 @@ pub fn make_temp_dir(
     let owner = crate::paths::uid();
     let (parent, name) = split(base)?;
     let base_dir = PrivateDir::open_trusted(&parent)?.ensure_child(&name, owner)?;
-    // A finishing run removes its session dir once it is empty
-    // (`remove_empty_session_dir`); if that happens between opening the
-    // session dir and making the leaf, the mkdir fails with ENOENT and the
-    // session dir is made again.
+    // Empty session dirs are swept away (`sweep_empty_session_dirs`, by any
+    // daemon of this uid); if that happens between opening the session dir
+    // and making the leaf, the mkdir fails with ENOENT and the session dir
+    // is made again.
     let mut retries = 3;
     loop {
         let session_dir = base_dir.ensure_child(session, owner)?;
@@ -234,6 +234,23 @@ pub fn remove_empty_session_dir(temp_dir: &Path) {
         // expected outcomes when another run still uses it.
         let _ = std::fs::remove_dir(session_dir);
     }
+}
+
+/// Removes every empty session dir under `base` (a file, a symlink or a
+/// non-empty dir is left alone); returns how many went. The engine runs it
+/// at start and every few minutes, not when each run ends: back-to-back
+/// runs of one session then reuse its dir instead of making and removing
+/// it each time.
+pub fn sweep_empty_session_dirs(base: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        // rmdir only removes an empty directory.
+        .filter(|e| std::fs::remove_dir(e.path()).is_ok())
+        .count()
 }
 
 fn split(path: &Path) -> Result<(PathBuf, String), SecureDirError> {
@@ -290,6 +307,23 @@ mod tests {
         assert!(!base.join("s").exists());
         let c = make_temp_dir(&base, "s", None).unwrap();
         assert!(c.is_dir() && c.starts_with(base.join("s")));
+    }
+
+    #[test]
+    fn a_sweep_removes_only_empty_session_dirs() {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().join("b");
+        let live = make_temp_dir(&base, "busy", None).unwrap();
+        let done = make_temp_dir(&base, "idle", None).unwrap();
+        std::fs::remove_dir(&done).unwrap();
+        std::fs::write(base.join("subagentd.sock.lock"), b"").unwrap();
+        std::os::unix::fs::symlink(root.path(), base.join("link")).unwrap();
+        assert_eq!(sweep_empty_session_dirs(&base), 1);
+        assert!(live.is_dir());
+        assert!(!base.join("idle").exists());
+        assert!(base.join("subagentd.sock.lock").is_file());
+        assert!(base.join("link").is_symlink());
+        assert_eq!(sweep_empty_session_dirs(&root.path().join("none")), 0);
     }
 
     #[test]

@@ -152,8 +152,9 @@ fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, S
         .store(&notice, ended)
         .map_err(|e| e.to_string())?;
     if !rec.keep_temp {
+        // Its session dir stays for the session's next run; empty ones are
+        // swept (see `sweep_temp_dirs`).
         remove_tree(&rec.temp_dir);
-        crate::securedir::remove_empty_session_dir(&rec.temp_dir);
     }
     Ok(fresh.then_some(notice))
 }

@@ -79,6 +79,8 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     let launched = tokio::task::spawn_blocking(move || start_runner(&runner, &files))
         .await
         .unwrap_or_else(|e| Err(format!("launch task failed: {e}")));
+    // The spawn path is over for this run: make the next spare folder now.
+    sup.inner.spare.refill();
     let mut next = rec.clone();
     match launched {
         Ok(l) => {

@@ -214,6 +214,7 @@ impl Supervisor {
             _state_lock: lock,
         });
         tokio::spawn(spare::SparePool::keep_filled(spare));
+        tokio::spawn(sweep_temp_dirs(inner.cfg.temp_base.clone()));
         let sup = Supervisor { inner };
         recover::recover(&sup).await;
         tokio::spawn(dispatch(sup.clone(), rx));
@@ -451,6 +452,20 @@ impl Supervisor {
 }
 
 /// Starts queued runs in FIFO order as slots free up.
+/// How often empty session temp dirs are removed.
+const TEMP_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes empty session dirs under the temp base now and every
+/// [`TEMP_SWEEP_EVERY`]. Runs until the runtime stops.
+async fn sweep_temp_dirs(base: PathBuf) {
+    loop {
+        let b = base.clone();
+        let _ = tokio::task::spawn_blocking(move || crate::securedir::sweep_empty_session_dirs(&b))
+            .await;
+        tokio::time::sleep(TEMP_SWEEP_EVERY).await;
+    }
+}
+
 async fn dispatch(sup: Supervisor, mut rx: mpsc::UnboundedReceiver<RunId>) {
     while let Some(id) = rx.recv().await {
         let Ok(permit) = sup.inner.slots.clone().acquire_owned().await else {

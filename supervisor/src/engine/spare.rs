@@ -175,18 +175,26 @@ impl SparePool {
     }
 
     /// A spare folder for a new run: a ready one, else one made now.
-    /// Wakes the task that keeps the pool filled. Blocking.
+    /// Blocking. The pool is refilled only when [`SparePool::refill`] is
+    /// called: the engine calls it once the run's runner has started, so
+    /// making the next spares never competes with this spawn's own path
+    /// for the disk.
     pub fn take(&self) -> Result<PathBuf, SpareError> {
         let got = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        self.wake.notify_one();
         match got {
             Some(dir) => Ok(dir),
             None => self.make(),
         }
     }
 
+    /// Wakes the task that keeps the pool filled.
+    pub fn refill(&self) {
+        self.wake.notify_one();
+    }
+
     /// Keeps `want` spares ready, making them on the blocking pool
-    /// whenever one is taken. Runs until the runtime stops.
+    /// whenever [`SparePool::refill`] is called. Runs until the runtime
+    /// stops.
     pub async fn keep_filled(pool: std::sync::Arc<SparePool>) {
         loop {
             while pool.ready() < pool.want {
@@ -256,6 +264,8 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(taken.is_dir());
+        assert_eq!(pool.ready(), 1);
+        pool.refill();
         while pool.ready() < 2 {
             assert!(std::time::Instant::now() < deadline, "pool never refilled");
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
