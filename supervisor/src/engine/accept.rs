@@ -478,8 +478,13 @@ pub(crate) fn create_run(
         if let Some((uid, gid)) = child {
             give_dirs_to_child(&runs_dir, &stage, uid, gid)?;
         }
-        let t = crate::securedir::make_temp_dir(&inner.cfg.temp_base, session, child)
-            .map_err(|e| EngineError::Workspace(e.to_string()))?;
+        let t = crate::securedir::make_temp_dir(
+            &inner.cfg.temp_base,
+            session,
+            child,
+            inner.spare.take_temp(),
+        )
+        .map_err(|e| EngineError::Workspace(e.to_string()))?;
         temp_dir = Some(t.clone());
         // The working context: the session's recent files, an optional
         // worktree, and the git snapshot of where the child will work.

@@ -188,8 +188,9 @@ impl Supervisor {
         }
         let spare = {
             let dir = layout.spare();
+            let temp_base = cfg.temp_base.clone();
             blocking(move || {
-                spare::SparePool::open(dir, SPARE_RUN_DIRS)
+                spare::SparePool::open(dir, Some(temp_base), SPARE_RUN_DIRS)
                     .map_err(|e| EngineError::Storage(e.to_string()))
             })
             .await?
@@ -213,7 +214,8 @@ impl Supervisor {
             spare: spare.clone(),
             _state_lock: lock,
         });
-        tokio::spawn(spare::SparePool::keep_filled(spare));
+        spare::SparePool::start_maker(&spare)
+            .map_err(|e| EngineError::Internal(format!("starting the spare-maker thread: {e}")))?;
         tokio::spawn(sweep_temp_dirs(inner.cfg.temp_base.clone()));
         let sup = Supervisor { inner };
         recover::recover(&sup).await;

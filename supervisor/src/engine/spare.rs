@@ -4,8 +4,8 @@
 //! journal skips every inode freed in the last minute or so, reading its
 //! inode table block each time, so a create costs 0.1–0.8 ms once files
 //! have been deleted nearby), a run folder's ~15 directories and files
-//! were most of a spawn's latency. So a background task keeps a few
-//! empty run folders ready in `<state>/spare/`: the folders and every
+//! were most of a spawn's latency. So a background thread (SCHED_IDLE)
+//! keeps a few empty run folders ready in `<state>/spare/`: the folders and every
 //! file the spawn path writes, created empty and made durable there.
 //! Accepting a spawn fills them in place (no new inode), fsyncs what
 //! must be durable, and publishes the folder with one rename into
@@ -101,15 +101,41 @@ fn fsync_dir(dir: &Path) -> Result<(), SpareError> {
 /// The spare folders.
 pub struct SparePool {
     dir: PathBuf,
+    /// The temp base, where spare temp dirs are made (see
+    /// [`crate::securedir::make_spare_temp_dir`]).
+    temp_base: Option<PathBuf>,
     want: usize,
     ready: Mutex<Vec<PathBuf>>,
-    wake: tokio::sync::Notify,
+    /// Names of spare temp dirs this pool made.
+    ready_temp: Mutex<Vec<String>>,
+    /// Wakes the maker thread, once it runs.
+    wake: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+}
+
+/// Puts the calling thread in the SCHED_IDLE class: it runs only on a CPU
+/// nothing else wants.
+fn idle_priority() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler with pid 0 changes the calling thread's
+    // policy only; `param` is a live value it reads.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 impl SparePool {
     /// Opens `dir` (made 0700 if missing) and removes what an earlier
-    /// daemon left there. Blocking.
-    pub fn open(dir: PathBuf, want: usize) -> Result<SparePool, SpareError> {
+    /// daemon left there. With `temp_base`, spare temp dirs are kept too
+    /// (old ones left by others are swept, see
+    /// [`crate::securedir::sweep_empty_session_dirs`]). Blocking.
+    pub fn open(
+        dir: PathBuf,
+        temp_base: Option<PathBuf>,
+        want: usize,
+    ) -> Result<SparePool, SpareError> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -121,9 +147,11 @@ impl SparePool {
         }
         Ok(SparePool {
             dir,
+            temp_base,
             want,
             ready: Mutex::new(Vec::new()),
-            wake: tokio::sync::Notify::new(),
+            ready_temp: Mutex::new(Vec::new()),
+            wake: Mutex::new(None),
         })
     }
 
@@ -187,36 +215,93 @@ impl SparePool {
         }
     }
 
-    /// Wakes the task that keeps the pool filled.
-    pub fn refill(&self) {
-        self.wake.notify_one();
+    /// A spare temp dir's name, when one is ready (for
+    /// [`crate::securedir::make_temp_dir`]).
+    pub fn take_temp(&self) -> Option<String> {
+        self.ready_temp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
     }
 
-    /// Keeps `want` spares ready, making them on the blocking pool
-    /// whenever [`SparePool::refill`] is called. Runs until the runtime
-    /// stops.
-    pub async fn keep_filled(pool: std::sync::Arc<SparePool>) {
-        loop {
-            while pool.ready() < pool.want {
-                let p = pool.clone();
-                match tokio::task::spawn_blocking(move || p.make()).await {
-                    Ok(Ok(dir)) => pool
-                        .ready
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(dir),
-                    Ok(Err(e)) => {
-                        tracing::warn!("making a spare run folder: {e}");
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!("making a spare run folder: {e}");
-                        break;
-                    }
+    fn ready_temp(&self) -> usize {
+        self.ready_temp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Wakes the thread that keeps the pool filled.
+    pub fn refill(&self) {
+        if let Some(tx) = &*self.wake.lock().unwrap_or_else(|p| p.into_inner()) {
+            let _ = tx.send(());
+        }
+    }
+
+    fn fill_up(&self) {
+        while self.ready() < self.want {
+            match self.make() {
+                Ok(dir) => self
+                    .ready
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(dir),
+                Err(e) => {
+                    tracing::warn!("making a spare run folder: {e}");
+                    break;
                 }
             }
-            pool.wake.notified().await;
         }
+        let Some(base) = &self.temp_base else {
+            return;
+        };
+        while self.ready_temp() < self.want {
+            match crate::securedir::make_spare_temp_dir(base) {
+                Ok(name) => self
+                    .ready_temp
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(name),
+                Err(e) => {
+                    tracing::warn!("making a spare temp dir: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Starts the thread that keeps `want` spares ready: it fills the pool
+    /// now and again at each [`SparePool::refill`]. It runs in the
+    /// SCHED_IDLE class, so making spares (CPU time in the kernel's inode
+    /// allocator) never takes a CPU from a runner or a child that is
+    /// starting. It ends when the pool is dropped.
+    pub fn start_maker(
+        pool: &std::sync::Arc<SparePool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let weak = std::sync::Arc::downgrade(pool);
+        let handle = std::thread::Builder::new()
+            .name("spare-maker".into())
+            .spawn(move || {
+                if let Err(e) = idle_priority() {
+                    tracing::warn!(
+                        "spare-maker: SCHED_IDLE: {e}; making spares at normal priority"
+                    );
+                }
+                loop {
+                    match weak.upgrade() {
+                        Some(pool) => pool.fill_up(),
+                        None => return,
+                    }
+                    // Ends when the pool (which holds the sender) is gone.
+                    if rx.recv().is_err() {
+                        return;
+                    }
+                    while rx.try_recv().is_ok() {}
+                }
+            })?;
+        *pool.wake.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        Ok(handle)
     }
 }
 
@@ -228,7 +313,7 @@ mod tests {
     fn a_spare_holds_every_file_the_spawn_path_writes_and_leftovers_go() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("spare");
-        let pool = SparePool::open(dir.clone(), 2).unwrap();
+        let pool = SparePool::open(dir.clone(), None, 2).unwrap();
         let s = pool.take().unwrap();
         assert!(s.starts_with(&dir));
         let f = RunFiles { dir: s.clone() };
@@ -243,32 +328,45 @@ mod tests {
         // A new pool on the same dir removes what the old one left.
         let left = pool.make().unwrap();
         drop(pool);
-        let _pool = SparePool::open(dir.clone(), 2).unwrap();
+        let _pool = SparePool::open(dir.clone(), None, 2).unwrap();
         assert!(!s.exists() && !left.exists());
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
     }
 
-    #[tokio::test]
-    async fn the_pool_refills_after_a_take() {
+    #[test]
+    fn the_pool_refills_after_a_take_and_its_thread_ends_with_it() {
         let root = tempfile::tempdir().unwrap();
-        let pool = std::sync::Arc::new(SparePool::open(root.path().join("spare"), 2).unwrap());
-        tokio::spawn(SparePool::keep_filled(pool.clone()));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while pool.ready() < 2 {
-            assert!(std::time::Instant::now() < deadline, "pool never filled");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        let p = pool.clone();
-        let taken = tokio::task::spawn_blocking(move || p.take())
-            .await
-            .unwrap()
-            .unwrap();
+        let pool = std::sync::Arc::new(
+            SparePool::open(root.path().join("spare"), Some(root.path().join("tmp")), 2).unwrap(),
+        );
+        let maker = SparePool::start_maker(&pool).unwrap();
+        let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !ok() {
+                assert!(std::time::Instant::now() < deadline, "{what}");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
+        wait_for("the pool never filled", &|| {
+            pool.ready() == 2 && pool.ready_temp() == 2
+        });
+        let leaf = pool.take_temp().unwrap();
+        assert!(root
+            .path()
+            .join("tmp")
+            .join(crate::securedir::SPARE_TEMP)
+            .join(leaf)
+            .is_dir());
+        let taken = pool.take().unwrap();
         assert!(taken.is_dir());
         assert_eq!(pool.ready(), 1);
         pool.refill();
-        while pool.ready() < 2 {
-            assert!(std::time::Instant::now() < deadline, "pool never refilled");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        wait_for("the pool never refilled", &|| {
+            pool.ready() == 2 && pool.ready_temp() == 2
+        });
+        drop(pool);
+        wait_for("the maker thread outlived its pool", &|| {
+            maker.is_finished()
+        });
     }
 }
