@@ -44,6 +44,35 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
     replace(path, bytes, Sync::FileAndDir)
 }
 
+/// Like [`write_atomic`], but the temp file is `spare`, an empty file made
+/// ahead of need, so that this write allocates no inode; it is renamed
+/// over `path`. When `spare` does not exist, a temp file is made as usual.
+pub fn write_atomic_from(spare: &Path, path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
+    let mut f = match OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(spare)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return write_atomic(path, bytes),
+        Err(e) => return Err(io("open", spare)(e)),
+    };
+    let dir = path
+        .parent()
+        .ok_or_else(|| AtomicError::BadPath(path.to_path_buf()))?;
+    let result = (|| {
+        f.write_all(bytes).map_err(io("write", spare))?;
+        f.sync_all().map_err(io("fsync", spare))?;
+        fs::rename(spare, path).map_err(io("rename into place", path))?;
+        fsync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(spare);
+    }
+    result
+}
+
 /// Like [`write_atomic`], but the folder's fsync is left to the caller, who
 /// writes several files into one folder and then fsyncs it once
 /// ([`fsync_dir`]). Until then the new name may not survive a crash of the
@@ -195,6 +224,25 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("run.json")]);
+    }
+
+    #[test]
+    fn a_spare_temp_file_becomes_the_target_and_a_missing_one_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("run.json");
+        let spare = dir.path().join(".run.json.s1");
+        fs::write(&spare, b"").unwrap();
+        fs::write(&p, b"old").unwrap();
+        write_atomic_from(&spare, &p, b"new").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"new");
+        assert!(!spare.exists());
+        write_atomic_from(&spare, &p, b"newer").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"newer");
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())

@@ -8,7 +8,7 @@ use crate::protocol::Notice;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use subagent_runner::atomic::{fsync_dir, write_atomic, AtomicError};
+use subagent_runner::atomic::{fsync_dir, write_atomic, write_atomic_from, AtomicError};
 
 /// A notice could not be stored or taken.
 #[derive(Debug, thiserror::Error)]
@@ -57,9 +57,16 @@ impl NoticeStore {
         (base.join("pending"), base.join("taken"))
     }
 
-    /// Stores `notice` unless it was stored before (pending or taken).
-    /// Returns whether it was newly stored. Blocking.
-    pub fn store(&self, notice: &Notice, ended_ms: u64) -> Result<bool, NoticeError> {
+    /// Stores `notice` unless it was stored before (pending or taken);
+    /// `spare` is an empty file made ahead of need to write it into (see
+    /// [`subagent_runner::atomic::write_atomic_from`]). Returns whether it
+    /// was newly stored. Blocking.
+    pub fn store(
+        &self,
+        notice: &Notice,
+        ended_ms: u64,
+        spare: Option<&Path>,
+    ) -> Result<bool, NoticeError> {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let (pending, taken) = self.dirs(&notice.session_id);
         let name = format!("{ended_ms:013}-{}.json", notice.run_id);
@@ -75,7 +82,10 @@ impl NoticeStore {
         }
         let mut bytes = serde_json::to_vec(notice).unwrap_or_default();
         bytes.push(b'\n');
-        write_atomic(&pending.join(name), &bytes)?;
+        match spare {
+            Some(s) => write_atomic_from(s, &pending.join(name), &bytes)?,
+            None => write_atomic(&pending.join(name), &bytes)?,
+        }
         Ok(true)
     }
 
@@ -136,9 +146,13 @@ mod tests {
         let store = NoticeStore::new(StateLayout {
             root: dir.path().into(),
         });
-        assert!(store.store(&notice("b"), 2).unwrap());
-        assert!(store.store(&notice("a"), 1).unwrap());
-        assert!(!store.store(&notice("a"), 1).unwrap());
+        // "b" is written into a spare temp file made ahead of need.
+        let spare = dir.path().join(".notice.s");
+        std::fs::write(&spare, b"").unwrap();
+        assert!(store.store(&notice("b"), 2, Some(&spare)).unwrap());
+        assert!(!spare.exists());
+        assert!(store.store(&notice("a"), 1, None).unwrap());
+        assert!(!store.store(&notice("a"), 1, None).unwrap());
         let got: Vec<String> = store
             .take("s")
             .unwrap()
@@ -148,7 +162,7 @@ mod tests {
         assert_eq!(got, ["a", "b"]);
         assert!(store.take("s").unwrap().is_empty());
         // Storing again after the take does not bring it back.
-        assert!(!store.store(&notice("a"), 1).unwrap());
+        assert!(!store.store(&notice("a"), 1, None).unwrap());
         assert!(store.take("s").unwrap().is_empty());
         assert!(store.take("other").unwrap().is_empty());
     }

@@ -160,6 +160,28 @@ impl RunFiles {
     pub fn compose(&self) -> PathBuf {
         self.dir.join("compose.json")
     }
+    /// Empty files made ahead of need as the temp files of later changes
+    /// of run.json (running, ended, finalized), used in this order.
+    pub fn record_spares(&self) -> [PathBuf; 3] {
+        [1, 2, 3].map(|i| self.dir.join(format!(".run.json.s{i}")))
+    }
+    /// An empty file made ahead of need as result.md's temp file.
+    pub fn result_spare(&self) -> PathBuf {
+        self.dir.join(".result.md.s")
+    }
+    /// An empty file made ahead of need as the temp file of the run's
+    /// notice (renamed into the session's notices/pending/).
+    pub fn notice_spare(&self) -> PathBuf {
+        self.dir.join(".notice.s")
+    }
+    /// The spare temp files not used (yet).
+    pub fn unused_spares(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = self.record_spares().into();
+        v.push(self.result_spare());
+        v.push(self.notice_spare());
+        v.retain(|p| p.exists());
+        v
+    }
     /// runner.lock.
     pub fn runner_lock(&self) -> PathBuf {
         self.dir.join("runner.lock")

@@ -73,6 +73,33 @@ fn success_writes_log_artifacts_and_result() {
         serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
     assert_eq!(rec["state"], "succeeded");
     assert_eq!(rec["finalized"], true);
+    // The spare temp files made ahead of need (run.json's changes, result.md,
+    // the notice, exit.json's reserve) were used or removed: the folder
+    // holds the documented files only.
+    let names = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&run_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let want_names = [
+        "artifacts",
+        "child.log",
+        "compose.json",
+        "context",
+        "delta",
+        "exit.json",
+        "result.md",
+        "run.json",
+        "runner.json",
+        "runner.lock",
+        "runner.log",
+    ];
+    wait_until(Duration::from_secs(10), "the unused spares to go", || {
+        names() == want_names
+    });
     // The temp dir is removed when the run ends.
     assert!(!path(&st["temp_dir"]).exists());
     let temp = path(&st["temp_dir"]);

@@ -133,7 +133,8 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
 /// Returns the notice when it was newly stored.
 fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, String> {
     let files = rec.files();
-    subagent_runner::atomic::write_atomic(
+    subagent_runner::atomic::write_atomic_from(
+        &files.result_spare(),
         &files.result(),
         crate::result_md::render(rec).as_bytes(),
     )
@@ -149,7 +150,7 @@ fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, S
     let fresh = sup
         .inner
         .notices
-        .store(&notice, ended)
+        .store(&notice, ended, Some(&files.notice_spare()))
         .map_err(|e| e.to_string())?;
     if !rec.keep_temp {
         // Its session dir stays for the session's next run; empty ones are
@@ -259,6 +260,17 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
         tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
         *rec = next;
         slot.published.send_replace(rec.clone());
+    }
+    if rec.finalized {
+        // The spare temp files this run did not need (it never started, or
+        // was cancelled early): nothing will write its folder again.
+        let files = rec.files();
+        let _ = tokio::task::spawn_blocking(move || {
+            for p in files.unused_spares() {
+                let _ = std::fs::remove_file(p);
+            }
+        })
+        .await;
     }
     if let Some(n) = notice {
         let _ = sup.inner.finished.send(n);

@@ -48,7 +48,8 @@ pub fn spare_dirs(f: &RunFiles) -> [PathBuf; 3] {
 
 /// The files of a run folder that the spawn path writes, made empty in a
 /// spare: the daemon's records, the runner's lock and logs, exit.json's
-/// reserve, and the context files.
+/// reserve, the context files, and the temp files of the run's later
+/// atomic writes (run.json's changes, result.md, the notice).
 pub fn spare_files(f: &RunFiles) -> Vec<PathBuf> {
     let ctx = f.context();
     let mut v = vec![
@@ -60,6 +61,9 @@ pub fn spare_files(f: &RunFiles) -> Vec<PathBuf> {
         f.log(),
     ];
     v.extend(subagent_runner::atomic::reserve_path(&f.exit()));
+    v.extend(f.record_spares());
+    v.push(f.result_spare());
+    v.push(f.notice_spare());
     v.extend(
         [
             "system.md",
