@@ -70,7 +70,18 @@ impl NoticeStore {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let (pending, taken) = self.dirs(&notice.session_id);
         let name = format!("{ended_ms:013}-{}.json", notice.run_id);
-        if pending.join(&name).exists() || taken.join(format!("{}.json", notice.run_id)).exists() {
+        // Stored before, maybe under another end time (a run finished again
+        // after a crash, with no exit.json to give the same time)?
+        let suffix = format!("-{}.json", notice.run_id);
+        let pending_already = match std::fs::read_dir(&pending) {
+            Ok(rd) => rd.flatten().any(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.ends_with(&suffix) && !n.starts_with('.'))
+            }),
+            Err(_) => false,
+        };
+        if pending_already || taken.join(format!("{}.json", notice.run_id)).exists() {
             return Ok(false);
         }
         for dir in [&pending, &taken] {
@@ -153,6 +164,8 @@ mod tests {
         assert!(!spare.exists());
         assert!(store.store(&notice("a"), 1, None).unwrap());
         assert!(!store.store(&notice("a"), 1, None).unwrap());
+        // Stored again with another end time: still once.
+        assert!(!store.store(&notice("a"), 7, None).unwrap());
         let got: Vec<String> = store
             .take("s")
             .unwrap()

@@ -160,10 +160,11 @@ impl RunFiles {
     pub fn compose(&self) -> PathBuf {
         self.dir.join("compose.json")
     }
-    /// Empty files made ahead of need as the temp files of later changes
-    /// of run.json (running, ended, finalized), used in this order.
-    pub fn record_spares(&self) -> [PathBuf; 3] {
-        [1, 2, 3].map(|i| self.dir.join(format!(".run.json.s{i}")))
+    /// Empty files made ahead of need as the temp files of the later
+    /// changes of run.json (running, then ended and finalized), used in
+    /// this order.
+    pub fn record_spares(&self) -> [PathBuf; 2] {
+        [1, 2].map(|i| self.dir.join(format!(".run.json.s{i}")))
     }
     /// An empty file made ahead of need as result.md's temp file.
     pub fn result_spare(&self) -> PathBuf {

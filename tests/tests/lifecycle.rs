@@ -385,9 +385,16 @@ fn the_child_gets_only_the_allowlisted_environment() {
         .trim()
         .parse()
         .unwrap();
-    // Read the agent once sh has exec'd into sleep, not sh on its way there.
+    // Read the agent once sh has exec'd into sleep and sleep is sleeping:
+    // cmdline shows "sleep" a moment before the exec has closed sh's
+    // close-on-exec descriptors, so wait for sleep's own syscall
+    // (clock_nanosleep or nanosleep).
     wait_until(Duration::from_secs(20), "the exec into sleep", || {
         std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep"))
+            && std::fs::read_to_string(format!("/proc/{pid}/syscall")).is_ok_and(|s| {
+                let nr = s.split(' ').next().unwrap_or("");
+                nr == libc::SYS_clock_nanosleep.to_string() || nr == libc::SYS_nanosleep.to_string()
+            })
     });
     // Read the live agent process's environment and descriptors.
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();

@@ -289,7 +289,7 @@ fn twenty_concurrent_children_of_one_session_are_all_merged() {
     let mut merged = Vec::new();
     for r in &runs {
         let st = c.wait(r);
-        assert_eq!(st["state"], "succeeded");
+        assert_eq!(st["state"], "succeeded", "{st}");
         let acc = st["delta"]["accepted"].as_array().unwrap();
         assert_eq!(acc.len(), 1, "{}", st["delta"]);
         merged.push(acc[0]["accepted"].as_str().unwrap().to_owned());

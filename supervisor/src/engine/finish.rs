@@ -86,7 +86,12 @@ fn runner_log_tail(rec: &RunRecord) -> String {
 }
 
 /// The runner has exited (`runner_status` says how, when we reaped it):
-/// records the terminal state, then finalizes.
+/// works out the terminal state, then finalizes. The terminal state is
+/// written to run.json once, with `finalized` (or a merged delta, or a
+/// `finalize_error`), not first on its own: a crash before that write
+/// leaves run.json `running` with a dead runner, and the next start
+/// finishes the run again from exit.json; result.md is rewritten and the
+/// notice is not stored twice (see `NoticeStore::store`).
 pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status: Option<String>) {
     let mut rec = slot.rec.lock().await;
     if !rec.state.is_terminal() {
@@ -120,10 +125,9 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
             reason = next.reason.as_deref().unwrap_or(""),
             "run ended"
         );
-        if let Err(e) = sup.persist(slot, &mut rec, next.clone()).await {
-            tracing::error!(run_id = %next.run_id, "recording the end: {e}");
-            *rec = next;
-        }
+        // Not published either: nobody sees a run as ended before its
+        // result.md and notice exist.
+        *rec = next;
     }
     drop(rec);
     finalize(sup, slot).await;

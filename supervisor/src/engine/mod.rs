@@ -453,7 +453,6 @@ impl Supervisor {
     }
 }
 
-/// Starts queued runs in FIFO order as slots free up.
 /// How often empty session temp dirs are removed.
 const TEMP_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -468,6 +467,7 @@ async fn sweep_temp_dirs(base: PathBuf) {
     }
 }
 
+/// Starts queued runs in FIFO order as slots free up.
 async fn dispatch(sup: Supervisor, mut rx: mpsc::UnboundedReceiver<RunId>) {
     while let Some(id) = rx.recv().await {
         let Ok(permit) = sup.inner.slots.clone().acquire_owned().await else {
