@@ -73,6 +73,55 @@ pub fn write_atomic_from(spare: &Path, path: &Path, bytes: &[u8]) -> Result<(), 
     result
 }
 
+/// Replaces `path` atomically and durably like [`write_atomic`], without
+/// allocating or freeing an inode: the new content goes into whichever of
+/// the two `spares` exists (made ahead of need; made now if neither does),
+/// and the file being replaced is kept as the other spare (a hard link
+/// taken before the rename) instead of being freed. So after each write
+/// exactly one spare exists, holding the previous content. (On a file
+/// system where freed inodes make later creates slow, such as ext4
+/// without a journal, a file rewritten over and over then costs nothing.)
+pub fn write_atomic_recycling(
+    path: &Path,
+    spares: &[PathBuf; 2],
+    bytes: &[u8],
+) -> Result<(), AtomicError> {
+    let (fill, keep) = if spares[0].exists() {
+        (&spares[0], &spares[1])
+    } else {
+        (&spares[1], &spares[0])
+    };
+    let dir = path
+        .parent()
+        .ok_or_else(|| AtomicError::BadPath(path.to_path_buf()))?;
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(fill)
+            .map_err(io("open", fill))?;
+        f.write_all(bytes).map_err(io("write", fill))?;
+        f.sync_all().map_err(io("fsync", fill))?;
+        // The file being replaced becomes the next spare, if there is one
+        // and the name is free (a crash may have left it taken).
+        let kept = path.exists() && fs::hard_link(path, keep).is_ok();
+        if let Err(e) = fs::rename(fill, path) {
+            if kept {
+                let _ = fs::remove_file(keep);
+            }
+            return Err(io("rename into place", path)(e));
+        }
+        fsync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(fill);
+    }
+    result
+}
+
 /// Like [`write_atomic`], but the folder's fsync is left to the caller, who
 /// writes several files into one folder and then fsyncs it once
 /// ([`fsync_dir`]). Until then the new name may not survive a crash of the
@@ -248,6 +297,43 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("run.json")]);
+    }
+
+    #[test]
+    fn recycling_writes_keep_one_spare_with_the_previous_content_and_the_same_inodes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("run.json");
+        let spares = [
+            dir.path().join(".run.json.s1"),
+            dir.path().join(".run.json.s2"),
+        ];
+        fs::write(&p, b"v0").unwrap();
+        fs::write(&spares[0], b"").unwrap();
+        let mut inodes = vec![
+            fs::metadata(&p).unwrap().ino(),
+            fs::metadata(&spares[0]).unwrap().ino(),
+        ];
+        inodes.sort();
+        for (i, want) in ["v1", "v2", "v3"].iter().enumerate() {
+            write_atomic_recycling(&p, &spares, want.as_bytes()).unwrap();
+            assert_eq!(fs::read(&p).unwrap(), want.as_bytes());
+            let left: Vec<_> = spares.iter().filter(|s| s.exists()).collect();
+            assert_eq!(left.len(), 1, "after write {i}");
+            assert_eq!(fs::read(left[0]).unwrap(), format!("v{i}").as_bytes());
+            let mut now = vec![
+                fs::metadata(&p).unwrap().ino(),
+                fs::metadata(left[0]).unwrap().ino(),
+            ];
+            now.sort();
+            assert_eq!(now, inodes, "no inode made or freed");
+        }
+        // Without any spare, one is made.
+        for s in &spares {
+            let _ = fs::remove_file(s);
+        }
+        write_atomic_recycling(&p, &spares, b"v4").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"v4");
     }
 
     #[test]

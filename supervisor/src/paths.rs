@@ -160,9 +160,9 @@ impl RunFiles {
     pub fn compose(&self) -> PathBuf {
         self.dir.join("compose.json")
     }
-    /// Empty files made ahead of need as the temp files of the later
-    /// changes of run.json (running, then ended and finalized), used in
-    /// this order.
+    /// The two names run.json's changes alternate between (see
+    /// `subagent_runner::atomic::write_atomic_recycling`): one holds the
+    /// previous record, the next change is written into it.
     pub fn record_spares(&self) -> [PathBuf; 2] {
         [1, 2].map(|i| self.dir.join(format!(".run.json.s{i}")))
     }

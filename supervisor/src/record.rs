@@ -226,15 +226,12 @@ impl RunRecord {
     /// Writes run.json atomically (temp file, fsync, rename, fsync folder).
     pub fn save(&self) -> Result<(), RecordError> {
         let files = self.files();
-        let bytes = self.to_bytes();
-        // A temp file made ahead of need, when one is left (see
-        // engine::spare); else a new one.
-        match files.record_spares().into_iter().find(|p| p.exists()) {
-            Some(spare) => {
-                subagent_runner::atomic::write_atomic_from(&spare, &files.record(), &bytes)?
-            }
-            None => subagent_runner::atomic::write_atomic(&files.record(), &bytes)?,
-        }
+        // Neither allocates nor frees an inode (see engine::spare).
+        subagent_runner::atomic::write_atomic_recycling(
+            &files.record(),
+            &files.record_spares(),
+            &self.to_bytes(),
+        )?;
         Ok(())
     }
 

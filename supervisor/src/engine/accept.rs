@@ -539,8 +539,6 @@ pub(crate) fn create_run(
             ("first_message.md", composed.first_message_md.as_bytes()),
             ("tools.json", tools_json.as_bytes()),
             ("plan.json", composed.plan_json.as_bytes()),
-            // The first attempt's plan (a restart replaces plan.json).
-            ("plan-1.json", composed.plan_json.as_bytes()),
         ] {
             let path = ctx.join(name);
             // Derived from compose.json, which is durable: not fsynced.
@@ -549,6 +547,11 @@ pub(crate) fn create_run(
                 share_with_group(&path, gid, 0o640)?;
             }
         }
+        // The first attempt's plan: a second name for plan.json's file, no
+        // new inode (a restart replaces plan.json and leaves this one).
+        let plan_1 = ctx.join("plan-1.json");
+        std::fs::hard_link(ctx.join("plan.json"), &plan_1)
+            .map_err(|e| storage("link", &plan_1, e))?;
         // The inputs stay with the run (not in the child's context dir).
         fill(&stage.compose(), &compose_json, true)?;
         let show = |p: &Path| p.display().to_string();

@@ -61,19 +61,13 @@ pub fn spare_files(f: &RunFiles) -> Vec<PathBuf> {
         f.log(),
     ];
     v.extend(subagent_runner::atomic::reserve_path(&f.exit()));
-    v.extend(f.record_spares());
+    v.push(f.record_spares()[0].clone());
     v.push(f.result_spare());
     v.push(f.notice_spare());
     v.extend(
-        [
-            "system.md",
-            "first_message.md",
-            "tools.json",
-            "plan.json",
-            "plan-1.json",
-        ]
-        .iter()
-        .map(|n| ctx.join(n)),
+        ["system.md", "first_message.md", "tools.json", "plan.json"]
+            .iter()
+            .map(|n| ctx.join(n)),
     );
     v
 }
