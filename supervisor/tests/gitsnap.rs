@@ -212,3 +212,58 @@ fn not_a_repository_and_timeouts_are_unavailable_with_the_reason() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn counts_cover_every_kind_of_change() {
+    let d = repo();
+    let p = d.path();
+    for i in 0..6 {
+        std::fs::write(p.join(format!("t{i}.txt")), format!("{i}\n")).unwrap();
+    }
+    std::fs::write(p.join(".gitignore"), "*.log\n").unwrap();
+    git(p, &["add", "."]);
+    git(p, &["commit", "-qm", "more"]);
+    // Staged new; staged and then modified again; staged deletion; deleted
+    // in the work tree only; a type change (file to symlink); modified in
+    // the work tree; untracked nested; ignored.
+    std::fs::write(p.join("new.txt"), "n\n").unwrap();
+    git(p, &["add", "new.txt"]);
+    std::fs::write(p.join("t0.txt"), "staged\n").unwrap();
+    git(p, &["add", "t0.txt"]);
+    std::fs::write(p.join("t0.txt"), "and changed again\n").unwrap();
+    git(p, &["rm", "-q", "t1.txt"]);
+    std::fs::remove_file(p.join("t2.txt")).unwrap();
+    std::fs::remove_file(p.join("t3.txt")).unwrap();
+    std::os::unix::fs::symlink("a.txt", p.join("t3.txt")).unwrap();
+    std::fs::write(p.join("t4.txt"), "modified\n").unwrap();
+    std::fs::create_dir_all(p.join("deep/er")).unwrap();
+    std::fs::write(p.join("deep/er/u.txt"), "u\n").unwrap();
+    std::fs::write(p.join("deep/x.log"), "ignored\n").unwrap();
+    let f = fields(snapshot(p, Duration::from_secs(10)));
+    assert_eq!(
+        (f.5, f.6, f.7),
+        (3, 4, 1),
+        "staged: new.txt, t0, t1; modified: t0, t2, t3 (now a symlink), t4; untracked: deep/er/u.txt"
+    );
+    // `git status` agrees.
+    let porcelain = git(p, &["status", "--porcelain=v1"]);
+    let (mut s, mut m, mut u) = (0, 0, 0);
+    for l in porcelain.lines() {
+        let b = l.as_bytes();
+        if b[0] == b'?' {
+            u += 1;
+        } else {
+            s += usize::from(b[0] != b' ');
+            m += usize::from(b[1] != b' ');
+        }
+    }
+    assert_eq!((s, m, u), (3, 4, 1), "{porcelain}");
+    // An unborn branch: everything in the index is staged.
+    let u = tempfile::tempdir().unwrap();
+    git(u.path(), &["init", "-q"]);
+    std::fs::write(u.path().join("a"), "a\n").unwrap();
+    std::fs::write(u.path().join("b"), "b\n").unwrap();
+    git(u.path(), &["add", "a"]);
+    let f = fields(snapshot(u.path(), Duration::from_secs(10)));
+    assert_eq!((f.5, f.6, f.7), (1, 0, 1));
+}
