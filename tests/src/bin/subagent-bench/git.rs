@@ -89,6 +89,7 @@ pub fn bench_git(quick: bool) -> Value {
         assert!(out.status.success());
     }
     let (o, g) = (median(ours), median(theirs));
+    crate::retire(repo);
     json!({
         "files": files,
         "modified": modified,

@@ -43,6 +43,8 @@ fn throughput(runs: usize) -> f64 {
     for w in workers {
         w.join().unwrap();
     }
+    drop(sub);
+    crate::retire_daemon(d);
     (per * 16) as f64 / secs
 }
 
@@ -79,6 +81,8 @@ fn memory(sleepers: usize) -> (f64, f64, f64) {
     }
     sl.release(&mut c);
     let mean = runner_kib.iter().sum::<f64>() / runner_kib.len().max(1) as f64 / 1024.0;
+    drop(c);
+    crate::retire_daemon(d);
     (idle, with, mean)
 }
 

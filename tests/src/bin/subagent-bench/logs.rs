@@ -74,6 +74,7 @@ pub fn bench(quick: bool) -> Value {
         }
     }
     follow.wait().unwrap();
+    crate::retire_daemon(d);
     json!({"mb": mb, "chunks_mb_s": chunks, "lines_mb": lines_mb, "lines_mb_s": lines, "direct_mb_s": direct,
            "follow": {"p50": pct(&lat, 50.0), "max": pct(&lat, 100.0), "n": lat.len()}})
 }

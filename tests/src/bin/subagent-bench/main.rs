@@ -22,6 +22,25 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Instant;
 
+/// What the parts leave behind (stopped daemons with their state dirs,
+/// scratch repositories), deleted only when the whole run is over. On this
+/// host, deleting thousands of files makes file creation nearby slow for a
+/// minute or more (docs/benchmarks.md, "ext4 without a journal"); deleting
+/// one part's files just before the next part would charge the harness's
+/// cleanup to the supervisor.
+static RETIRED: std::sync::Mutex<Vec<Box<dyn Send>>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps `x` (and its files) until the run is over.
+pub fn retire<T: Send + 'static>(x: T) {
+    RETIRED.lock().unwrap().push(Box::new(x));
+}
+
+/// Stops a part's daemon and keeps its folder until the run is over.
+pub fn retire_daemon(mut d: subagentd_e2e::Daemon) {
+    let _ = d.stop();
+    retire(d);
+}
+
 /// Percentile (0–100) of sorted-or-not samples, in ms.
 pub fn pct(samples: &[f64], p: f64) -> f64 {
     let mut v = samples.to_vec();
@@ -223,6 +242,7 @@ fn main() {
         file.display(),
         started.elapsed().as_secs_f64()
     );
+    RETIRED.lock().unwrap().clear();
 }
 
 fn machine() -> Value {

@@ -136,5 +136,8 @@ pub fn bench(quick: bool) -> Value {
     if !bw.is_empty() {
         out["ratio_bwrap"] = json!(pct(&exec, 50.0) / pct(&bw, 50.0));
     }
+    drop((c, sub));
+    crate::retire_daemon(d);
+    crate::retire(scratch);
     out
 }
