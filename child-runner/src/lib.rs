@@ -18,6 +18,7 @@
 //! - [`sandbox`]: applying the sandbox spec (Landlock, seccomp,
 //!   capabilities, rlimits, cgroups, namespaces) and reporting it.
 //! - [`launch`]: starting the agent command inside it.
+//! - [`warm`]: a runner started before its run, waiting for it on a socket.
 //! - [`restart`]: restarting a child that exits 75, with its handoff note.
 //! - [`lockfd`]: runner.lock, held for the runner's whole life.
 //! - [`supervise`]: the runner's event loop.
@@ -33,6 +34,7 @@ pub mod spec;
 pub mod supervise;
 pub mod sys;
 pub mod tree;
+pub mod warm;
 
 /// Milliseconds since the Unix epoch, as recorded in exit.json.
 pub fn now_unix_ms() -> u64 {

@@ -1,5 +1,6 @@
 //! `subagent-runner [--lock-fd N] RUNNER_JSON`: runs one subagent; see the
-//! library docs.
+//! library docs. `subagent-runner --warm`: the same, for a run handed over
+//! later on the socket at fd 0 (see `subagent_runner::warm`).
 //!
 //! `--lock-fd N` is runner.lock, opened and flock'ed by the daemon and handed
 //! over: the runner writes its pid into it and holds it until it dies, so a
@@ -14,7 +15,7 @@ use subagent_runner::spec::RunnerSpec;
 use subagent_runner::{lockfd, supervise};
 
 fn usage() -> ExitCode {
-    say("usage: subagent-runner [--lock-fd N] RUNNER_JSON");
+    say("usage: subagent-runner [--lock-fd N] RUNNER_JSON | subagent-runner --warm");
     ExitCode::from(2)
 }
 
@@ -31,21 +32,53 @@ const EXIT_RESERVE_BYTES: usize = 64 * 1024;
 fn main() -> ExitCode {
     let main_started = std::time::Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (lock_fd, spec_path) = match args.as_slice() {
+    let (lock_fd, spec_path, started) = match args.as_slice() {
+        [flag] if flag == "--warm" => {
+            match subagent_runner::warm::wait(subagent_runner::warm::SOCKET_FD) {
+                // The daemon let this warm runner go.
+                Ok(None) => return ExitCode::SUCCESS,
+                Ok(Some(h)) => {
+                    if let Err(e) = subagent_runner::warm::install_stdio(&h.log) {
+                        say(&format!("{e}"));
+                        return ExitCode::from(2);
+                    }
+                    drop(h.log);
+                    // The start is timed from the hand-over, not from the wait.
+                    (
+                        Some(std::os::fd::IntoRawFd::into_raw_fd(h.lock)),
+                        h.spec,
+                        std::time::Instant::now(),
+                    )
+                }
+                Err(e) => {
+                    say(&format!("warm runner: {e}"));
+                    return ExitCode::from(2);
+                }
+            }
+        }
         [flag, fd, spec] if flag == "--lock-fd" => match fd.parse::<i32>() {
-            Ok(fd) => (Some(fd), PathBuf::from(spec)),
+            Ok(fd) => (Some(fd), PathBuf::from(spec), main_started),
             Err(_) => return usage(),
         },
-        [spec] => (None, PathBuf::from(spec)),
+        [spec] => (None, PathBuf::from(spec), main_started),
         _ => return usage(),
     };
+    run(lock_fd, &spec_path, started)
+}
+
+/// Runs the run of `spec_path`, holding runner.lock (`lock_fd`).
+fn run(
+    lock_fd: Option<i32>,
+    spec_path: &std::path::Path,
+    main_started: std::time::Instant,
+) -> ExitCode {
     if let Some(fd) = lock_fd {
         if let Err(e) = lockfd::adopt(fd) {
             say(&format!("{e}"));
             return ExitCode::from(2);
         }
     }
-    let spec = match RunnerSpec::load(&spec_path) {
+    let spec = match RunnerSpec::load(spec_path) {
         Ok(spec) => spec,
         Err(e) => {
             say(&format!("{e}"));

@@ -23,8 +23,13 @@ pub struct Launched {
     pub pidfd: OwnedFd,
 }
 
-/// Starts the runner for the run in `files`. Blocking.
-pub fn start_runner(runner: &Path, files: &RunFiles) -> Result<Launched, String> {
+/// Starts the runner for the run in `files`: hands it to a warm runner when
+/// one waits (see [`super::warm`]), else starts one. Blocking.
+pub fn start_runner(
+    runner: &Path,
+    warm: &super::warm::WarmRunners,
+    files: &RunFiles,
+) -> Result<Launched, String> {
     let lock_path = files.runner_lock();
     let lock = super::lockfile::open(&lock_path).map_err(|e| e.to_string())?;
     match super::lockfile::try_lock(&lock) {
@@ -38,6 +43,9 @@ pub fn start_runner(runner: &Path, files: &RunFiles) -> Result<Launched, String>
         .mode(0o600)
         .open(files.runner_log())
         .map_err(|e| format!("open {}: {e}", files.runner_log().display()))?;
+    if let Some(l) = warm.hand_over(&files.runner_spec(), lock.as_fd(), log.as_fd()) {
+        return Ok(l);
+    }
     let args = [
         "--lock-fd".to_owned(),
         super::spawn::LOCK_FD.to_string(),
@@ -49,8 +57,9 @@ pub fn start_runner(runner: &Path, files: &RunFiles) -> Result<Launched, String>
     let pid = super::spawn::spawn(&super::spawn::RunnerSpawn {
         program: runner,
         args: &args,
-        output: log.as_fd(),
-        lock: lock.as_fd(),
+        stdin: None,
+        output: Some(log.as_fd()),
+        lock: Some(lock.as_fd()),
         blocked: subagent_runner::supervise::handled_signals(),
     })
     .map_err(|e| e.to_string())?;
@@ -76,7 +85,8 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     }
     let files = rec.files();
     let runner = sup.inner.cfg.runner.clone();
-    let launched = tokio::task::spawn_blocking(move || start_runner(&runner, &files))
+    let warm = sup.inner.warm.clone();
+    let launched = tokio::task::spawn_blocking(move || start_runner(&runner, &warm, &files))
         .await
         .unwrap_or_else(|e| Err(format!("launch task failed: {e}")));
     // The spawn path is over for this run: make the next spare folder now.

@@ -10,6 +10,7 @@
 //!   the notice.
 //! - [`recover`]: picking up the state dir's runs when the engine starts.
 //! - [`spare`]: run folders made ahead of need, off the spawn path.
+//! - [`warm`]: runners started before they have a run.
 
 pub mod accept;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod probe;
 pub mod recover;
 pub mod spare;
 pub mod spawn;
+pub mod warm;
 pub mod workctx;
 
 pub use error::EngineError;
@@ -57,6 +59,9 @@ pub struct Config {
     pub settings: policy::config::Config,
     /// The git snapshot's time budget (2 s; zero simulates a slow repo).
     pub git_budget: std::time::Duration,
+    /// Warm runners kept waiting (see [`warm`]); 0 for an engine that runs
+    /// one run and exits (`subagent run`).
+    pub warm_runners: usize,
 }
 
 impl Config {
@@ -78,6 +83,7 @@ impl Config {
             run_as: None,
             settings: Default::default(),
             git_budget: crate::gitsnap::BUDGET,
+            warm_runners: WARM_RUNNERS,
         }
     }
 }
@@ -124,8 +130,12 @@ pub(crate) struct Inner {
     probe: probe::HostProbe,
     tools: policy::toolpolicy::ToolPolicy,
     spare: Arc<spare::SparePool>,
+    warm: Arc<warm::WarmRunners>,
     _state_lock: std::fs::File,
 }
+
+/// Warm runners kept waiting: enough for back-to-back spawns.
+const WARM_RUNNERS: usize = 2;
 
 /// Spare run folders kept ready: enough for back-to-back spawns; a burst
 /// beyond them makes its folders on the spot.
@@ -196,6 +206,7 @@ impl Supervisor {
             .await?
         };
         let spare = Arc::new(spare);
+        let warm = Arc::new(warm::WarmRunners::new(cfg.runner.clone(), cfg.warm_runners));
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
         let inner = Arc::new(Inner {
@@ -212,6 +223,7 @@ impl Supervisor {
             probe: probe::probe(),
             tools,
             spare: spare.clone(),
+            warm: warm.clone(),
             _state_lock: lock,
         });
         spare::SparePool::start_maker(&spare)
@@ -219,6 +231,7 @@ impl Supervisor {
         tokio::spawn(sweep_temp_dirs(inner.cfg.temp_base.clone()));
         let sup = Supervisor { inner };
         recover::recover(&sup).await;
+        let _ = tokio::task::spawn_blocking(move || warm.fill()).await;
         tokio::spawn(dispatch(sup.clone(), rx));
         Ok(sup)
     }
@@ -424,6 +437,10 @@ impl Supervisor {
     /// Refuses new spawns from now on (shutdown).
     pub fn stop_accepting(&self) {
         self.inner.accepting.store(false, Ordering::SeqCst);
+        // Warm runners are let go (and reaped) now: after the daemon exits,
+        // nobody would reap them.
+        let warm = self.inner.warm.clone();
+        tokio::task::spawn_blocking(move || warm.close());
     }
 
     /// Replaces the record with `next`, durably, and publishes it to

@@ -8,8 +8,9 @@
 //! exec errors come back as its return value. Everything the runner needs
 //! set up before its first instruction is expressed as spawn attributes:
 //! a new session, the blocked signal mask, SIGPIPE back to its default,
-//! cwd `/`, stdin `/dev/null`, stdout and stderr on runner.log, and
-//! runner.lock as fd 3 (without close-on-exec).
+//! cwd `/`, stdin (`/dev/null`, or a warm runner's socket), stdout and
+//! stderr (runner.log, or `/dev/null` for a warm runner), and runner.lock
+//! as fd 3 (without close-on-exec) when there is one.
 
 use nix::sys::signal::SigSet;
 use std::ffi::{CString, NulError};
@@ -49,10 +50,12 @@ pub struct RunnerSpawn<'a> {
     pub program: &'a Path,
     /// Its arguments (without argv\[0\], which is the program).
     pub args: &'a [String],
-    /// Its stdout and stderr.
-    pub output: BorrowedFd<'a>,
-    /// The descriptor handed over as fd [`LOCK_FD`].
-    pub lock: BorrowedFd<'a>,
+    /// Its stdin (None: `/dev/null`).
+    pub stdin: Option<BorrowedFd<'a>>,
+    /// Its stdout and stderr (None: `/dev/null`).
+    pub output: Option<BorrowedFd<'a>>,
+    /// The descriptor handed over as fd [`LOCK_FD`], if any.
+    pub lock: Option<BorrowedFd<'a>>,
     /// The signals blocked from its first instruction.
     pub blocked: SigSet,
 }
@@ -109,7 +112,7 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
     let root = cstr("/", b"/")?;
 
     // dup2(fd, fd) would keep close-on-exec; move the lock off fd 3 first.
-    let moved_lock: Option<OwnedFd> = if s.lock.as_raw_fd() == LOCK_FD {
+    let moved_lock: Option<OwnedFd> = if s.lock.is_some_and(|l| l.as_raw_fd() == LOCK_FD) {
         // SAFETY: F_DUPFD_CLOEXEC on a descriptor we borrow returns a new
         // descriptor (>= 10) or -1; no memory is touched.
         let fd = unsafe { libc::fcntl(LOCK_FD, libc::F_DUPFD_CLOEXEC, 10) };
@@ -125,10 +128,10 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
     } else {
         None
     };
-    let lock_fd = moved_lock
-        .as_ref()
-        .map_or(s.lock.as_raw_fd(), |f| f.as_raw_fd());
-    let out_fd = s.output.as_raw_fd();
+    let lock_fd = match &moved_lock {
+        Some(f) => Some(f.as_raw_fd()),
+        None => s.lock.map(|l| l.as_raw_fd()),
+    };
 
     // SAFETY: zeroed storage is what posix_spawn_file_actions_init expects
     // to initialise; `FileActions` destroys it only after a successful init.
@@ -142,29 +145,51 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
     };
     // SAFETY: each call records an action in `fa` (initialised above); the
     // strings are copied by glibc, the descriptors are only numbers here.
+    // In order: stdin, stdout, stderr, then the lock (the daemon's own
+    // descriptors are all above 2, so none is overwritten before use).
     unsafe {
-        check(
-            "posix_spawn_file_actions_addopen /dev/null for",
-            libc::posix_spawn_file_actions_addopen(
-                &mut fa.0,
-                0,
-                dev_null.as_ptr(),
-                libc::O_RDONLY,
-                0,
-            ),
-        )?;
-        check(
-            "posix_spawn_file_actions_adddup2 stdout for",
-            libc::posix_spawn_file_actions_adddup2(&mut fa.0, out_fd, 1),
-        )?;
+        match s.stdin {
+            Some(fd) => check(
+                "posix_spawn_file_actions_adddup2 stdin for",
+                libc::posix_spawn_file_actions_adddup2(&mut fa.0, fd.as_raw_fd(), 0),
+            )?,
+            None => check(
+                "posix_spawn_file_actions_addopen /dev/null for",
+                libc::posix_spawn_file_actions_addopen(
+                    &mut fa.0,
+                    0,
+                    dev_null.as_ptr(),
+                    libc::O_RDONLY,
+                    0,
+                ),
+            )?,
+        }
+        match s.output {
+            Some(fd) => check(
+                "posix_spawn_file_actions_adddup2 stdout for",
+                libc::posix_spawn_file_actions_adddup2(&mut fa.0, fd.as_raw_fd(), 1),
+            )?,
+            None => check(
+                "posix_spawn_file_actions_addopen /dev/null (stdout) for",
+                libc::posix_spawn_file_actions_addopen(
+                    &mut fa.0,
+                    1,
+                    dev_null.as_ptr(),
+                    libc::O_WRONLY,
+                    0,
+                ),
+            )?,
+        }
         check(
             "posix_spawn_file_actions_adddup2 stderr for",
-            libc::posix_spawn_file_actions_adddup2(&mut fa.0, out_fd, 2),
+            libc::posix_spawn_file_actions_adddup2(&mut fa.0, 1, 2),
         )?;
-        check(
-            "posix_spawn_file_actions_adddup2 runner.lock for",
-            libc::posix_spawn_file_actions_adddup2(&mut fa.0, lock_fd, LOCK_FD),
-        )?;
+        if let Some(lock_fd) = lock_fd {
+            check(
+                "posix_spawn_file_actions_adddup2 runner.lock for",
+                libc::posix_spawn_file_actions_adddup2(&mut fa.0, lock_fd, LOCK_FD),
+            )?;
+        }
         check(
             "posix_spawn_file_actions_addchdir_np / for",
             libc::posix_spawn_file_actions_addchdir_np(&mut fa.0, root.as_ptr()),
