@@ -32,8 +32,19 @@ const EXIT_RESERVE_BYTES: usize = 64 * 1024;
 fn main() -> ExitCode {
     let main_started = std::time::Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut orig_netns = None;
     let (lock_fd, spec_path, started) = match args.as_slice() {
         [flag] if flag == "--warm" => {
+            // The network namespace the run's child most likely gets, made
+            // while waiting (see `subagent_runner::warm`).
+            if subagent_runner::sandbox::caps::effective_has(
+                subagent_runner::sandbox::caps::CAP_SYS_ADMIN,
+            ) {
+                match subagent_runner::warm::enter_fresh_netns() {
+                    Ok(fd) => orig_netns = Some(fd),
+                    Err(e) => say(&format!("warm runner: {e}; the child will make its own")),
+                }
+            }
             match subagent_runner::warm::wait(subagent_runner::warm::SOCKET_FD) {
                 // The daemon let this warm runner go.
                 Ok(None) => return ExitCode::SUCCESS,
@@ -63,7 +74,7 @@ fn main() -> ExitCode {
         [spec] => (None, PathBuf::from(spec), main_started),
         _ => return usage(),
     };
-    run(lock_fd, &spec_path, started)
+    run(lock_fd, &spec_path, started, orig_netns)
 }
 
 /// Runs the run of `spec_path`, holding runner.lock (`lock_fd`).
@@ -71,6 +82,7 @@ fn run(
     lock_fd: Option<i32>,
     spec_path: &std::path::Path,
     main_started: std::time::Instant,
+    orig_netns: Option<std::os::fd::OwnedFd>,
 ) -> ExitCode {
     if let Some(fd) = lock_fd {
         if let Err(e) = lockfd::adopt(fd) {
@@ -85,6 +97,12 @@ fn run(
             return ExitCode::from(2);
         }
     };
+    if let Some(orig) = orig_netns {
+        if let Err(e) = subagent_runner::warm::settle_netns(orig, spec.sandbox.network) {
+            say(&format!("run {}: {e}", spec.run_id));
+            return ExitCode::from(2);
+        }
+    }
     // Room for exit.json, kept from the start: if the child fills the disk,
     // the record is still written, into the reserved file.
     let reserve = subagent_runner::atomic::Reserved::create(&spec.exit_path, EXIT_RESERVE_BYTES);

@@ -404,6 +404,10 @@ fn attempt_once(
                 .collect();
             m.insert("prepare".into(), prepare_us);
             m.insert("fork_to_exec".into(), spawn_us);
+            if prepared.netns_made_ahead() {
+                // Made by the warm runner while it waited, off the path.
+                m.insert("namespaces_ahead".into(), crate::warm::netns_ahead_us());
+            }
             m
         },
     })

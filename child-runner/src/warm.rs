@@ -7,12 +7,78 @@
 //! The runner then puts runner.log on stdout and stderr and `/dev/null` on
 //! stdin, and goes on exactly as a runner started for that run. End of file
 //! (the daemon went away or let it go) makes it exit quietly.
+//!
+//! While it waits, a warm runner that may (CAP_SYS_ADMIN) also makes the
+//! network namespace its run's child will most likely get: it moves itself
+//! into a new, empty one and keeps a descriptor on the one it came from.
+//! If the run turns out to be granted the network, it moves back before
+//! anything else; otherwise the child inherits the new namespace and the
+//! sandbox does not make another ([`netns_ready`]). Either way each run
+//! has a namespace of its own: a warm runner takes one run.
 
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+
+/// Set once this process sits in a fresh network namespace made for its run.
+static NETNS_READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How long making the namespace ahead took, in µs.
+static NETNS_AHEAD_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How long [`enter_fresh_netns`] took, in µs (0 if it did not run).
+pub fn netns_ahead_us() -> u64 {
+    NETNS_AHEAD_US.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Whether this runner already sits in a fresh, empty network namespace
+/// made for its run (so the child need not make one).
+pub fn netns_ready() -> bool {
+    NETNS_READY.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Moves this process into a new network namespace; returns a descriptor
+/// on the one it left.
+pub fn enter_fresh_netns() -> Result<OwnedFd, WarmError> {
+    let started = std::time::Instant::now();
+    let orig = nix::fcntl::open(
+        "/proc/self/ns/net",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|errno| WarmError::Sys {
+        op: "open /proc/self/ns/net",
+        errno,
+    })?;
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|errno| WarmError::Sys {
+        op: "unshare(CLONE_NEWNET)",
+        errno,
+    })?;
+    NETNS_AHEAD_US.store(
+        started.elapsed().as_micros() as u64,
+        std::sync::atomic::Ordering::SeqCst,
+    );
+    Ok(orig)
+}
+
+/// Settles the namespace made by [`enter_fresh_netns`] once the run is
+/// known: kept for a run without network ([`netns_ready`] becomes true),
+/// left for the original one (`orig`) for a run granted the network.
+pub fn settle_netns(orig: OwnedFd, network: bool) -> Result<(), WarmError> {
+    if network {
+        nix::sched::setns(&orig, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|errno| {
+            WarmError::Sys {
+                op: "setns(CLONE_NEWNET) back to the host's namespace",
+                errno,
+            }
+        })?;
+    } else {
+        NETNS_READY.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    Ok(())
+}
 
 /// The socket a warm runner waits on.
 pub const SOCKET_FD: RawFd = 0;

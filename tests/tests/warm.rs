@@ -57,6 +57,25 @@ fn a_run_is_handed_to_a_waiting_warm_runner() {
     assert_eq!(st["state"], "succeeded", "{st}");
     let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
     assert_eq!(log, "warm-ok\n");
+    // Its network namespace was made while the warm runner waited (root
+    // only: it needs CAP_SYS_ADMIN), and exit.json says how long that took.
+    if subagentd_e2e::is_root() {
+        let exit: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                std::path::Path::new(st["log_path"].as_str().unwrap())
+                    .parent()
+                    .unwrap()
+                    .join("exit.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let steps = &exit["setup_us"];
+        assert!(
+            steps["namespaces_ahead"].as_u64().is_some_and(|us| us > 0),
+            "{steps}"
+        );
+    }
     let pid = runner_pid(&d, &run);
     assert!(
         before.contains(&pid),
@@ -122,4 +141,56 @@ fn warm_runners_go_with_the_daemon() {
         "the orphaned warm runners to exit",
         || pids.iter().all(|&p| !alive(p)),
     );
+}
+
+/// The network namespace of the run's child, as `readlink /proc/self/ns/net`
+/// prints it inside the sandbox.
+fn child_netns(c: &mut subagentd_e2e::Conn, s: &str, network: bool) -> String {
+    let run = c.spawn(
+        s,
+        &["sh", "-c", "readlink /proc/self/ns/net"],
+        json!({"sandbox": {"network": network}}),
+    );
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    std::fs::read_to_string(st["log_path"].as_str().unwrap())
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn each_run_gets_its_own_network_namespace_or_the_hosts_when_granted() {
+    if !subagentd_e2e::runnable(
+        subagentd_e2e::is_root(),
+        "network",
+        "a network namespace without a user namespace needs root",
+    ) {
+        return;
+    }
+    let d = Daemon::start();
+    wait_until(Duration::from_secs(20), "two warm runners", || {
+        warm_pids(d.pid()).len() == 2
+    });
+    let host = std::fs::read_link("/proc/self/ns/net")
+        .unwrap()
+        .display()
+        .to_string();
+    let mut c = d.conn();
+    let s = session("warm-netns");
+    // Runs handed to warm runners (made while they waited) and to fresh
+    // ones alike: each isolated run has a namespace of its own.
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let ns = child_netns(&mut c, &s, false);
+        assert!(ns.starts_with("net:["), "{ns}");
+        assert_ne!(ns, host, "an isolated run shares the host's namespace");
+        assert!(!seen.contains(&ns), "{ns} was another run's namespace");
+        seen.push(ns);
+    }
+    // A run granted the network is in the host's namespace, even when its
+    // warm runner had made one while it waited.
+    for _ in 0..3 {
+        assert_eq!(child_netns(&mut c, &s, true), host);
+    }
 }

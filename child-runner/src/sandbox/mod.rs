@@ -42,6 +42,9 @@ pub struct Prepared {
     privileged: bool,
     last_cap: u32,
     netns: bool,
+    /// The runner already sits in a fresh network namespace made for this
+    /// run (a warm runner's, see [`crate::warm`]): the child inherits it.
+    netns_made: bool,
     run_as: Option<(u32, u32)>,
     /// What will be enforced once [`Prepared::apply`] succeeds.
     pub report: IsolationReport,
@@ -247,6 +250,7 @@ pub fn prepare(
         privileged,
         last_cap: caps::last_cap(),
         netns,
+        netns_made: netns && crate::warm::netns_ready(),
         run_as,
         report,
     })
@@ -268,7 +272,7 @@ impl Prepared {
         lap("rlimits", &mut times);
         self.cgroups.join_self().map_err(|e| e.to_string())?;
         lap("cgroup_join", &mut times);
-        if self.netns {
+        if self.netns && !self.netns_made {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(|e| format!("network namespace: unshare: {e}"))?;
         }
@@ -301,6 +305,12 @@ impl Prepared {
         }
         lap("seccomp", &mut times);
         Ok(times)
+    }
+
+    /// Whether the child inherits a network namespace made ahead of the
+    /// run (by a warm runner) instead of making one.
+    pub fn netns_made_ahead(&self) -> bool {
+        self.netns_made
     }
 
     /// The run's cgroups.
