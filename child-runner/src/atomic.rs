@@ -122,14 +122,6 @@ pub fn write_atomic_recycling(
     result
 }
 
-/// Like [`write_atomic`], but the folder's fsync is left to the caller, who
-/// writes several files into one folder and then fsyncs it once
-/// ([`fsync_dir`]). Until then the new name may not survive a crash of the
-/// machine.
-pub fn write_atomic_in_batch(path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
-    replace(path, bytes, Sync::File)
-}
-
 /// Replaces `path` with `bytes` atomically (readers see the old or the new
 /// content, never a mix) but without fsync: for files derived from a
 /// durable record, which can be made again.
@@ -142,9 +134,7 @@ pub fn write_replace(path: &Path, bytes: &[u8]) -> Result<(), AtomicError> {
 enum Sync {
     /// Nothing.
     None,
-    /// The file's content, before the rename.
-    File,
-    /// The content, then the folder after the rename.
+    /// The content before the rename, then the folder after it.
     FileAndDir,
 }
 
@@ -168,7 +158,7 @@ fn replace(path: &Path, bytes: &[u8], sync: Sync) -> Result<(), AtomicError> {
             .open(&tmp)
             .map_err(io("create", &tmp))?;
         f.write_all(bytes).map_err(io("write", &tmp))?;
-        if sync != Sync::None {
+        if sync == Sync::FileAndDir {
             f.sync_all().map_err(io("fsync", &tmp))?;
         }
         fs::rename(&tmp, path).map_err(io("rename into place", path))?;
@@ -266,6 +256,14 @@ impl Reserved {
 mod tests {
     use super::*;
 
+    /// The names in `dir`.
+    fn names(dir: &Path) -> Vec<std::ffi::OsString> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect()
+    }
+
     #[test]
     fn replaces_content_and_leaves_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -273,11 +271,10 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
-        let names: Vec<_> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("run.json")]);
+        assert_eq!(
+            names(dir.path()),
+            vec![std::ffi::OsString::from("run.json")]
+        );
     }
 
     #[test]
@@ -292,11 +289,10 @@ mod tests {
         assert!(!spare.exists());
         write_atomic_from(&spare, &p, b"newer").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"newer");
-        let names: Vec<_> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("run.json")]);
+        assert_eq!(
+            names(dir.path()),
+            vec![std::ffi::OsString::from("run.json")]
+        );
     }
 
     #[test]
