@@ -1,6 +1,8 @@
-//! Launching a run: one `subagent-runner` process per run (started with
-//! `posix_spawn`, see [`super::spawn`]), in its own session so it outlives the daemon, holding the run's runner.lock, and
-//! watched through a pidfd.
+//! Launching a run: one `subagent-runner` process per run, in its own
+//! session so it outlives the daemon, holding the run's runner.lock, and
+//! watched through a pidfd. The run goes to a warm runner when one waits
+//! ([`super::warm`]); else a runner is started with `posix_spawn`
+//! ([`super::spawn`]).
 
 use super::{finish, pidfd, Slot, Supervisor};
 use crate::paths::RunFiles;
