@@ -55,17 +55,97 @@ fn write(r: &RestartSpec, name: &str, text: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Composes the context of `attempt` from compose.json and the handoff
-/// note, and writes it into the context dir.
+/// Composes the context of `attempt` from the recorded inputs and the
+/// handoff note, and writes it into the context dir.
 pub fn prepare_next(r: &RestartSpec, attempt: u32) -> Result<(), String> {
-    let bytes = std::fs::read(&r.compose_input)
-        .map_err(|e| format!("read {}: {e}", r.compose_input.display()))?;
-    let input: ComposeInput = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("parse {}: {e}", r.compose_input.display()))?;
+    let input: ComposeInput = match (&r.compose, &r.compose_input) {
+        (Some(c), _) => c.clone(),
+        (None, Some(path)) => {
+            let bytes = std::fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+            serde_json::from_slice(&bytes).map_err(|e| format!("parse {}: {e}", path.display()))?
+        }
+        (None, None) => return Err("runner.json has no composition inputs".into()),
+    };
     let handoff = read_handoff(&r.artifact_dir);
     let c = compose(&input, attempt, handoff.as_deref());
     write(r, "system.md", &c.system_md)?;
     write(r, "first_message.md", &c.first_message_md)?;
     write(r, &format!("plan-{attempt}.json"), &c.plan_json)?;
     write(r, "plan.json", &c.plan_json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policy::compose::{Caps, SessionPaths};
+
+    fn input(dir: &Path) -> ComposeInput {
+        ComposeInput {
+            playbook: None,
+            project_instructions: None,
+            agent: None,
+            tools: vec![],
+            tools_json: "[]".into(),
+            paths: SessionPaths {
+                session_id: "s".into(),
+                temp_dir: dir.join("tmp"),
+                artifact_dir: dir.join("artifacts"),
+                worktree_dir: None,
+                log_path: dir.join("child.log"),
+                delta_path: dir.join("delta/delta.json"),
+            },
+            task: "the task".into(),
+            context: None,
+            working_context: "[working-context]\n".into(),
+            caps: Caps::default(),
+            max_attempts: 3,
+        }
+    }
+
+    fn spec(dir: &Path, ctx: &str) -> RestartSpec {
+        std::fs::create_dir_all(dir.join(ctx)).unwrap();
+        std::fs::create_dir_all(dir.join("artifacts")).unwrap();
+        RestartSpec {
+            max_attempts: 3,
+            compose: None,
+            compose_input: None,
+            context_dir: dir.join(ctx),
+            artifact_dir: dir.join("artifacts"),
+            attempt_file: dir.join("attempt.json"),
+            share_gid: None,
+        }
+    }
+
+    #[test]
+    fn inline_inputs_and_an_older_runners_compose_json_compose_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let mut inline = spec(d, "ctx-inline");
+        inline.compose = Some(input(d));
+        // A runner.json written by a daemon before the inputs moved into it
+        // names a compose.json instead.
+        let mut older = spec(d, "ctx-older");
+        std::fs::write(
+            d.join("compose.json"),
+            serde_json::to_vec(&input(d)).unwrap(),
+        )
+        .unwrap();
+        older.compose_input = Some(d.join("compose.json"));
+        prepare_next(&inline, 2).unwrap();
+        prepare_next(&older, 2).unwrap();
+        for f in ["system.md", "first_message.md", "plan.json", "plan-2.json"] {
+            let a = std::fs::read(d.join("ctx-inline").join(f)).unwrap();
+            assert!(!a.is_empty(), "{f}");
+            assert_eq!(
+                a,
+                std::fs::read(d.join("ctx-older").join(f)).unwrap(),
+                "{f}"
+            );
+        }
+        // Neither: refused with a reason.
+        let none = spec(d, "ctx-none");
+        assert!(prepare_next(&none, 2)
+            .unwrap_err()
+            .contains("no composition inputs"));
+    }
 }

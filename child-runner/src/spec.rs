@@ -49,8 +49,13 @@ pub struct RunnerSpec {
 pub struct RestartSpec {
     /// Attempts allowed in all (1 + max_restarts).
     pub max_attempts: u32,
-    /// compose.json: the composition's recorded inputs.
-    pub compose_input: PathBuf,
+    /// The composition's recorded inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compose: Option<policy::compose::ComposeInput>,
+    /// compose.json holding them, from a daemon that wrote them apart
+    /// (before `compose` existed); read only when `compose` is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compose_input: Option<PathBuf>,
     /// The context dir the composed files go to.
     pub context_dir: PathBuf,
     /// Where the child leaves handoff.md.

@@ -78,7 +78,7 @@ pub struct SessionPaths {
     pub delta_path: PathBuf,
 }
 
-/// Everything the composition depends on (recorded as compose.json).
+/// Everything the composition depends on (recorded in runner.json).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComposeInput {
     /// The operator's playbook (config `rules_file`).

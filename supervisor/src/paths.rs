@@ -156,10 +156,6 @@ impl RunFiles {
     pub fn runner_spec(&self) -> PathBuf {
         self.dir.join("runner.json")
     }
-    /// compose.json: what the child's context is composed from.
-    pub fn compose(&self) -> PathBuf {
-        self.dir.join("compose.json")
-    }
     /// The two names run.json's changes alternate between (see
     /// `subagent_runner::atomic::write_atomic_recycling`): one holds the
     /// previous record, the next change is written into it.

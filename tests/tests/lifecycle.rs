@@ -87,7 +87,6 @@ fn success_writes_log_artifacts_and_result() {
     let want_names = [
         "artifacts",
         "child.log",
-        "compose.json",
         "context",
         "delta",
         "exit.json",

@@ -445,7 +445,7 @@ pub fn first_message(context: Option<&str>, task: &str) -> String {
 }
 
 /// Records a new run: fills a spare run folder (see [`super::spare`]) with
-/// its context files, compose.json, runner.json and run.json, makes its
+/// its context files, runner.json and run.json, makes its
 /// temp dir, and publishes the folder under its run id, durably.
 /// Blocking.
 pub(crate) fn create_run(
@@ -515,7 +515,8 @@ pub(crate) fn create_run(
             .as_ref()
             .map_or(p.session.project_dir.clone(), |w| w.dir.clone());
         let git = crate::gitsnap::snapshot(&workdir, inner.cfg.git_budget);
-        // The child's context: composed from recorded inputs (compose.json),
+        // The child's context: composed from recorded inputs (kept in
+        // runner.json),
         // so a restart can compose it again with a handoff note.
         let listed = plan.tools.clone().unwrap_or_default();
         let tools_json = inner.tools.tools_json(&listed);
@@ -531,8 +532,6 @@ pub(crate) fn create_run(
             policy::workctx::render_block(&workdir, &session_state.recent_files, &git),
         );
         let composed = policy::compose::compose(&input, 1, None);
-        let compose_json =
-            serde_json::to_vec_pretty(&input).map_err(|e| EngineError::Internal(e.to_string()))?;
         let ctx = stage.context();
         for (name, bytes) in [
             ("system.md", composed.system_md.as_bytes()),
@@ -541,7 +540,8 @@ pub(crate) fn create_run(
             ("plan.json", composed.plan_json.as_bytes()),
         ] {
             let path = ctx.join(name);
-            // Derived from compose.json, which is durable: not fsynced.
+            // Derived from the inputs in runner.json, which is durable: not
+            // fsynced.
             fill(&path, bytes, false)?;
             if let Some((_, gid)) = child {
                 share_with_group(&path, gid, 0o640)?;
@@ -552,8 +552,6 @@ pub(crate) fn create_run(
         let plan_1 = ctx.join("plan-1.json");
         std::fs::hard_link(ctx.join("plan.json"), &plan_1)
             .map_err(|e| storage("link", &plan_1, e))?;
-        // The inputs stay with the run (not in the child's context dir).
-        fill(&stage.compose(), &compose_json, true)?;
         let show = |p: &Path| p.display().to_string();
         let paths = policy::ChildPaths {
             run_id: id.to_string(),
@@ -618,7 +616,10 @@ pub(crate) fn create_run(
             run_as: child,
             restart: Some(subagent_runner::spec::RestartSpec {
                 max_attempts: input.max_attempts,
-                compose_input: files.compose(),
+                // The inputs stay with the run (not in the child's context
+                // dir), for a restart to compose again.
+                compose: Some(input.clone()),
+                compose_input: None,
                 context_dir: files.context(),
                 artifact_dir: files.artifacts(),
                 attempt_file: files.dir.join("attempt.json"),

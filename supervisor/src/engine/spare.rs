@@ -55,7 +55,6 @@ pub fn spare_files(f: &RunFiles) -> Vec<PathBuf> {
     let mut v = vec![
         f.record(),
         f.runner_spec(),
-        f.compose(),
         f.runner_lock(),
         f.runner_log(),
         f.log(),
