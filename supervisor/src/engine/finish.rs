@@ -270,12 +270,14 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
         slot.published.send_replace(rec.clone());
     }
     if rec.finalized {
-        // The spare temp files this run did not need (it never started, or
-        // was cancelled early): nothing will write its folder again.
+        // The spare temp files this run did not need (run.json's last spare,
+        // or more if it never started): nothing will write its folder
+        // again. Kept for new spares rather than deleted.
         let files = rec.files();
+        let spare = sup.inner.spare.clone();
         let _ = tokio::task::spawn_blocking(move || {
             for p in files.unused_spares() {
-                let _ = std::fs::remove_file(p);
+                spare.recycle(&p);
             }
         })
         .await;

@@ -13,6 +13,12 @@
 //! made. When no spare is ready, one is made on the spot.
 //!
 //! Spares left by an earlier daemon are removed when the engine starts.
+//!
+//! Files a finished run did not use (and run.json's last spare, which
+//! holds its previous record) are not deleted but moved into
+//! `<state>/spare/.recycled/`, and new spares are made of them first: a
+//! deleted file would be a "recently deleted" inode that slows every
+//! create nearby for a minute.
 
 use crate::paths::RunFiles;
 use std::fs::OpenOptions;
@@ -95,6 +101,9 @@ fn fsync_dir(dir: &Path) -> Result<(), SpareError> {
         .map_err(err("fsync", dir))
 }
 
+/// The folder under the pool's dir where files wait to be reused.
+const RECYCLED: &str = ".recycled";
+
 /// The spare folders.
 pub struct SparePool {
     dir: PathBuf,
@@ -105,6 +114,8 @@ pub struct SparePool {
     ready: Mutex<Vec<PathBuf>>,
     /// Names of spare temp dirs this pool made.
     ready_temp: Mutex<Vec<String>>,
+    /// Files in `.recycled/`, to make spare files of.
+    recycled: Mutex<Vec<PathBuf>>,
     /// Wakes the maker thread, once it runs.
     wake: Mutex<Option<std::sync::mpsc::Sender<()>>>,
 }
@@ -138,9 +149,27 @@ impl SparePool {
             .mode(0o700)
             .create(&dir)
             .map_err(err("create", &dir))?;
+        let bin = dir.join(RECYCLED);
         for entry in std::fs::read_dir(&dir).map_err(err("list", &dir))? {
             let path = entry.map_err(err("list", &dir))?.path();
-            std::fs::remove_dir_all(&path).map_err(err("remove", &path))?;
+            if path != bin {
+                std::fs::remove_dir_all(&path).map_err(err("remove", &path))?;
+            }
+        }
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&bin)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Ok(()),
+                _ => Err(e),
+            })
+            .map_err(err("create", &bin))?;
+        let mut recycled = Vec::new();
+        for entry in std::fs::read_dir(&bin).map_err(err("list", &bin))? {
+            let e = entry.map_err(err("list", &bin))?;
+            if e.file_type().is_ok_and(|t| t.is_file()) {
+                recycled.push(e.path());
+            }
         }
         Ok(SparePool {
             dir,
@@ -148,6 +177,7 @@ impl SparePool {
             want,
             ready: Mutex::new(Vec::new()),
             ready_temp: Mutex::new(Vec::new()),
+            recycled: Mutex::new(recycled),
             wake: Mutex::new(None),
         })
     }
@@ -187,16 +217,68 @@ impl SparePool {
                 .map_err(err("create", &d))?;
         }
         for p in spare_files(&f) {
-            OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&p)
-                .map_err(err("create", &p))?;
+            if !self.reuse(&p) {
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&p)
+                    .map_err(err("create", &p))?;
+            }
         }
         fsync_dir(&f.context())?;
         fsync_dir(dir)?;
         fsync_dir(&self.dir)
+    }
+
+    /// Moves a recycled file to `path`, emptied and 0600; false when none
+    /// is left (or it could not be moved).
+    fn reuse(&self, path: &Path) -> bool {
+        loop {
+            let Some(r) = self
+                .recycled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop()
+            else {
+                return false;
+            };
+            if std::fs::rename(&r, path).is_err() {
+                continue;
+            }
+            let emptied = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path)
+                .and_then(|f| {
+                    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                });
+            if emptied.is_ok() {
+                return true;
+            }
+            // Not a regular file of ours after all: out of the way.
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Keeps the file at `path` (which nothing will use again) as material
+    /// for spares, instead of deleting it. Blocking.
+    pub fn recycle(&self, path: &Path) {
+        let to = self
+            .dir
+            .join(RECYCLED)
+            .join(format!("r{}", crate::ids::random_hex8()));
+        match std::fs::rename(path, &to) {
+            Ok(()) => self
+                .recycled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(to),
+            Err(_) => {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
 
     /// A spare folder for a new run: a ready one, else one made now.
@@ -322,12 +404,43 @@ mod tests {
         }
         fill(&f.record(), b"{}", true).unwrap();
         assert_eq!(std::fs::read(f.record()).unwrap(), b"{}");
-        // A new pool on the same dir removes what the old one left.
+        // A new pool on the same dir removes the spare folders the old one
+        // left (only the recycling bin stays).
         let left = pool.make().unwrap();
         drop(pool);
         let _pool = SparePool::open(dir.clone(), None, 2).unwrap();
         assert!(!s.exists() && !left.exists());
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [RECYCLED]);
+    }
+
+    #[test]
+    fn recycled_files_become_spare_files_emptied_and_survive_a_restart() {
+        use std::os::unix::fs::MetadataExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("spare");
+        let pool = SparePool::open(dir.clone(), None, 1).unwrap();
+        let old = root.path().join(".run.json.s2");
+        std::fs::write(&old, b"a previous record").unwrap();
+        let ino = std::fs::metadata(&old).unwrap().ino();
+        pool.recycle(&old);
+        assert!(!old.exists());
+        drop(pool);
+        // Kept across a restart of the pool, then used for a new spare.
+        let pool = SparePool::open(dir.clone(), None, 1).unwrap();
+        let s = pool.make().unwrap();
+        let f = RunFiles { dir: s };
+        let reused: Vec<_> = spare_files(&f)
+            .into_iter()
+            .filter(|p| std::fs::metadata(p).unwrap().ino() == ino)
+            .collect();
+        assert_eq!(reused.len(), 1, "the recycled inode was used once");
+        let m = std::fs::metadata(&reused[0]).unwrap();
+        assert_eq!((m.len(), m.mode() & 0o777), (0, 0o600));
+        assert_eq!(std::fs::read_dir(dir.join(RECYCLED)).unwrap().count(), 0);
     }
 
     #[test]
