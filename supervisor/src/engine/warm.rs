@@ -151,9 +151,13 @@ impl WarmRunners {
     ) -> Option<Launched> {
         loop {
             let mut idle = self.idle().pop()?;
+            // Taken before the send: once the run is sent, this runner is
+            // the run's and must be watched, never let go.
+            let Some(pidfd) = idle.pidfd.take() else {
+                continue;
+            };
             match send(&idle, spec, lock, log) {
                 Ok(()) => {
-                    let pidfd = idle.pidfd.take()?;
                     // Our end is not needed any more; the runner has its run.
                     drop(idle.sock.take());
                     return Some(Launched {
@@ -167,6 +171,8 @@ impl WarmRunners {
                         pid = idle.pid,
                         "a warm runner could not take a run ({e}); trying the next"
                     );
+                    // Let it go and reap it.
+                    idle.pidfd = Some(pidfd);
                     drop(idle);
                 }
             }
