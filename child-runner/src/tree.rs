@@ -46,8 +46,49 @@ pub fn read_stat(pid: i32) -> Option<ProcStat> {
     parse_stat(&text)
 }
 
-/// Every live (non-zombie) descendant of `root`, from one /proc scan.
+/// The direct children of `pid`, from `/proc/<pid>/task/*/children`;
+/// `None` when those files cannot be read (a kernel without
+/// CONFIG_PROC_CHILDREN, or `pid` gone).
+fn children_of(pid: i32) -> Option<Vec<i32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let text = std::fs::read_to_string(t.path().join("children")).ok()?;
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok()),
+        );
+    }
+    Some(out)
+}
+
+/// Every live (non-zombie) descendant of `root`: walked down through
+/// each process's `children` list, so the cost follows the size of the
+/// tree, not the number of processes on the host; from one scan of all of
+/// /proc when the kernel has no `children` files. (The runner is a child
+/// subreaper, so orphaned descendants are its children and are found.)
 pub fn descendants(root: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut stack = match children_of(root) {
+        Some(c) => c,
+        None => return descendants_by_scan(root),
+    };
+    while let Some(p) = stack.pop() {
+        if out.contains(&p) {
+            continue;
+        }
+        if read_stat(p).is_some_and(|st| st.state != 'Z') {
+            out.push(p);
+        }
+        // A process that is gone, or was never ours to read, has no
+        // children to add.
+        stack.extend(children_of(p).unwrap_or_default());
+    }
+    out
+}
+
+/// [`descendants`] from one scan of every process in /proc.
+fn descendants_by_scan(root: i32) -> Vec<i32> {
     let mut children: HashMap<i32, Vec<ProcStat>> = HashMap::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
@@ -135,6 +176,33 @@ mod tests {
         assert_eq!(st.state, 'S');
         assert_eq!(st.ppid, 1);
         assert_eq!(st.start_ticks, 987654);
+    }
+
+    #[test]
+    fn descendants_are_found_down_the_tree_and_match_a_full_scan() {
+        // sh → (sleep, sh → sleep): children and a grandchild.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & sh -c 'sleep 30 & wait' & wait"])
+            .spawn()
+            .unwrap();
+        let root = child.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut found = descendants(root);
+        while found.len() < 3 {
+            assert!(Instant::now() < deadline, "tree never grew: {found:?}");
+            std::thread::sleep(Duration::from_millis(5));
+            found = descendants(root);
+        }
+        let mut by_walk = found.clone();
+        by_walk.sort();
+        let mut by_scan = descendants_by_scan(root);
+        by_scan.sort();
+        assert_eq!(by_walk, by_scan);
+        assert_eq!(by_walk.len(), 3, "{by_walk:?}");
+        for p in by_walk.iter().chain([&root]) {
+            let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+        }
+        let _ = child.wait();
     }
 
     #[test]
