@@ -250,12 +250,23 @@ pub fn make_temp_dir(
     let owner = crate::paths::uid();
     let base_dir = open_base(base, owner)?;
     // Empty session dirs are swept away (`sweep_empty_session_dirs`, by any
-    // daemon of this uid); if that happens between opening the session dir
-    // and making the leaf, the mkdir fails with ENOENT and the session dir
-    // is made again.
-    let mut retries = 3;
+    // daemon of this uid, at any time); if that happens between making the
+    // session dir and opening it, or between opening it and making the leaf,
+    // the call fails with ENOENT and the session dir is made again.
+    let mut retries = 5;
     loop {
-        let session_dir = base_dir.ensure_child(session, owner)?;
+        // Swept away (it was empty) between its mkdir and its open: again.
+        let session_dir = match base_dir.ensure_child(session, owner) {
+            Ok(d) => d,
+            Err(SecureDirError::Sys {
+                errno: Errno::ENOENT,
+                ..
+            }) if retries > 0 => {
+                retries -= 1;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if child.is_some() {
             base_dir.set_mode(0o711)?;
             session_dir.set_mode(0o711)?;
