@@ -168,7 +168,11 @@ fn each_run_gets_its_own_network_namespace_or_the_hosts_when_granted() {
     ) {
         return;
     }
-    let d = Daemon::start();
+    // Four runs at once, whatever the host's core count.
+    let d = Daemon::start_with(subagentd_e2e::DaemonOpts {
+        max_concurrent: Some(4),
+        ..Default::default()
+    });
     wait_until(Duration::from_secs(20), "two warm runners", || {
         warm_pids(d.pid()).len() == 2
     });
@@ -178,16 +182,58 @@ fn each_run_gets_its_own_network_namespace_or_the_hosts_when_granted() {
         .to_string();
     let mut c = d.conn();
     let s = session("warm-netns");
-    // Runs handed to warm runners (made while they waited) and to fresh
-    // ones alike: each isolated run has a namespace of its own.
-    let mut seen = Vec::new();
-    for _ in 0..4 {
-        let ns = child_netns(&mut c, &s, false);
-        assert!(ns.starts_with("net:["), "{ns}");
-        assert_ne!(ns, host, "an isolated run shares the host's namespace");
-        assert!(!seen.contains(&ns), "{ns} was another run's namespace");
-        seen.push(ns);
+    // Runs handed to warm runners (their namespace made while they waited)
+    // and to fresh ones alike: isolated runs alive at the same time are in
+    // namespaces of their own. (A namespace's inode number is reused once
+    // it is gone, so only live ones can be compared.)
+    let gate = tempfile::Builder::new()
+        .prefix("sa-netns-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let release = gate.path().join("release");
+    let script = format!(
+        "readlink /proc/self/ns/net; while [ ! -e {} ]; do sleep 0.02; done",
+        release.display()
+    );
+    let runs: Vec<String> = (0..4)
+        .map(|_| {
+            c.spawn(
+                &s,
+                &["sh", "-c", &script],
+                json!({"sandbox": {"network": false}}),
+            )
+        })
+        .collect();
+    let logs: Vec<std::path::PathBuf> = runs
+        .iter()
+        .map(|r| {
+            let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
+            std::path::PathBuf::from(st["log_path"].as_str().unwrap())
+        })
+        .collect();
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "every run to print its namespace",
+        || logs.iter().all(|l| read(l).starts_with("net:[")),
+    );
+    let mut seen: Vec<String> = logs.iter().map(|l| read(l)).collect();
+    std::fs::write(&release, b"").unwrap();
+    for r in &runs {
+        assert_eq!(c.wait(r)["state"], "succeeded");
     }
+    assert!(
+        !seen.contains(&host),
+        "an isolated run shares the host's namespace: {seen:?}"
+    );
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 4, "runs alive together shared a namespace");
     // A run granted the network is in the host's namespace, even when its
     // warm runner had made one while it waited.
     for _ in 0..3 {
