@@ -67,15 +67,23 @@ pub fn start_runner(
     .map_err(|e| e.to_string())?;
     drop(log);
     drop(lock);
-    let pidfd = pidfd::open(pid).map_err(|e| e.to_string())?;
-    let start_ticks = subagent_runner::tree::read_stat(pid)
-        .map(|s| s.start_ticks)
-        .unwrap_or(0);
-    Ok(Launched {
-        pid,
-        start_ticks,
-        pidfd,
-    })
+    Launched::of(pid)
+}
+
+impl Launched {
+    /// A handle on the runner just started as `pid` (its pidfd and start
+    /// time).
+    pub fn of(pid: i32) -> Result<Launched, String> {
+        let pidfd = pidfd::open(pid).map_err(|e| e.to_string())?;
+        let start_ticks = subagent_runner::tree::read_stat(pid)
+            .map(|s| s.start_ticks)
+            .unwrap_or(0);
+        Ok(Launched {
+            pid,
+            start_ticks,
+            pidfd,
+        })
+    }
 }
 
 /// Starts a queued run, watches it, and finishes it. Holds a concurrency

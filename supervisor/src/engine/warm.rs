@@ -127,14 +127,11 @@ impl WarmRunners {
         })
         .map_err(|e| e.to_string())?;
         drop(theirs);
-        let pidfd = super::pidfd::open(pid).map_err(|e| e.to_string())?;
-        let start_ticks = subagent_runner::tree::read_stat(pid)
-            .map(|s| s.start_ticks)
-            .unwrap_or(0);
+        let l = Launched::of(pid)?;
         Ok(Idle {
             pid,
-            start_ticks,
-            pidfd: Some(pidfd),
+            start_ticks: l.start_ticks,
+            pidfd: Some(l.pidfd),
             sock: Some(ours),
         })
     }
