@@ -267,3 +267,219 @@ fn counts_cover_every_kind_of_change() {
     let f = fields(snapshot(u.path(), Duration::from_secs(10)));
     assert_eq!((f.5, f.6, f.7), (1, 0, 1));
 }
+
+/// The scan's counts, checked against libgit2's status.
+fn scan_agrees(p: &Path) -> subagentd::gitsnap::counts::Counts {
+    use subagentd::gitsnap::counts::{by_libgit2, by_scan};
+    let r = git2::Repository::open(p).unwrap();
+    let fast = by_scan(&r).unwrap_or_else(|why| panic!("the scan refused: {why}"));
+    let slow = by_libgit2(&r).unwrap();
+    assert_eq!(fast, slow, "scan vs libgit2 status");
+    fast
+}
+
+fn write(p: &Path, rel: &str, body: &str) {
+    let f = p.join(rel);
+    std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+    std::fs::write(f, body).unwrap();
+}
+
+#[test]
+fn the_threaded_scan_counts_as_libgit2_does() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    git(p, &["init", "-q"]);
+    // 1,500 files in 30 directories (threads from 1,000), a symlink, a
+    // file beside a directory whose name sorts between its entries.
+    for i in 0..1_500 {
+        write(
+            p,
+            &format!("d{:02}/f{i}.txt", i % 30),
+            &format!("file {i}\n"),
+        );
+    }
+    write(p, "a-b", "x\n");
+    write(p, "a/c", "x\n");
+    write(p, "a0", "x\n");
+    write(p, "gone/one", "1\n");
+    write(p, "gone/two", "2\n");
+    write(p, "tofile/x", "x\n");
+    write(p, "tolink/x", "x\n");
+    write(p, "todir", "x\n");
+    write(p, "tofifo", "x\n");
+    write(p, "nested/ignore-me/.gitignore", "*.tmp\n!keep.tmp\n");
+    write(p, ".gitignore", "*.log\nbuild/\n");
+    symlink("a0", p.join("link")).unwrap();
+    git(p, &["add", "."]);
+    git(p, &["commit", "-qm", "base"]);
+    let clean = scan_agrees(p);
+    assert_eq!(
+        (clean.staged, clean.modified, clean.untracked),
+        (0, 0, 0),
+        "a fresh commit, answered by the cached tree"
+    );
+    // Work tree changes of every kind.
+    write(p, "d00/f0.txt", "changed size\n");
+    write(p, "d01/f1.txt", "FILE 1\n"); // same size, new content
+    write(p, "d02/f2.txt", "file 2\n"); // same content rewritten
+    std::fs::set_permissions(p.join("d03/f3.txt"), PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::remove_file(p.join("d04/f4.txt")).unwrap();
+    std::fs::remove_dir_all(p.join("gone")).unwrap();
+    std::fs::remove_dir_all(p.join("tofile")).unwrap();
+    write(p, "tofile", "now a file\n");
+    std::fs::remove_dir_all(p.join("tolink")).unwrap();
+    std::fs::create_dir(p.join("elsewhere")).unwrap();
+    write(p, "elsewhere/x", "x\n");
+    symlink("elsewhere", p.join("tolink")).unwrap();
+    std::fs::remove_file(p.join("todir")).unwrap();
+    write(p, "todir/inside", "u\n");
+    std::fs::remove_file(p.join("tofifo")).unwrap();
+    nix::unistd::mkfifo(
+        &p.join("tofifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    std::fs::remove_file(p.join("link")).unwrap();
+    symlink("a-b", p.join("link")).unwrap();
+    // Untracked: plain, deep, ignored by pattern and by directory, negated,
+    // a directory of ignored files only, an empty one, a nested repository
+    // and a FIFO.
+    write(p, "u.txt", "u\n");
+    write(p, "new/deep/er/u.txt", "u\n");
+    write(p, "d05/x.log", "ignored\n");
+    write(p, "build/out.txt", "ignored\n");
+    write(p, "nested/ignore-me/a.tmp", "ignored\n");
+    write(p, "nested/ignore-me/keep.tmp", "kept\n");
+    write(p, "logs/only.log", "ignored\n");
+    std::fs::create_dir_all(p.join("empty/dir")).unwrap();
+    git(&p.join("new/deep"), &["init", "-q"]);
+    nix::unistd::mkfifo(
+        &p.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let c = scan_agrees(p);
+    assert_eq!(c.staged, 0);
+    assert!(c.modified >= 10 && c.untracked >= 3, "{c:?}");
+    // Staged changes invalidate the cached tree: libgit2 diffs HEAD.
+    git(p, &["add", "d00/f0.txt", "u.txt"]);
+    git(p, &["rm", "-q", "--cached", "a0"]);
+    let c = scan_agrees(p);
+    assert_eq!(c.staged, 3, "{c:?}");
+    // Touched, not changed, after the index was written: settled by content.
+    std::fs::write(p.join("d06/f6.txt"), "file 6\n").unwrap();
+    scan_agrees(p);
+}
+
+#[test]
+fn the_scan_falls_back_to_libgit2_where_it_does_not_model_the_repository() {
+    use subagentd::gitsnap::counts::{counts, Method};
+    let d = repo();
+    git(d.path(), &["update-index", "--skip-worktree", "a.txt"]);
+    let r = git2::Repository::open(d.path()).unwrap();
+    let (_, m) = counts(&r).unwrap();
+    assert!(
+        matches!(m, Method::Libgit2(ref w) if w.contains("skip-worktree")),
+        "{m:?}"
+    );
+    let d = repo();
+    git(d.path(), &["config", "core.ignorecase", "true"]);
+    let r = git2::Repository::open(d.path()).unwrap();
+    assert!(matches!(counts(&r).unwrap().1, Method::Libgit2(ref w) if w.contains("ignorecase")));
+    let d = repo();
+    let r = git2::Repository::open(d.path()).unwrap();
+    assert_eq!(counts(&r).unwrap().1, Method::Scan);
+}
+
+#[test]
+fn the_index_reader_agrees_with_libgit2_in_every_version() {
+    use subagentd::gitsnap::index::{parse, IndexError};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    git(p, &["init", "-q"]);
+    // Paths of every length class around the 8-byte padding, a long one
+    // and shared prefixes for v4.
+    // (A path of 0xfff bytes or more, whose length field saturates, is
+    // longer than PATH_MAX from here: index.rs's unit test builds one.)
+    let long = (0..4)
+        .map(|i| format!("{i}{}", "x".repeat(200)))
+        .collect::<Vec<_>>()
+        .join("/");
+    for i in 0..40 {
+        write(
+            p,
+            &format!("dir{}/{}", i % 3, "n".repeat(i + 1)),
+            &format!("{i}\n"),
+        );
+    }
+    write(p, &long, "long\n");
+    std::os::unix::fs::symlink("dir0", p.join("link")).unwrap();
+    write(p, "exec.sh", "#!/bin/sh\n");
+    std::fs::set_permissions(
+        p.join("exec.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    git(p, &["add", "."]);
+    git(p, &["commit", "-qm", "one"]);
+    let head_tree = git(p, &["rev-parse", "HEAD^{tree}"]);
+    // Version 3 differs from 2 only in entries with extended flags (git
+    // writes 2 when there are none); the intent-to-add entry at the end
+    // gives one.
+    for version in ["2", "4"] {
+        git(p, &["update-index", "--index-version", version]);
+        let buf = std::fs::read(p.join(".git/index")).unwrap();
+        assert_eq!(&buf[4..8], &[0, 0, 0, version.parse::<u8>().unwrap()]);
+        let ours = parse(&buf).unwrap();
+        let theirs = git2::Index::open(&p.join(".git/index")).unwrap();
+        assert_eq!(ours.entries.len(), theirs.len(), "v{version}");
+        for (o, t) in ours.entries.iter().zip(theirs.iter()) {
+            assert_eq!(o.path, t.path, "v{version}");
+            assert_eq!(
+                (o.mode, o.size, o.ino, o.uid, o.gid, o.mtime, o.ctime),
+                (
+                    t.mode,
+                    t.file_size,
+                    t.ino,
+                    t.uid,
+                    t.gid,
+                    (t.mtime.seconds(), t.mtime.nanoseconds()),
+                    (t.ctime.seconds(), t.ctime.nanoseconds())
+                ),
+                "v{version} {}",
+                String::from_utf8_lossy(&o.path)
+            );
+        }
+        assert!(ours.entries.iter().any(|e| e.path == long.as_bytes()));
+        // `git status` may rewrite the index; the cached root is HEAD's tree
+        // whenever it is there.
+        let root = ours
+            .root_tree
+            .map(|t| git2::Oid::from_bytes(&t).unwrap().to_string());
+        assert_eq!(root.as_deref(), Some(head_tree.as_str()), "v{version}");
+    }
+    // Staging a change invalidates the cached root.
+    write(p, "dir0/n", "changed\n");
+    git(p, &["add", "dir0/n"]);
+    let buf = std::fs::read(p.join(".git/index")).unwrap();
+    assert_eq!(parse(&buf).unwrap().root_tree, None);
+    // A flipped byte fails the checksum; a truncated file is malformed.
+    let mut bad = buf.clone();
+    bad[20] ^= 1;
+    assert_eq!(parse(&bad).unwrap_err(), IndexError::Checksum);
+    assert!(matches!(
+        parse(&buf[..10]).unwrap_err(),
+        IndexError::Malformed { .. }
+    ));
+    // Intent-to-add (an extended flag, version 3) is refused.
+    write(p, "ita", "x\n");
+    git(p, &["add", "-N", "ita"]);
+    git(p, &["update-index", "--index-version", "3"]);
+    let buf = std::fs::read(p.join(".git/index")).unwrap();
+    assert_eq!(&buf[4..8], &[0, 0, 0, 3]);
+    assert_eq!(
+        parse(&buf).unwrap_err(),
+        IndexError::Unsupported("assume-unchanged, skip-worktree or intent-to-add entries")
+    );
+}

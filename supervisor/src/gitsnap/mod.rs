@@ -2,8 +2,16 @@
 //! budget: a repository too large to finish in time, a missing or broken
 //! repository gives an `unavailable` snapshot with the reason, and the
 //! spawn goes on.
+//!
+//! Layout: this file takes the branch, HEAD and upstream; `counts` the
+//! staged, modified and untracked counts; `index` the index file
+//! reader and `scan` the threaded work tree scan behind them.
 
-use git2::{BranchType, ErrorCode, Repository, Status, StatusOptions};
+pub mod counts;
+pub mod index;
+pub mod scan;
+
+use git2::{BranchType, ErrorCode, Repository};
 use policy::workctx::GitSnapshot;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -109,34 +117,15 @@ fn compute(dir: &Path) -> GitSnapshot {
             }
         }
     }
-    let mut opts = StatusOptions::new();
-    opts.include_untracked(true)
-        .recurse_untracked_dirs(true)
-        .include_ignored(false);
-    let statuses = match repo.statuses(Some(&mut opts)) {
-        Ok(s) => s,
+    let (c, _method) = match counts::counts(&repo) {
+        Ok(c) => c,
         Err(e) => return unavailable(format!("git status failed: {}", e.message())),
     };
-    let staged_bits = Status::INDEX_NEW
-        | Status::INDEX_MODIFIED
-        | Status::INDEX_DELETED
-        | Status::INDEX_RENAMED
-        | Status::INDEX_TYPECHANGE;
-    let modified_bits =
-        Status::WT_MODIFIED | Status::WT_DELETED | Status::WT_RENAMED | Status::WT_TYPECHANGE;
-    let (mut staged, mut modified, mut untracked) = (0, 0, 0);
-    for e in statuses.iter() {
-        let s = e.status();
-        if s.intersects(staged_bits) {
-            staged += 1;
-        }
-        if s.intersects(modified_bits) {
-            modified += 1;
-        }
-        if s.contains(Status::WT_NEW) {
-            untracked += 1;
-        }
-    }
+    let counts::Counts {
+        staged,
+        modified,
+        untracked,
+    } = c;
     GitSnapshot::Available {
         worktree,
         common_dir,

@@ -1,0 +1,526 @@
+//! The work tree checked against the index, one directory at a time, on a
+//! few threads: each directory holding tracked files is read once, each
+//! tracked name is `fstatat`ed relative to its directory, and the names the
+//! index does not hold are returned as untracked *candidates* (directories
+//! among them are not walked) for libgit2 to judge against the ignore
+//! rules.
+//!
+//! The decisions follow libgit2's `maybe_modified` so that the counts are
+//! the same as `git_status_list_new`'s: a different mode or size is
+//! modified; a different time, inode or owner, or a file as new as the
+//! index itself ("racily clean"), is *uncertain* and left for the caller to
+//! settle by content; files that are neither regular, symlink nor directory
+//! are not there; `.git` (any case) is never looked at. Directories are
+//! opened with `RESOLVE_NO_SYMLINKS`, so a symlink in place of a tracked
+//! directory is never followed.
+
+use nix::dir::{Dir, Type};
+use nix::errno::Errno;
+use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstatat, FileStat, SFlag};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Condvar, Mutex, PoisonError};
+
+/// A failure of the scan; the caller falls back to libgit2's status.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    /// A system call on a work tree path failed.
+    #[error("{op} {path}: {errno}")]
+    Io {
+        op: &'static str,
+        path: String,
+        errno: Errno,
+    },
+    /// A scan thread panicked.
+    #[error("a work tree scan thread panicked")]
+    Panicked,
+}
+
+fn io(op: &'static str, path: &[u8], errno: Errno) -> ScanError {
+    ScanError::Io {
+        op,
+        path: String::from_utf8_lossy(path).into_owned(),
+        errno,
+    }
+}
+
+/// One stage-0 index entry: its path and the stat data recorded for it.
+#[derive(Debug, Clone)]
+pub struct Tracked {
+    /// Relative to the work tree, `/`-separated, as in the index.
+    pub path: Vec<u8>,
+    /// The git mode (0o100644, 0o100755, 0o120000).
+    pub mode: u32,
+    /// The size, truncated to 32 bits as the index stores it.
+    pub size: u32,
+    /// Seconds and nanoseconds.
+    pub mtime: (i32, u32),
+    /// Seconds and nanoseconds.
+    pub ctime: (i32, u32),
+    /// The inode number, truncated to 32 bits.
+    pub ino: u32,
+    /// The owner.
+    pub uid: u32,
+    /// The group.
+    pub gid: u32,
+}
+
+/// What the scan found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    /// Tracked paths certainly changed: deleted, another type or mode, or
+    /// another size.
+    pub modified: usize,
+    /// Names the index does not hold, relative to the work tree, files and
+    /// directories (not walked). Ignored ones are among them.
+    pub candidates: Vec<Vec<u8>>,
+    /// Tracked paths whose stat data differs but whose size does not: only
+    /// their content can tell.
+    pub uncertain: Vec<Vec<u8>>,
+}
+
+/// The scan's inputs.
+pub struct Scan<'a> {
+    /// The work tree.
+    pub workdir: &'a Path,
+    /// The stage-0 index entries, sorted by path as the index is.
+    pub entries: &'a [Tracked],
+    /// The index file's mtime (seconds, nanoseconds), taken before it was
+    /// read: an entry at least this new is racily clean.
+    pub index_mtime: (i64, i64),
+    /// How many threads read directories.
+    pub threads: usize,
+}
+
+/// One directory to read.
+struct Job {
+    /// Relative to the work tree, without a trailing `/`; empty for the root.
+    rel: Vec<u8>,
+    /// The index entries under it.
+    range: (usize, usize),
+}
+
+/// The directories left to read and how many are being read.
+struct Queue {
+    state: Mutex<(Vec<Job>, usize, bool)>,
+    ready: Condvar,
+}
+
+impl Queue {
+    fn pop(&self) -> Option<Job> {
+        let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if g.2 {
+                return None;
+            }
+            if let Some(j) = g.0.pop() {
+                g.1 += 1;
+                return Some(j);
+            }
+            if g.1 == 0 {
+                return None;
+            }
+            g = self.ready.wait(g).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn finish(&self, more: Vec<Job>, failed: bool) {
+        let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        g.0.extend(more);
+        g.1 -= 1;
+        g.2 |= failed;
+        self.ready.notify_all();
+    }
+}
+
+/// A tracked name in one directory.
+#[derive(Clone, Copy)]
+enum Child {
+    File(usize),
+    Dir(usize, usize),
+}
+
+fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(rel.len() + name.len() + 1);
+    if !rel.is_empty() {
+        p.extend_from_slice(rel);
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// The git mode of what `st` describes; `None` for what libgit2 skips.
+fn git_mode(st: &FileStat) -> Option<u32> {
+    match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+        SFlag::S_IFREG if st.st_mode & 0o100 != 0 => Some(0o100_755),
+        SFlag::S_IFREG => Some(0o100_644),
+        SFlag::S_IFLNK => Some(0o120_000),
+        SFlag::S_IFDIR => Some(0o040_000),
+        _ => None,
+    }
+}
+
+/// How a tracked file compares with its index entry.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Clean,
+    Modified,
+    Uncertain,
+}
+
+fn compare(e: &Tracked, st: &FileStat, mode: u32, index_mtime: (i64, i64)) -> Verdict {
+    // As libgit2 stores them: seconds as i32, sizes and inodes as u32.
+    let size = st.st_size as u32;
+    if e.mode != mode || e.size != size {
+        return if e.size == 0 && size > 0 {
+            Verdict::Uncertain
+        } else {
+            Verdict::Modified
+        };
+    }
+    let mtime = (st.st_mtime as i32, st.st_mtime_nsec as u32);
+    let ctime = (st.st_ctime as i32, st.st_ctime_nsec as u32);
+    let racy = {
+        let (s, ns) = (index_mtime.0 as i32, index_mtime.1 as u32);
+        s < mtime.0 || (s == mtime.0 && ns <= mtime.1)
+    };
+    if e.mtime != mtime
+        || e.ctime != ctime
+        || e.ino != st.st_ino as u32
+        || e.uid != st.st_uid
+        || e.gid != st.st_gid
+        || racy
+    {
+        Verdict::Uncertain
+    } else {
+        Verdict::Clean
+    }
+}
+
+/// One thread's state: what it found.
+struct Worker<'a> {
+    scan: &'a Scan<'a>,
+    root: &'a OwnedFd,
+    found: Found,
+}
+
+fn open_dir(root: &OwnedFd, rel: &[u8]) -> Result<OwnedFd, Errno> {
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_BENEATH);
+    let p: &[u8] = if rel.is_empty() { b"." } else { rel };
+    openat2(root.as_fd(), OsStr::from_bytes(p), how)
+}
+
+impl Worker<'_> {
+    /// The tracked names directly in the directory at `prefix` (the length
+    /// of its path plus the `/`), from the entries in `range`.
+    fn children(
+        entries: &[Tracked],
+        prefix: usize,
+        range: (usize, usize),
+    ) -> HashMap<&[u8], (Child, bool)> {
+        let mut out = HashMap::new();
+        let mut i = range.0;
+        while i < range.1 {
+            let rest = &entries[i].path[prefix..];
+            match rest.iter().position(|&b| b == b'/') {
+                Some(k) => {
+                    let name = &rest[..k];
+                    let mut j = i + 1;
+                    while j < range.1 {
+                        let r = &entries[j].path[prefix..];
+                        if r.len() > k && r[k] == b'/' && &r[..k] == name {
+                            j += 1;
+                        } else {
+                            break;
+                        }
+                    }
+                    out.insert(name, (Child::Dir(i, j), false));
+                    i = j;
+                }
+                None => {
+                    out.insert(rest, (Child::File(i), false));
+                    i += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads one directory; returns the directories to read next.
+    fn run(&mut self, job: Job) -> Result<Vec<Job>, ScanError> {
+        let mut next = Vec::new();
+        let fd = match open_dir(self.root, &job.rel) {
+            Ok(fd) => fd,
+            // Gone or replaced since its parent was read: all of it deleted.
+            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => {
+                self.found.modified += job.range.1 - job.range.0;
+                return Ok(next);
+            }
+            Err(e) => return Err(io("open", &job.rel, e)),
+        };
+        let prefix = if job.rel.is_empty() {
+            0
+        } else {
+            job.rel.len() + 1
+        };
+        let entries = self.scan.entries;
+        let mut children = Self::children(entries, prefix, job.range);
+        let mut dir = Dir::from_fd(fd).map_err(|e| io("fdopendir", &job.rel, e))?;
+        let mut names: Vec<(Vec<u8>, Option<Type>)> = Vec::new();
+        for ent in dir.iter() {
+            let ent = ent.map_err(|e| io("readdir", &job.rel, e))?;
+            let name = ent.file_name().to_bytes();
+            if name == b"." || name == b".." || name.eq_ignore_ascii_case(b".git") {
+                continue;
+            }
+            names.push((name.to_vec(), ent.file_type()));
+        }
+        for (name, dtype) in names {
+            let stat = || lstat_at(&dir, &job.rel, &name);
+            let child = children.get_mut(name.as_slice()).map(|c| {
+                c.1 = true;
+                c.0
+            });
+            match child {
+                Some(Child::File(i)) => {
+                    let Some(st) = stat()? else {
+                        self.found.modified += 1;
+                        continue;
+                    };
+                    match git_mode(&st) {
+                        Some(0o040_000) => {
+                            self.found.modified += 1;
+                            self.untracked(&job.rel, &name);
+                        }
+                        Some(mode) => {
+                            match compare(&entries[i], &st, mode, self.scan.index_mtime) {
+                                Verdict::Clean => {}
+                                Verdict::Modified => self.found.modified += 1,
+                                Verdict::Uncertain => {
+                                    self.found.uncertain.push(join(&job.rel, &name))
+                                }
+                            }
+                        }
+                        None => self.found.modified += 1,
+                    }
+                }
+                Some(Child::Dir(lo, hi)) => {
+                    let is_dir = match dtype {
+                        Some(Type::Directory) => true,
+                        Some(_) => false,
+                        None => stat()?.and_then(|st| git_mode(&st)) == Some(0o040_000),
+                    };
+                    if is_dir {
+                        next.push(Job {
+                            rel: join(&job.rel, &name),
+                            range: (lo, hi),
+                        });
+                    } else {
+                        self.found.modified += hi - lo;
+                        self.untracked(&job.rel, &name);
+                    }
+                }
+                None => self.untracked(&job.rel, &name),
+            }
+        }
+        for (child, seen) in children.values() {
+            if !seen {
+                self.found.modified += match child {
+                    Child::File(_) => 1,
+                    Child::Dir(lo, hi) => hi - lo,
+                };
+            }
+        }
+        Ok(next)
+    }
+
+    /// A name the index does not hold (or holds as another kind).
+    fn untracked(&mut self, rel: &[u8], name: &[u8]) {
+        self.found.candidates.push(join(rel, name));
+    }
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`; `None` when it is gone.
+fn lstat_at(dir: &Dir, rel: &[u8], name: &[u8]) -> Result<Option<FileStat>, ScanError> {
+    match fstatat(
+        dir.as_fd(),
+        OsStr::from_bytes(name),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) {
+        Ok(st) => Ok(Some(st)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(io("stat", &join(rel, name), e)),
+    }
+}
+
+impl Scan<'_> {
+    /// Runs the scan.
+    pub fn run(&self) -> Result<Found, ScanError> {
+        let root = nix::fcntl::open(
+            self.workdir,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| io("open", self.workdir.as_os_str().as_bytes(), e))?;
+        let queue = Queue {
+            state: Mutex::new((
+                vec![Job {
+                    rel: Vec::new(),
+                    range: (0, self.entries.len()),
+                }],
+                0,
+                false,
+            )),
+            ready: Condvar::new(),
+        };
+        let work = |root: &OwnedFd| -> Result<Found, ScanError> {
+            let mut w = Worker {
+                scan: self,
+                root,
+                found: Found::default(),
+            };
+            while let Some(job) = queue.pop() {
+                match w.run(job) {
+                    Ok(more) => queue.finish(more, false),
+                    Err(e) => {
+                        queue.finish(Vec::new(), true);
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(w.found)
+        };
+        let results: Vec<Result<Found, ScanError>> = std::thread::scope(|s| {
+            // A thread that cannot start leaves its share to the others.
+            let handles: Vec<_> = (1..self.threads.max(1))
+                .filter_map(|_| {
+                    std::thread::Builder::new()
+                        .name("git-scan".into())
+                        .spawn_scoped(s, || work(&root))
+                        .ok()
+                })
+                .collect();
+            let mut out = vec![work(&root)];
+            out.extend(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or(Err(ScanError::Panicked))),
+            );
+            out
+        });
+        let mut total = Found::default();
+        for r in results {
+            let f = r?;
+            total.modified += f.modified;
+            total.candidates.extend(f.candidates);
+            total.uncertain.extend(f.uncertain);
+        }
+        total.uncertain.sort();
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn entry_for(st: &FileStat) -> Tracked {
+        Tracked {
+            path: b"f".to_vec(),
+            mode: git_mode(st).unwrap(),
+            size: st.st_size as u32,
+            mtime: (st.st_mtime as i32, st.st_mtime_nsec as u32),
+            ctime: (st.st_ctime as i32, st.st_ctime_nsec as u32),
+            ino: st.st_ino as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+        }
+    }
+
+    #[test]
+    fn compare_follows_libgit2s_rules() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f");
+        std::fs::write(&f, "12345").unwrap();
+        let st = nix::sys::stat::lstat(&f).unwrap();
+        let mode = git_mode(&st).unwrap();
+        assert_eq!(mode, 0o100_644);
+        let e = entry_for(&st);
+        let later = (st.st_mtime + 10, 0);
+        assert_eq!(compare(&e, &st, mode, later), Verdict::Clean);
+        // As new as the index: racily clean, content must decide.
+        let same = (st.st_mtime, st.st_mtime_nsec);
+        assert_eq!(compare(&e, &st, mode, same), Verdict::Uncertain);
+        let older = (st.st_mtime - 1, 0);
+        assert_eq!(compare(&e, &st, mode, older), Verdict::Uncertain);
+        // Another size or mode: modified without reading.
+        let e2 = Tracked {
+            size: 4,
+            ..e.clone()
+        };
+        assert_eq!(compare(&e2, &st, mode, later), Verdict::Modified);
+        let e3 = Tracked {
+            mode: 0o100_755,
+            ..e.clone()
+        };
+        assert_eq!(compare(&e3, &st, mode, later), Verdict::Modified);
+        // An index size of 0 proves nothing (libgit2 hashes then).
+        let e4 = Tracked {
+            size: 0,
+            ..e.clone()
+        };
+        assert_eq!(compare(&e4, &st, mode, later), Verdict::Uncertain);
+        // Another time, inode, owner: content must decide.
+        for t in [
+            Tracked {
+                mtime: (1, 0),
+                ..e.clone()
+            },
+            Tracked {
+                ctime: (1, 0),
+                ..e.clone()
+            },
+            Tracked {
+                ino: e.ino ^ 1,
+                ..e.clone()
+            },
+            Tracked {
+                uid: e.uid ^ 1,
+                ..e.clone()
+            },
+            Tracked {
+                gid: e.gid ^ 1,
+                ..e.clone()
+            },
+        ] {
+            assert_eq!(compare(&t, &st, mode, later), Verdict::Uncertain, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn git_modes_of_each_kind() {
+        let d = tempfile::tempdir().unwrap();
+        let x = d.path().join("x");
+        std::fs::write(&x, "").unwrap();
+        std::fs::set_permissions(&x, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+        std::os::unix::fs::symlink("x", d.path().join("l")).unwrap();
+        nix::unistd::mkfifo(
+            &d.path().join("p"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        let m = |n: &str| git_mode(&nix::sys::stat::lstat(&d.path().join(n)).unwrap());
+        assert_eq!(m("x"), Some(0o100_755));
+        assert_eq!(m("l"), Some(0o120_000));
+        assert_eq!(m("."), Some(0o040_000));
+        assert_eq!(m("p"), None, "a FIFO is skipped, as libgit2 does");
+    }
+}
