@@ -11,6 +11,7 @@
 //!   per kernel concern.
 //! - [`report`]: what was enforced, recorded with every run.
 
+pub mod bpf;
 pub mod caps;
 pub mod cgroup;
 pub mod landlock;

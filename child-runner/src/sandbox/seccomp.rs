@@ -1,12 +1,10 @@
-//! The seccomp filters, compiled from the policy's deny-list before fork
-//! and installed in the child as the last step before exec.
+//! The seccomp filter, compiled from the policy's deny-list before fork
+//! (one binary-search program, [`super::bpf`]) and installed in the child
+//! as the last step before exec.
 
+use super::bpf::{self, Cond, Policy, Rule};
 use policy::sandbox::seccomp::SeccompSpec;
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
-};
-use std::collections::BTreeMap;
+use seccompiler::BpfProgram;
 
 /// The filter could not be built or installed.
 #[derive(Debug, thiserror::Error)]
@@ -14,7 +12,7 @@ pub enum SeccompError {
     /// The deny-list names a syscall this code does not know.
     #[error("seccomp: unknown syscall {0:?} in the deny-list")]
     UnknownSyscall(String),
-    /// seccompiler refused the rules.
+    /// The filter cannot be built here.
     #[error("seccomp: building the filter: {0}")]
     Build(String),
     /// The kernel refused the filter.
@@ -121,45 +119,9 @@ const CLONE_NEW_FLAGS: [u64; 7] = [
     libc::CLONE_NEWNET as u64,
 ];
 
-fn build(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProgram, SeccompError> {
-    let arch: TargetArch = std::env::consts::ARCH
-        .try_into()
-        .map_err(|e| SeccompError::Build(format!("{e:?}")))?;
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(errno as u32),
-        arch,
-    )
-    .map_err(|e| SeccompError::Build(e.to_string()))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| SeccompError::Build(e.to_string()))
-}
-
-/// A condition on argument `arg`: `wide` for unsigned long arguments (clone
-/// flags), else the low 32 bits (ints such as a socket family or a mode).
-fn cond(
-    arg: u8,
-    wide: bool,
-    op: SeccompCmpOp,
-    value: u64,
-) -> Result<SeccompCondition, SeccompError> {
-    let len = if wide {
-        SeccompCmpArgLen::Qword
-    } else {
-        SeccompCmpArgLen::Dword
-    };
-    SeccompCondition::new(arg, len, op, value).map_err(|e| SeccompError::Build(e.to_string()))
-}
-
-fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
-    SeccompRule::new(conds).map_err(|e| SeccompError::Build(e.to_string()))
-}
-
-/// The compiled filters and how many rules they hold.
+/// The compiled filter and how many rules it holds.
 pub struct Compiled {
-    /// BPF programs, installed in order.
+    /// BPF programs, installed in order (one: see [`super::bpf`]).
     pub programs: Vec<BpfProgram>,
     /// Syscalls refused outright.
     pub denied: usize,
@@ -167,83 +129,116 @@ pub struct Compiled {
     pub absent: Vec<String>,
 }
 
-/// Compiles `spec` into BPF programs: the deny-list (EPERM), namespace
-/// flags on clone (EPERM) and clone3 (ENOSYS), and socket families
-/// (EAFNOSUPPORT) when only Unix sockets are allowed.
-pub fn compile(spec: &SeccompSpec) -> Result<Compiled, SeccompError> {
-    let mut deny: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+fn nr(n: i64) -> u32 {
+    // Syscall numbers are small and positive.
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn always(errno: i32) -> Rule {
+    Rule {
+        conds: vec![],
+        errno: errno as u32,
+    }
+}
+
+/// `(arg & bit) == bit`, on the whole argument (`wide`) or its low 32 bits.
+fn has_bit(arg: u8, wide: bool, bit: u64, errno: i32) -> Rule {
+    Rule {
+        conds: vec![Cond {
+            arg,
+            wide,
+            mask: bit,
+            value: bit,
+            negate: false,
+        }],
+        errno: errno as u32,
+    }
+}
+
+/// The policy `spec` describes, as rules per syscall number in the order
+/// they apply: socket families (EAFNOSUPPORT) first, then ENOSYS, then
+/// EPERM (the order the kernel gave the three filters this replaced: the
+/// last installed decides between equal actions).
+pub fn policy(spec: &SeccompSpec) -> Result<(Policy, usize, Vec<String>), SeccompError> {
+    let mut p = Policy::new();
     let mut absent = Vec::new();
-    for d in &spec.deny {
-        match number(&d.syscall) {
-            Some(n) => {
-                deny.insert(n, vec![]);
+    for (list, report) in [(&spec.deny, true), (&spec.deny_chmod, false)] {
+        for d in list {
+            match number(&d.syscall) {
+                Some(n) => {
+                    p.insert(nr(n), vec![always(libc::EPERM)]);
+                }
+                None if absent_here(&d.syscall) => {
+                    if report {
+                        absent.push(d.syscall.clone());
+                    }
+                }
+                None => return Err(SeccompError::UnknownSyscall(d.syscall.clone())),
             }
-            None if absent_here(&d.syscall) => absent.push(d.syscall.clone()),
-            None => return Err(SeccompError::UnknownSyscall(d.syscall.clone())),
         }
     }
-    for d in &spec.deny_chmod {
-        match number(&d.syscall) {
-            Some(n) => {
-                deny.insert(n, vec![]);
-            }
-            None if absent_here(&d.syscall) => {}
-            None => return Err(SeccompError::UnknownSyscall(d.syscall.clone())),
-        }
-    }
-    let denied = deny.len();
+    let denied = p.len();
     if spec.deny_new_namespaces {
-        let rules = CLONE_NEW_FLAGS
-            .iter()
-            .map(|&f| rule(vec![cond(0, true, SeccompCmpOp::MaskedEq(f), f)?]))
-            .collect::<Result<Vec<_>, _>>()?;
-        deny.insert(libc::SYS_clone, rules);
+        let rules = p.entry(nr(libc::SYS_clone)).or_default();
+        for f in CLONE_NEW_FLAGS {
+            rules.push(has_bit(0, true, f, libc::EPERM));
+        }
     }
     const SETID: [u64; 2] = [libc::S_ISUID as u64, libc::S_ISGID as u64];
     for (name, arg) in &spec.deny_setid_modes {
-        if spec.deny_chmod.iter().any(|d| &d.syscall == name) {
-            continue; // refused outright above
-        }
         let Some(n) = number(name) else {
             if absent_here(name) {
                 continue;
             }
             return Err(SeccompError::UnknownSyscall(name.clone()));
         };
-        let rules = SETID
-            .iter()
-            .map(|&bit| rule(vec![cond(*arg, false, SeccompCmpOp::MaskedEq(bit), bit)?]))
-            .collect::<Result<Vec<_>, _>>()?;
-        deny.insert(n, rules);
+        let rules = p.entry(nr(n)).or_default();
+        for bit in SETID {
+            rules.push(has_bit(*arg, false, bit, libc::EPERM));
+        }
     }
-    let mut programs = vec![build(deny, libc::EPERM)?];
-    let mut enosys: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for d in &spec.enosys {
         let n =
             number(&d.syscall).ok_or_else(|| SeccompError::UnknownSyscall(d.syscall.clone()))?;
-        enosys.insert(n, vec![]);
-    }
-    if !enosys.is_empty() {
-        programs.push(build(enosys, libc::ENOSYS)?);
+        p.entry(nr(n)).or_default().insert(0, always(libc::ENOSYS));
     }
     if spec.only_unix_sockets {
-        let not_unix = || {
-            rule(vec![cond(
-                0,
-                false,
-                SeccompCmpOp::Ne,
-                libc::AF_UNIX as u64,
-            )?])
-        };
-        let rules: BTreeMap<i64, Vec<SeccompRule>> = [
-            (libc::SYS_socket, vec![not_unix()?]),
-            (libc::SYS_socketpair, vec![not_unix()?]),
-        ]
-        .into();
-        programs.push(build(rules, libc::EAFNOSUPPORT)?);
+        for n in [libc::SYS_socket, libc::SYS_socketpair] {
+            let not_unix = Rule {
+                conds: vec![Cond {
+                    arg: 0,
+                    wide: false,
+                    mask: u64::from(u32::MAX),
+                    value: libc::AF_UNIX as u64,
+                    negate: true,
+                }],
+                errno: libc::EAFNOSUPPORT as u32,
+            };
+            p.entry(nr(n)).or_default().insert(0, not_unix);
+        }
     }
+    Ok((p, denied, absent))
+}
+
+/// `AUDIT_ARCH_*` of this build's architecture.
+fn audit_arch() -> Result<u32, SeccompError> {
+    match std::env::consts::ARCH {
+        "x86_64" => Ok(0xc000_003e),
+        "aarch64" => Ok(0xc000_00b7),
+        "riscv64" => Ok(0xc000_00f3),
+        other => Err(SeccompError::Build(format!(
+            "no seccomp support for {other}"
+        ))),
+    }
+}
+
+/// Compiles `spec` into one BPF program: the deny-list (EPERM), namespace
+/// flags on clone (EPERM) and clone3 (ENOSYS), set-id mode bits (EPERM),
+/// and socket families (EAFNOSUPPORT) when only Unix sockets are allowed.
+pub fn compile(spec: &SeccompSpec) -> Result<Compiled, SeccompError> {
+    let (p, denied, absent) = policy(spec)?;
     Ok(Compiled {
-        programs,
+        programs: vec![bpf::compile(&p, audit_arch()?)],
         denied,
         absent,
     })
@@ -260,20 +255,275 @@ pub fn install(compiled: &Compiled) -> Result<(), SeccompError> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    };
+    use std::collections::BTreeMap;
 
     #[test]
     fn every_policy_syscall_has_a_number_here() {
         let spec = policy::sandbox::seccomp::spec(false, false);
         let c = compile(&spec).unwrap();
         assert_eq!(c.denied + c.absent.len(), spec.deny.len());
-        assert_eq!(c.programs.len(), 3);
+        assert_eq!(c.programs.len(), 1);
+    }
+
+    /// The three seccompiler filters this module installed before the
+    /// binary-search program, kept as the reference.
+    fn seccompiler_programs(spec: &SeccompSpec) -> Vec<BpfProgram> {
+        let build = |rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32| -> BpfProgram {
+            SeccompFilter::new(
+                rules,
+                SeccompAction::Allow,
+                SeccompAction::Errno(errno as u32),
+                std::env::consts::ARCH.try_into().unwrap(),
+            )
+            .unwrap()
+            .try_into()
+            .unwrap()
+        };
+        let cond = |arg: u8, wide: bool, op: SeccompCmpOp, v: u64| {
+            let len = if wide {
+                SeccompCmpArgLen::Qword
+            } else {
+                SeccompCmpArgLen::Dword
+            };
+            SeccompCondition::new(arg, len, op, v).unwrap()
+        };
+        let mut deny: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+        for d in spec.deny.iter().chain(&spec.deny_chmod) {
+            if let Some(n) = number(&d.syscall) {
+                deny.insert(n, vec![]);
+            }
+        }
+        if spec.deny_new_namespaces {
+            let rules = CLONE_NEW_FLAGS
+                .iter()
+                .map(|&f| {
+                    SeccompRule::new(vec![cond(0, true, SeccompCmpOp::MaskedEq(f), f)]).unwrap()
+                })
+                .collect();
+            deny.insert(libc::SYS_clone, rules);
+        }
+        for (name, arg) in &spec.deny_setid_modes {
+            if spec.deny_chmod.iter().any(|d| &d.syscall == name) {
+                continue;
+            }
+            let Some(n) = number(name) else { continue };
+            let rules = [libc::S_ISUID as u64, libc::S_ISGID as u64]
+                .iter()
+                .map(|&b| {
+                    SeccompRule::new(vec![cond(*arg, false, SeccompCmpOp::MaskedEq(b), b)]).unwrap()
+                })
+                .collect();
+            deny.insert(n, rules);
+        }
+        let mut out = vec![build(deny, libc::EPERM)];
+        let enosys: BTreeMap<i64, Vec<SeccompRule>> = spec
+            .enosys
+            .iter()
+            .map(|d| (number(&d.syscall).unwrap(), vec![]))
+            .collect();
+        if !enosys.is_empty() {
+            out.push(build(enosys, libc::ENOSYS));
+        }
+        if spec.only_unix_sockets {
+            let not_unix = || {
+                vec![
+                    SeccompRule::new(vec![cond(0, false, SeccompCmpOp::Ne, libc::AF_UNIX as u64)])
+                        .unwrap(),
+                ]
+            };
+            out.push(build(
+                [
+                    (libc::SYS_socket, not_unix()),
+                    (libc::SYS_socketpair, not_unix()),
+                ]
+                .into(),
+                libc::EAFNOSUPPORT,
+            ));
+        }
+        out
+    }
+
+    /// Runs `checks` in a forked child with the compiled filter of
+    /// `spec` installed; returns the child's exit code (0: every check
+    /// held; otherwise the number of the first that did not).
+    fn in_filtered_child(spec: &SeccompSpec, checks: fn() -> i32) -> i32 {
+        let compiled = compile(spec).unwrap();
+        // SAFETY: the child only makes syscalls (no allocation, no lock)
+        // and leaves with _exit; the parent waits for it.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                // SAFETY: prctl and seccomp on this process only; the
+                // program outlives the call.
+                let code = unsafe {
+                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                        100
+                    } else {
+                        let p = &compiled.programs[0];
+                        let prog = libc::sock_fprog {
+                            len: p.len() as u16,
+                            filter: p.as_ptr() as *mut libc::sock_filter,
+                        };
+                        if libc::syscall(libc::SYS_seccomp, 1, 0, &prog) != 0 {
+                            101
+                        } else {
+                            checks()
+                        }
+                    }
+                };
+                // SAFETY: leaves the forked child without running the
+                // parent's destructors.
+                unsafe { libc::_exit(code) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                match nix::sys::wait::waitpid(child, None).unwrap() {
+                    nix::sys::wait::WaitStatus::Exited(_, c) => c,
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    }
+
+    fn errno() -> i32 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// The checks, in the child. Each returns the check's number when it
+    /// does not hold. The errnos are ones these calls do not return by
+    /// themselves here (root, a plain file, a kernel with all of them).
+    fn checks() -> i32 {
+        // SAFETY: plain syscalls with valid or null arguments; a clone
+        // that the filter fails to stop exits at once in the new process.
+        unsafe {
+            if libc::syscall(libc::SYS_getpid) <= 0 {
+                return 1;
+            }
+            if libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUTS) != -1 || errno() != libc::EPERM
+            {
+                return 2;
+            }
+            if libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0) != -1
+                || errno() != libc::ENOSYS
+            {
+                return 3;
+            }
+            let r = libc::syscall(
+                libc::SYS_clone,
+                (libc::CLONE_NEWUTS | libc::SIGCHLD) as libc::c_ulong,
+                0,
+                0,
+                0,
+                0,
+            );
+            if r == 0 {
+                libc::_exit(120);
+            }
+            if r != -1 || errno() != libc::EPERM {
+                return 4;
+            }
+            if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1
+                || errno() != libc::EAFNOSUPPORT
+            {
+                return 5;
+            }
+            let u = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            if u < 0 {
+                return 6;
+            }
+            libc::close(u);
+            let fd = libc::memfd_create(c"f".as_ptr(), 0);
+            if fd < 0 {
+                return 7;
+            }
+            if libc::fchmod(fd, 0o4755) != -1 || errno() != libc::EPERM {
+                return 8;
+            }
+            if libc::fchmod(fd, 0o644) != 0 {
+                return 9;
+            }
+            if libc::syscall(libc::SYS_acct, std::ptr::null::<u8>()) != -1 || errno() != libc::EPERM
+            {
+                return 10;
+            }
+        }
+        0
+    }
+
+    #[test]
+    fn the_kernel_applies_the_program_as_compiled() {
+        if !std::path::Path::new("/proc/sys/kernel/seccomp/actions_avail").exists() {
+            println!("SKIPPED: this kernel has no seccomp filters");
+            return;
+        }
+        let spec = policy::sandbox::seccomp::spec(false, false);
         assert_eq!(
-            compile(&policy::sandbox::seccomp::spec(true, true))
-                .unwrap()
-                .programs
-                .len(),
-            2
+            in_filtered_child(&spec, checks),
+            0,
+            "the check of that number failed"
         );
+    }
+
+    /// What the kernel returns for stacked filters: every filter runs, the
+    /// lowest action wins, and between equal actions the filter installed
+    /// last.
+    fn stacked(programs: &[BpfProgram], arch: u32, nr: u32, args: &[u64; 6]) -> u32 {
+        let mut best = u32::MAX;
+        for p in programs.iter().rev() {
+            let r = bpf::interp::run(p, arch, nr, args);
+            if (r & 0xffff_0000) < (best & 0xffff_0000) || best == u32::MAX {
+                best = r;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn the_single_program_decides_as_the_three_seccompiler_filters_did() {
+        let arch = audit_arch().unwrap();
+        let flags = [
+            0u64,
+            libc::CLONE_NEWUSER as u64,
+            libc::CLONE_NEWNET as u64 | libc::SIGCHLD as u64,
+            libc::CLONE_VM as u64 | libc::CLONE_THREAD as u64,
+            u64::MAX,
+        ];
+        let modes = [0o644u64, 0o4755, 0o2755, 0o6755, 0o1777, 1 << 32 | 0o644];
+        let families = [
+            libc::AF_UNIX as u64,
+            libc::AF_INET as u64,
+            libc::AF_NETLINK as u64,
+            1 << 32 | 1,
+        ];
+        let mut samples = Vec::new();
+        for &a in flags.iter().chain(&families) {
+            for &m in &modes {
+                samples.push([a, m, m, m, 0, 0]);
+            }
+        }
+        for (network, unrestricted) in [(false, false), (true, false), (false, true), (true, true)]
+        {
+            let spec = policy::sandbox::seccomp::spec(network, unrestricted);
+            let old = seccompiler_programs(&spec);
+            let new = compile(&spec).unwrap().programs;
+            assert_eq!(new.len(), 1);
+            for nr in 0..600 {
+                for args in &samples {
+                    assert_eq!(
+                        bpf::interp::run(&new[0], arch, nr, args),
+                        stacked(&old, arch, nr, args),
+                        "spec {network}/{unrestricted}, nr {nr}, args {args:?}"
+                    );
+                }
+            }
+            // Another architecture is killed by both.
+            assert_eq!(
+                bpf::interp::run(&new[0], 0x4000_0003, 1, &[0; 6]),
+                stacked(&old, 0x4000_0003, 1, &[0; 6])
+            );
+        }
     }
 }
