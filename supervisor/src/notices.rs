@@ -2,9 +2,14 @@
 //! `notices/pending/<ended_ms>-<run_id>.json` until taken, then moved to
 //! `notices/taken/<run_id>.json`. A notice is stored at most once per run and
 //! handed out by exactly one `take`, also across daemon restarts.
+//!
+//! Which runs of a session have a pending notice is read from pending/
+//! once, the first time the session is used, and then kept in memory: a
+//! store is O(1), however many notices wait untaken.
 
 use crate::paths::StateLayout;
 use crate::protocol::Notice;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -36,11 +41,27 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> No
     }
 }
 
+/// What is known of one session's notices.
+struct Known {
+    /// Run ids with a notice in pending/.
+    pending: HashSet<String>,
+    /// pending/ and taken/ exist.
+    dirs_made: bool,
+}
+
+/// The run id in a pending notice's file name, `<ended_ms>-<run_id>.json`.
+fn run_id_of(name: &str) -> Option<&str> {
+    if name.starts_with('.') {
+        return None;
+    }
+    Some(name.strip_suffix(".json")?.split_once('-')?.1)
+}
+
 /// The notice folders of every session. Stores and takes are serialised by
 /// one lock; they are rare and short.
 pub struct NoticeStore {
     layout: StateLayout,
-    lock: Mutex<()>,
+    known: Mutex<HashMap<String, Known>>,
 }
 
 impl NoticeStore {
@@ -48,7 +69,7 @@ impl NoticeStore {
     pub fn new(layout: StateLayout) -> NoticeStore {
         NoticeStore {
             layout,
-            lock: Mutex::new(()),
+            known: Mutex::new(HashMap::new()),
         }
     }
 
@@ -67,36 +88,58 @@ impl NoticeStore {
         ended_ms: u64,
         spare: Option<&Path>,
     ) -> Result<bool, NoticeError> {
-        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let (pending, taken) = self.dirs(&notice.session_id);
-        let name = format!("{ended_ms:013}-{}.json", notice.run_id);
+        let k = known
+            .entry(notice.session_id.clone())
+            .or_insert_with(|| Known {
+                pending: match std::fs::read_dir(&pending) {
+                    Ok(rd) => rd
+                        .flatten()
+                        .filter_map(|e| Some(run_id_of(e.file_name().to_str()?)?.to_owned()))
+                        .collect(),
+                    Err(_) => HashSet::new(),
+                },
+                dirs_made: false,
+            });
         // Stored before, maybe under another end time (a run finished again
         // after a crash, with no exit.json to give the same time)?
-        let suffix = format!("-{}.json", notice.run_id);
-        let pending_already = match std::fs::read_dir(&pending) {
-            Ok(rd) => rd.flatten().any(|e| {
-                e.file_name()
-                    .to_str()
-                    .is_some_and(|n| n.ends_with(&suffix) && !n.starts_with('.'))
-            }),
-            Err(_) => false,
-        };
-        if pending_already || taken.join(format!("{}.json", notice.run_id)).exists() {
+        if k.pending.contains(&notice.run_id)
+            || taken.join(format!("{}.json", notice.run_id)).exists()
+        {
             return Ok(false);
         }
-        for dir in [&pending, &taken] {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(io("create", dir))?;
-        }
+        let name = format!("{ended_ms:013}-{}.json", notice.run_id);
         let mut bytes = serde_json::to_vec(notice).unwrap_or_default();
         bytes.push(b'\n');
-        match spare {
-            Some(s) => write_atomic_from(s, &pending.join(name), &bytes)?,
-            None => write_atomic(&pending.join(name), &bytes)?,
+        let make_dirs = || -> Result<(), NoticeError> {
+            for dir in [&pending, &taken] {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(io("create", dir))?;
+            }
+            Ok(())
+        };
+        if !k.dirs_made {
+            make_dirs()?;
+            k.dirs_made = true;
         }
+        let written = match spare {
+            Some(s) => write_atomic_from(s, &pending.join(&name), &bytes),
+            None => write_atomic(&pending.join(&name), &bytes),
+        };
+        match written {
+            Ok(()) => {}
+            // Its folders were removed behind our back: made again.
+            Err(_) if !pending.is_dir() => {
+                make_dirs()?;
+                write_atomic(&pending.join(&name), &bytes)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        k.pending.insert(notice.run_id.clone());
         Ok(true)
     }
 
@@ -104,7 +147,7 @@ impl NoticeStore {
     /// to taken/ (durably) before it is returned, so no other take can
     /// return it again. Blocking.
     pub fn take(&self, session: &str) -> Result<Vec<Notice>, NoticeError> {
-        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let (pending, taken) = self.dirs(session);
         let mut names: Vec<String> = match std::fs::read_dir(&pending) {
             Ok(rd) => rd
@@ -126,6 +169,11 @@ impl NoticeStore {
             };
             let to = taken.join(format!("{}.json", notice.run_id));
             std::fs::rename(&from, &to).map_err(io("rename", &from))?;
+            if let Some(k) = known.get_mut(session) {
+                if let Some(id) = run_id_of(&name) {
+                    k.pending.remove(id);
+                }
+            }
             out.push(notice);
         }
         if !out.is_empty() {
@@ -178,5 +226,32 @@ mod tests {
         assert!(!store.store(&notice("a"), 1, None).unwrap());
         assert!(store.take("s").unwrap().is_empty());
         assert!(store.take("other").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_new_store_knows_the_pending_notices_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = || StateLayout {
+            root: dir.path().into(),
+        };
+        let first = NoticeStore::new(layout());
+        assert!(first.store(&notice("r-1"), 5, None).unwrap());
+        // A restarted daemon: the notice is found under another end time.
+        let second = NoticeStore::new(layout());
+        assert!(!second.store(&notice("r-1"), 9, None).unwrap());
+        assert!(second.store(&notice("r-2"), 6, None).unwrap());
+        let got: Vec<String> = second
+            .take("s")
+            .unwrap()
+            .into_iter()
+            .map(|n| n.run_id)
+            .collect();
+        assert_eq!(got, ["r-1", "r-2"]);
+        // Its folders removed behind its back: made again.
+        std::fs::remove_dir_all(dir.path().join("sessions")).unwrap();
+        assert!(second.store(&notice("r-3"), 7, None).unwrap());
+        assert_eq!(second.take("s").unwrap().len(), 1);
+        assert_eq!(run_id_of("0000000000005-r-1.json"), Some("r-1"));
+        assert_eq!(run_id_of(".tmp-x.json"), None);
     }
 }
