@@ -86,9 +86,57 @@ fn memory(sleepers: usize) -> (f64, f64, f64) {
     (idle, with, mean)
 }
 
+/// The same number of `argv` runs from 32 threads, in runs per second
+/// (the references for throughput: a plain fork/exec and bubblewrap);
+/// `None` when the program cannot be run.
+fn fork_exec_throughput(runs: usize, argv: &[&str]) -> Option<f64> {
+    let run = || {
+        std::process::Command::new(argv[0])
+            .args(&argv[1..])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !run() {
+        return None;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..32 {
+            s.spawn(|| {
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < runs {
+                    assert!(run(), "{argv:?} failed");
+                }
+            });
+        }
+    });
+    Some(runs as f64 / t0.elapsed().as_secs_f64())
+}
+
 pub fn bench(quick: bool) -> Value {
     let (runs, sleepers) = if quick { (320, 50) } else { (2000, 500) };
     let rps = throughput(runs);
+    let plain = fork_exec_throughput(runs, &["/bin/true"]);
+    let bwrap = fork_exec_throughput(
+        runs,
+        &[
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "/bin/true",
+        ],
+    );
     let (idle, with, runner) = memory(sleepers);
-    json!({"runs": runs, "runs_per_s": rps, "sleepers": sleepers, "daemon_idle_mib": idle, "daemon_sleepers_mib": with, "runner_mean_mib": runner})
+    json!({"runs": runs, "runs_per_s": rps, "plain_runs_per_s": plain, "bwrap_runs_per_s": bwrap,
+           "ratio_bwrap": bwrap.map(|b| rps / b),
+           "sleepers": sleepers, "daemon_idle_mib": idle, "daemon_sleepers_mib": with, "runner_mean_mib": runner})
 }

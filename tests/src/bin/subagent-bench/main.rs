@@ -166,8 +166,16 @@ fn main() {
         row(
             &format!("throughput ({} runs, max_concurrent 32)", load["runs"]),
             format!("{:.0} runs/s", f(&load, "runs_per_s")),
-            "-".into(),
-            "-".into(),
+            format!(
+                "plain fork/exec {:.0} runs/s; bwrap {}",
+                f(&load, "plain_runs_per_s"),
+                load["bwrap_runs_per_s"]
+                    .as_f64()
+                    .map_or("not installed".into(), |b| format!("{b:.0} runs/s"))
+            ),
+            load["ratio_bwrap"]
+                .as_f64()
+                .map_or("-".into(), |r| format!("{r:.2}x bwrap")),
             ">= 300 runs/s",
         );
         row(
