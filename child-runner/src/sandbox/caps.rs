@@ -32,17 +32,46 @@ pub const CAP_SETPCAP: u32 = 8;
 /// CAP_SYS_ADMIN: needed for a network namespace without a user namespace.
 pub const CAP_SYS_ADMIN: u32 = 21;
 
-/// Whether the calling process holds `cap` in its effective set (from
-/// /proc/self/status; a root process in a container may lack some).
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct Header {
+    version: u32,
+    pid: i32,
+}
+
+/// `struct __user_cap_data_struct`; version 3 takes two (capabilities 0–31
+/// and 32–63).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Data {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`.
+const VERSION_3: u32 = 0x2008_0522;
+
+/// Whether the calling thread holds `cap` in its effective set (capget(2);
+/// a root process in a container may lack some). False when it cannot be
+/// read.
 pub fn effective_has(cap: u32) -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-        })
-        .is_some_and(|bits| cap < 64 && bits & (1u64 << cap) != 0)
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget writes two data structs, laid out as the kernel's v3
+    // ABI, into memory we own for the call's duration, and reads the
+    // header.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut Header,
+            data.as_mut_ptr(),
+        )
+    };
+    rc == 0 && cap < 64 && data[(cap / 32) as usize].effective & (1u32 << (cap % 32)) != 0
 }
 
 /// The highest capability number the kernel knows.
@@ -94,19 +123,6 @@ pub fn clear_sets() -> Result<(), CapsError> {
             libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
         ),
     )?;
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
     let mut header = Header {
         version: VERSION_3,
         pid: 0,
@@ -156,4 +172,28 @@ fn prctl2(op: libc::c_int, arg: libc::c_ulong) -> libc::c_long {
     // passed, so no memory of ours is read or written.
     let rc = unsafe { libc::prctl(op, arg, zero, zero, zero) };
     rc as libc::c_long
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn effective_has_agrees_with_the_threads_status_file() {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let bits = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
+            .unwrap();
+        for cap in 0..64 {
+            assert_eq!(
+                effective_has(cap),
+                bits & (1u64 << cap) != 0,
+                "capability {cap} (CapEff {bits:x})"
+            );
+        }
+        assert!(!effective_has(64));
+    }
 }
