@@ -199,50 +199,75 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
     if rec.finalized || !rec.state.is_terminal() {
         return;
     }
+    // Every file step of the end in one blocking task (one hand-off to the
+    // blocking pool rather than one per step), in this order.
+    let (start, sup2) = (rec.clone(), sup.clone());
+    let done = tokio::task::spawn_blocking(move || finalize_blocking(&sup2, start)).await;
+    let Ok(done) = done else {
+        // Waiters are released with the reason; the next start tries again.
+        let why = "the task finishing the run panicked".to_owned();
+        tracing::error!(run_id = %rec.run_id, "{why}");
+        rec.finalize_error = Some(why);
+        slot.published.send_replace(rec.clone());
+        return;
+    };
+    let mut next = done.record;
+    if let Err(e) = &done.saved {
+        tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
+    }
+    if let Some(e) = &next.finalize_error {
+        // Left unfinalized: the next start of the engine tries again.
+        // Waiters are released with the reason.
+        tracing::error!(run_id = %next.run_id, "finishing the run: {e}");
+    }
+    std::mem::swap(&mut *rec, &mut next);
+    slot.published.send_replace(rec.clone());
+    if let Some(n) = done.notice {
+        let _ = sup.inner.finished.send(n);
+    }
+}
+
+/// What the blocking part of [`finalize`] did.
+struct Finalized {
+    /// The record as it now stands (saved unless `saved` says otherwise).
+    record: RunRecord,
+    /// Whether the last save of run.json worked.
+    saved: Result<(), String>,
+    /// The notice, when newly stored.
+    notice: Option<Notice>,
+}
+
+/// The delta report (recorded first when something was merged, so that no
+/// restart merges it again), result.md and the notice (tried three times),
+/// then the terminal record with `finalized` or `finalize_error`, then the
+/// run's unused spare files recycled. Blocking.
+fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
     if rec.delta.is_none() {
         // Exactly once: the report is recorded before anything else of the
         // end is done, and never computed again.
-        let snapshot = rec.clone();
-        let inner = sup.inner.clone();
-        let report = tokio::task::spawn_blocking(move || {
-            if snapshot.state == RunState::Succeeded {
-                super::workctx::merge_delta(&inner, &snapshot)
-            } else {
-                super::workctx::DeltaReport {
-                    note: Some(format!(
-                        "nothing merged: the run {}",
-                        snapshot.state.as_str()
-                    )),
-                    ..Default::default()
-                }
-            }
-        })
-        .await
-        .unwrap_or_default();
-        let merged = !report.accepted.is_empty();
-        let mut next = rec.clone();
-        next.delta = Some(report);
-        if merged {
-            // Something was merged: record it before anything else, so no
-            // restart merges it again.
-            if let Err(e) = sup.persist(slot, &mut rec, next.clone()).await {
-                tracing::error!(run_id = %next.run_id, "recording the delta: {e}");
-                *rec = next;
-            }
+        let report = if rec.state == RunState::Succeeded {
+            super::workctx::merge_delta(&sup.inner, &rec)
         } else {
-            // Nothing to repeat: the report is saved with the final record.
-            *rec = next;
+            super::workctx::DeltaReport {
+                note: Some(format!("nothing merged: the run {}", rec.state.as_str())),
+                ..Default::default()
+            }
+        };
+        let merged = !report.accepted.is_empty();
+        rec.delta = Some(report);
+        if merged {
+            // Otherwise nothing to repeat: the report is saved with the
+            // final record.
+            if let Err(e) = rec.save() {
+                tracing::error!(run_id = %rec.run_id, "recording the delta: {e}");
+            }
         }
     }
     let mut notice = None;
     let mut failure = None;
     for pause_ms in [0, 200, 1000] {
-        tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
-        let (snapshot, sup2) = (rec.clone(), sup.clone());
-        match tokio::task::spawn_blocking(move || finalize_files(&sup2, &snapshot))
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()))
-        {
+        std::thread::sleep(std::time::Duration::from_millis(pause_ms));
+        match finalize_files(sup, &rec) {
             Ok(n) => {
                 notice = n;
                 failure = None;
@@ -251,39 +276,26 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
             Err(e) => failure = Some(e),
         }
     }
-    let mut next = rec.clone();
-    match &failure {
+    match failure {
         None => {
-            next.finalized = true;
-            next.finalize_error = None;
+            rec.finalized = true;
+            rec.finalize_error = None;
         }
-        Some(e) => {
-            // Left unfinalized: the next start of the engine tries again.
-            // Waiters are released with the reason.
-            tracing::error!(run_id = %rec.run_id, "finishing the run: {e}");
-            next.finalize_error = Some(e.clone());
-        }
+        Some(e) => rec.finalize_error = Some(e),
     }
-    if let Err(e) = sup.persist(slot, &mut rec, next.clone()).await {
-        tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
-        *rec = next;
-        slot.published.send_replace(rec.clone());
-    }
-    if rec.finalized {
+    let saved = rec.save().map_err(|e| e.to_string());
+    if saved.is_ok() && rec.finalized {
         // The spare temp files this run did not need (run.json's last spare,
         // or more if it never started): nothing will write its folder
         // again. Kept for new spares rather than deleted.
-        let files = rec.files();
-        let spare = sup.inner.spare.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            for p in files.unused_spares() {
-                spare.recycle(&p);
-            }
-        })
-        .await;
+        for p in rec.files().unused_spares() {
+            sup.inner.spare.recycle(&p);
+        }
     }
-    if let Some(n) = notice {
-        let _ = sup.inner.finished.send(n);
+    Finalized {
+        record: rec,
+        saved,
+        notice,
     }
 }
 
