@@ -55,36 +55,54 @@ pub fn counts(repo: &Repository) -> Result<(Counts, Method), git2::Error> {
     }
 }
 
-/// The counts from `git_status_list_new` (untracked files one by one,
-/// ignored ones left out).
-pub fn by_libgit2(repo: &Repository) -> Result<Counts, git2::Error> {
+/// A status that counts as modified: the work tree differs from the index.
+fn wt_changed() -> Status {
+    Status::WT_MODIFIED | Status::WT_DELETED | Status::WT_RENAMED | Status::WT_TYPECHANGE
+}
+
+/// The status options of every count: untracked files one by one, ignored
+/// ones left out.
+fn status_options() -> StatusOptions {
     let mut opts = StatusOptions::new();
     opts.include_untracked(true)
         .recurse_untracked_dirs(true)
         .include_ignored(false);
-    let statuses = repo.statuses(Some(&mut opts))?;
+    opts
+}
+
+/// The counts from `git_status_list_new`.
+pub fn by_libgit2(repo: &Repository) -> Result<Counts, git2::Error> {
+    let statuses = repo.statuses(Some(&mut status_options()))?;
     let staged_bits = Status::INDEX_NEW
         | Status::INDEX_MODIFIED
         | Status::INDEX_DELETED
         | Status::INDEX_RENAMED
         | Status::INDEX_TYPECHANGE;
-    let modified_bits =
-        Status::WT_MODIFIED | Status::WT_DELETED | Status::WT_RENAMED | Status::WT_TYPECHANGE;
     let mut c = Counts::default();
     for e in statuses.iter() {
         let s = e.status();
         c.staged += usize::from(s.intersects(staged_bits));
-        c.modified += usize::from(s.intersects(modified_bits));
+        c.modified += usize::from(s.intersects(wt_changed()));
         c.untracked += usize::from(s.contains(Status::WT_NEW));
     }
     Ok(c)
 }
 
-fn config_says(repo: &Repository, key: &str, default: bool) -> bool {
-    repo.config()
-        .ok()
-        .and_then(|c| c.get_bool(key).ok())
-        .unwrap_or(default)
+/// Why the scan cannot model this repository's configuration, if it
+/// cannot.
+fn unmodelled_config(repo: &Repository) -> Option<&'static str> {
+    let cfg = repo.config().ok()?;
+    let says = |key: &str, default: bool| cfg.get_bool(key).unwrap_or(default);
+    if says("core.ignorecase", false) {
+        return Some("core.ignorecase is set");
+    }
+    if !says("core.symlinks", true) || !says("core.filemode", true) {
+        return Some("core.symlinks or core.filemode is false");
+    }
+    let format = cfg.get_string("extensions.objectformat").ok();
+    format
+        .is_some_and(|f| !f.eq_ignore_ascii_case("sha1"))
+        .then_some("the repository does not use SHA-1")
 }
 
 /// The number of distinct paths in `diff`.
@@ -141,18 +159,8 @@ fn read_index(path: &std::path::Path) -> Result<(Vec<u8>, (i64, i64)), String> {
 /// The counts by the scan, or why not.
 pub fn by_scan(repo: &Repository) -> Result<Counts, String> {
     let workdir = repo.workdir().ok_or("no work tree")?;
-    if config_says(repo, "core.ignorecase", false) {
-        return Err("core.ignorecase is set".into());
-    }
-    if !config_says(repo, "core.symlinks", true) || !config_says(repo, "core.filemode", true) {
-        return Err("core.symlinks or core.filemode is false".into());
-    }
-    let format = repo
-        .config()
-        .ok()
-        .and_then(|c| c.get_string("extensions.objectformat").ok());
-    if format.is_some_and(|f| !f.eq_ignore_ascii_case("sha1")) {
-        return Err("the repository does not use SHA-1".into());
+    if let Some(why) = unmodelled_config(repo) {
+        return Err(why.into());
     }
     let (buf, index_mtime) = read_index(&repo.path().join("index"))?;
     let IndexFile { entries, root_tree } = index::parse(&buf).map_err(|e| e.to_string())?;
@@ -186,23 +194,18 @@ fn settle(repo: &Repository, found: &scan::Found) -> Result<(usize, usize), git2
     if found.uncertain.is_empty() && found.candidates.is_empty() {
         return Ok((0, 0));
     }
-    let mut opts = StatusOptions::new();
-    opts.include_untracked(true)
-        .recurse_untracked_dirs(true)
-        .include_ignored(false)
-        .disable_pathspec_match(true);
+    let mut opts = status_options();
+    opts.disable_pathspec_match(true);
     for p in found.uncertain.iter().chain(&found.candidates) {
         opts.pathspec(p.as_slice());
     }
     let uncertain: HashSet<&[u8]> = found.uncertain.iter().map(Vec::as_slice).collect();
-    let wt_changed =
-        Status::WT_MODIFIED | Status::WT_DELETED | Status::WT_RENAMED | Status::WT_TYPECHANGE;
     let (mut modified, mut untracked) = (0, 0);
     for e in repo.statuses(Some(&mut opts))?.iter() {
         let s = e.status();
         // Only the uncertain paths: a candidate's pathspec may also take in
         // index entries the scan already counted (a file now a directory).
-        if s.intersects(wt_changed) && uncertain.contains(e.path_bytes()) {
+        if s.intersects(wt_changed()) && uncertain.contains(e.path_bytes()) {
             modified += 1;
         }
         untracked += usize::from(s.contains(Status::WT_NEW));
