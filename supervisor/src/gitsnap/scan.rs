@@ -18,8 +18,7 @@ use nix::dir::{Dir, Type};
 use nix::errno::Errno;
 use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstatat, FileStat, SFlag};
-use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -219,13 +218,14 @@ fn open_dir(root: &OwnedFd, rel: &[u8]) -> Result<OwnedFd, Errno> {
 
 impl Worker<'_> {
     /// The tracked names directly in the directory at `prefix` (the length
-    /// of its path plus the `/`), from the entries in `range`.
+    /// of its path plus the `/`), from the entries in `range`, sorted by
+    /// name for [`find`], each with a "seen" mark.
     fn children(
         entries: &[Tracked],
         prefix: usize,
         range: (usize, usize),
-    ) -> HashMap<&[u8], (Child, bool)> {
-        let mut out = HashMap::new();
+    ) -> Vec<(&[u8], Child, bool)> {
+        let mut out = Vec::new();
         let mut i = range.0;
         while i < range.1 {
             let rest = &entries[i].path[prefix..];
@@ -241,15 +241,17 @@ impl Worker<'_> {
                             break;
                         }
                     }
-                    out.insert(name, (Child::Dir(i, j), false));
+                    out.push((name, Child::Dir(i, j), false));
                     i = j;
                 }
                 None => {
-                    out.insert(rest, (Child::File(i), false));
+                    out.push((rest, Child::File(i), false));
                     i += 1;
                 }
             }
         }
+        // Index order is not name order ("a-b" < "a/c" but "a" < "a-b").
+        out.sort_unstable_by(|x, y| x.0.cmp(y.0));
         out
     }
 
@@ -272,21 +274,24 @@ impl Worker<'_> {
         };
         let entries = self.scan.entries;
         let mut children = Self::children(entries, prefix, job.range);
+        // A second descriptor for fstatat while the first one is being read.
+        let stat_fd = fd.try_clone().map_err(|e| ScanError::Io {
+            op: "dup",
+            path: String::from_utf8_lossy(&job.rel).into_owned(),
+            errno: Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+        })?;
         let mut dir = Dir::from_fd(fd).map_err(|e| io("fdopendir", &job.rel, e))?;
-        let mut names: Vec<(Vec<u8>, Option<Type>)> = Vec::new();
         for ent in dir.iter() {
             let ent = ent.map_err(|e| io("readdir", &job.rel, e))?;
-            let name = ent.file_name().to_bytes();
+            let cname = ent.file_name();
+            let name = cname.to_bytes();
             if name == b"." || name == b".." || name.eq_ignore_ascii_case(b".git") {
                 continue;
             }
-            names.push((name.to_vec(), ent.file_type()));
-        }
-        for (name, dtype) in names {
-            let stat = || lstat_at(&dir, &job.rel, &name);
-            let child = children.get_mut(name.as_slice()).map(|c| {
-                c.1 = true;
-                c.0
+            let stat = || lstat_at(&stat_fd, &job.rel, cname);
+            let child = children.binary_search_by(|c| c.0.cmp(name)).ok().map(|at| {
+                children[at].2 = true;
+                children[at].1
             });
             match child {
                 Some(Child::File(i)) => {
@@ -297,14 +302,14 @@ impl Worker<'_> {
                     match git_mode(&st) {
                         Some(0o040_000) => {
                             self.found.modified += 1;
-                            self.untracked(&job.rel, &name);
+                            self.untracked(&job.rel, name);
                         }
                         Some(mode) => {
                             match compare(&entries[i], &st, mode, self.scan.index_mtime) {
                                 Verdict::Clean => {}
                                 Verdict::Modified => self.found.modified += 1,
                                 Verdict::Uncertain => {
-                                    self.found.uncertain.push(join(&job.rel, &name))
+                                    self.found.uncertain.push(join(&job.rel, name))
                                 }
                             }
                         }
@@ -312,25 +317,25 @@ impl Worker<'_> {
                     }
                 }
                 Some(Child::Dir(lo, hi)) => {
-                    let is_dir = match dtype {
+                    let is_dir = match ent.file_type() {
                         Some(Type::Directory) => true,
                         Some(_) => false,
                         None => stat()?.and_then(|st| git_mode(&st)) == Some(0o040_000),
                     };
                     if is_dir {
                         next.push(Job {
-                            rel: join(&job.rel, &name),
+                            rel: join(&job.rel, name),
                             range: (lo, hi),
                         });
                     } else {
                         self.found.modified += hi - lo;
-                        self.untracked(&job.rel, &name);
+                        self.untracked(&job.rel, name);
                     }
                 }
-                None => self.untracked(&job.rel, &name),
+                None => self.untracked(&job.rel, name),
             }
         }
-        for (child, seen) in children.values() {
+        for (_, child, seen) in &children {
             if !seen {
                 self.found.modified += match child {
                     Child::File(_) => 1,
@@ -348,15 +353,11 @@ impl Worker<'_> {
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`; `None` when it is gone.
-fn lstat_at(dir: &Dir, rel: &[u8], name: &[u8]) -> Result<Option<FileStat>, ScanError> {
-    match fstatat(
-        dir.as_fd(),
-        OsStr::from_bytes(name),
-        AtFlags::AT_SYMLINK_NOFOLLOW,
-    ) {
+fn lstat_at(dir: &OwnedFd, rel: &[u8], name: &CStr) -> Result<Option<FileStat>, ScanError> {
+    match fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => Ok(Some(st)),
         Err(Errno::ENOENT) => Ok(None),
-        Err(e) => Err(io("stat", &join(rel, name), e)),
+        Err(e) => Err(io("stat", &join(rel, name.to_bytes()), e)),
     }
 }
 
