@@ -119,22 +119,10 @@ pub fn bench(quick: bool) -> Value {
     let (runs, sleepers) = if quick { (320, 50) } else { (2000, 500) };
     let rps = throughput(runs);
     let plain = fork_exec_throughput(runs, &["/bin/true"]);
-    let bwrap = fork_exec_throughput(
-        runs,
-        &[
-            "bwrap",
-            "--unshare-all",
-            "--die-with-parent",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "/bin/true",
-        ],
-    );
+    let mut bwrap_argv = vec!["bwrap"];
+    bwrap_argv.extend(crate::BWRAP_ARGS);
+    bwrap_argv.push("/bin/true");
+    let bwrap = fork_exec_throughput(runs, &bwrap_argv);
     let (idle, with, runner) = memory(sleepers);
     json!({"runs": runs, "runs_per_s": rps, "plain_runs_per_s": plain, "bwrap_runs_per_s": bwrap,
            "ratio_bwrap": bwrap.map(|b| rps / b),

@@ -56,6 +56,20 @@ fn row(name: &str, ours: String, reference: String, ratio: String, target: &str)
     println!("| {name} | {ours} | {reference} | {ratio} | {target} |");
 }
 
+/// The bubblewrap reference's options, as the issue gives them (the
+/// workload follows, with any bind it needs before it).
+pub const BWRAP_ARGS: [&str; 9] = [
+    "--unshare-all",
+    "--die-with-parent",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+];
+
 /// Flushes every file system's dirty data, so that a part is not measured
 /// while the kernel writes back an earlier part's files (the log part
 /// leaves 600 MB; writeback takes a core of this 2-core host for seconds).

@@ -93,18 +93,8 @@ pub fn bench(quick: bool) -> Value {
             let f = scratch.path().join("bwrap");
             let t0 = now_ns();
             let ok = Command::new("bwrap")
-                .args([
-                    "--unshare-all",
-                    "--die-with-parent",
-                    "--ro-bind",
-                    "/",
-                    "/",
-                    "--dev",
-                    "/dev",
-                    "--proc",
-                    "/proc",
-                    "--bind",
-                ])
+                .args(crate::BWRAP_ARGS)
+                .arg("--bind")
                 .arg(scratch.path())
                 .arg(scratch.path())
                 .arg(&me)
