@@ -441,6 +441,9 @@ impl Supervisor {
         // nobody would reap them.
         let warm = self.inner.warm.clone();
         tokio::task::spawn_blocking(move || warm.close());
+        // Unclaimed spare temp dirs are removed, not left to the hourly
+        // sweep (a few rmdirs, done here so that they happen before exit).
+        self.inner.spare.release_temps();
     }
 
     /// Replaces the record with `next`, durably, and publishes it to

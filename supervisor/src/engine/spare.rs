@@ -303,6 +303,26 @@ impl SparePool {
             .pop()
     }
 
+    /// Removes the spare temp dirs this pool made and nobody claimed (the
+    /// daemon is stopping): they are shared with other daemons of this uid
+    /// under `<temp base>/.spare/`, where nobody else would know them as
+    /// unclaimed until the hourly sweep. Only empty dirs go (`rmdir`).
+    pub fn release_temps(&self) {
+        let Some(base) = &self.temp_base else {
+            return;
+        };
+        let names = std::mem::take(
+            &mut *self
+                .ready_temp
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        let dir = base.join(crate::securedir::SPARE_TEMP);
+        for name in names {
+            let _ = std::fs::remove_dir(dir.join(name));
+        }
+    }
+
     fn ready_temp(&self) -> usize {
         self.ready_temp
             .lock()
@@ -465,7 +485,7 @@ mod tests {
             .path()
             .join("tmp")
             .join(crate::securedir::SPARE_TEMP)
-            .join(leaf)
+            .join(&leaf)
             .is_dir());
         let taken = pool.take().unwrap();
         assert!(taken.is_dir());
@@ -474,6 +494,20 @@ mod tests {
         wait_for("the pool never refilled", &|| {
             pool.ready() == 2 && pool.ready_temp() == 2
         });
+        // Released at shutdown: the unclaimed spare temp dirs go, the one
+        // taken (now a run's) and a stranger's stay.
+        let spares = root.path().join("tmp").join(crate::securedir::SPARE_TEMP);
+        let stranger = crate::securedir::make_spare_temp_dir(&root.path().join("tmp")).unwrap();
+        assert_eq!(std::fs::read_dir(&spares).unwrap().count(), 4);
+        pool.release_temps();
+        let mut left: Vec<_> = std::fs::read_dir(&spares)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let mut want = vec![leaf, stranger];
+        want.sort();
+        assert_eq!(left, want);
         drop(pool);
         wait_for("the maker thread outlived its pool", &|| {
             maker.is_finished()
