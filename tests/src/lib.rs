@@ -84,6 +84,9 @@ pub struct DaemonOpts {
     pub env: Vec<(String, String)>,
     /// Extra arguments for the daemon.
     pub args: Vec<String>,
+    /// Where the daemon's folder (socket, state dir, log) is made; `/tmp`
+    /// when `None`.
+    pub base_dir: Option<PathBuf>,
 }
 
 /// Whether a test may run: when `available` is false it prints
@@ -132,7 +135,7 @@ impl Daemon {
     pub fn start_with(opts: DaemonOpts) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("sa-e2e-")
-            .tempdir_in("/tmp")
+            .tempdir_in(opts.base_dir.as_deref().unwrap_or(Path::new("/tmp")))
             .unwrap();
         let socket = dir.path().join("d.sock");
         let state = dir.path().join("state");

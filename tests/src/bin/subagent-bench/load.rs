@@ -14,7 +14,7 @@ fn rss_mib(pid: i32) -> f64 {
 fn throughput(runs: usize) -> f64 {
     let d = Daemon::start_with(DaemonOpts {
         max_concurrent: Some(32),
-        ..Default::default()
+        ..crate::daemon_opts()
     });
     let mut sub = d.conn();
     sub.call("subscribe", json!({})).unwrap();
@@ -51,7 +51,7 @@ fn throughput(runs: usize) -> f64 {
 fn memory(sleepers: usize) -> (f64, f64, f64) {
     let d = Daemon::start_with(DaemonOpts {
         max_concurrent: Some(sleepers),
-        ..Default::default()
+        ..crate::daemon_opts()
     });
     let idle = rss_mib(d.pid());
     let mut c = d.conn();

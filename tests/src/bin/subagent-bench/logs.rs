@@ -36,7 +36,7 @@ pub fn bench(quick: bool) -> Value {
     let mb = if quick { 64 } else { 500 };
     let lines_mb = if quick { 8 } else { 100 };
     let me = std::env::current_exe().unwrap();
-    let d = Daemon::start();
+    let d = Daemon::start_with(crate::daemon_opts());
     let chunks = capture(&d, &me, mb * 1_000_000, 64 * 1024);
     let lines = capture(&d, &me, lines_mb * 1_000_000, 64);
     let f = tempfile::NamedTempFile::new_in("/tmp").unwrap();

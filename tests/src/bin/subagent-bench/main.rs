@@ -30,6 +30,57 @@ use std::time::Instant;
 /// cleanup to the supervisor.
 static RETIRED: std::sync::Mutex<Vec<Box<dyn Send>>> = std::sync::Mutex::new(Vec::new());
 
+/// Where the parts' daemons make their folders (socket, state dir, log):
+/// outside `/tmp`, as the default state dir (`~/.local/state/subagentd`)
+/// is, so that the block groups their run folders fill are not the ones
+/// where the children's temp dirs (`/tmp/subagentd-<uid>/…`) and the test
+/// suite's scratch files come and go.
+const WORK: &str = "target/bench/work";
+
+/// Written (and `sync`ed) when a run's cleanup is over.
+const CLEANED: &str = "target/bench/work/.cleaned";
+
+/// How long an inode freed on ext4 without a journal stays "recently
+/// deleted" once written back (`RECENTCY_MIN` in `fs/ext4/ialloc.c`: 60 s),
+/// with a margin.
+const RECENT: std::time::Duration = std::time::Duration::from_secs(62);
+
+/// Options for a part's daemon: its folder under [`WORK`].
+pub fn daemon_opts() -> subagentd_e2e::DaemonOpts {
+    subagentd_e2e::DaemonOpts {
+        base_dir: Some(std::env::current_dir().unwrap().join(WORK)),
+        ..Default::default()
+    }
+}
+
+/// Waits until the files the previous run's cleanup deleted are no longer
+/// "recently deleted": until then every create in their block groups reads
+/// past them (docs/benchmarks.md, "The cost that drifts"), so a run started
+/// right after another would be charged the first one's cleanup.
+fn wait_for_last_cleanup() {
+    let Some(age) = std::fs::metadata(CLEANED)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+    else {
+        return;
+    };
+    if let Some(left) = RECENT.checked_sub(age) {
+        eprintln!(
+            "waiting {:.0} s: the last run's deleted files are still \"recently deleted\" for ext4",
+            left.as_secs_f64()
+        );
+        std::thread::sleep(left);
+    }
+}
+
+/// Deletes what the parts left, flushes the deletions and notes when.
+fn clean_up() {
+    RETIRED.lock().unwrap().clear();
+    settle();
+    let _ = std::fs::write(CLEANED, b"");
+}
+
 /// Keeps `x` (and its files) until the run is over.
 pub fn retire<T: Send + 'static>(x: T) {
     RETIRED.lock().unwrap().push(Box::new(x));
@@ -98,6 +149,8 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .cloned();
     let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    std::fs::create_dir_all(WORK).unwrap();
+    wait_for_last_cleanup();
     let started = Instant::now();
     let spawn = if want("spawn") {
         settle();
@@ -276,7 +329,7 @@ fn main() {
         file.display(),
         started.elapsed().as_secs_f64()
     );
-    RETIRED.lock().unwrap().clear();
+    clean_up();
 }
 
 fn machine() -> Value {

@@ -23,7 +23,7 @@ pub fn bench(quick: bool) -> Value {
     let me = std::env::current_exe().unwrap();
     let d = Daemon::start_with(DaemonOpts {
         max_concurrent: Some(4),
-        ..Default::default()
+        ..crate::daemon_opts()
     });
     let mut sub = d.conn();
     sub.call("subscribe", json!({})).unwrap();
