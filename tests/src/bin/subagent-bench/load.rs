@@ -11,7 +11,34 @@ fn rss_mib(pid: i32) -> f64 {
     rss_kib(pid) as f64 / 1024.0
 }
 
-fn throughput(runs: usize) -> f64 {
+/// CPU time the whole host has spent busy (user, nice, system, irq,
+/// softirq) since boot, in ms, from /proc/stat: divided by the runs of a
+/// throughput test, it is what one run costs on all processes together
+/// (supervisor, runner, child, kernel threads and the harness's clients).
+fn busy_ms() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let jiffies: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq ...
+    let busy: f64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| jiffies.get(i)).sum();
+    // SAFETY: sysconf only reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    busy * 1000.0 / hz
+}
+
+/// Runs per second and host CPU ms per run.
+struct Rate {
+    per_s: f64,
+    cpu_ms: f64,
+}
+
+fn throughput(runs: usize) -> Rate {
     let d = Daemon::start_with(DaemonOpts {
         max_concurrent: Some(32),
         ..crate::daemon_opts()
@@ -20,6 +47,7 @@ fn throughput(runs: usize) -> f64 {
     sub.call("subscribe", json!({})).unwrap();
     let socket = d.socket.clone();
     let per = runs / 16;
+    let cpu0 = busy_ms();
     let t0 = Instant::now();
     let workers: Vec<_> = (0..16)
         .map(|w| {
@@ -40,12 +68,16 @@ fn throughput(runs: usize) -> f64 {
         }
     }
     let secs = t0.elapsed().as_secs_f64();
+    let cpu = busy_ms() - cpu0;
     for w in workers {
         w.join().unwrap();
     }
     drop(sub);
     crate::retire_daemon(d);
-    (per * 16) as f64 / secs
+    Rate {
+        per_s: (per * 16) as f64 / secs,
+        cpu_ms: cpu / (per * 16) as f64,
+    }
 }
 
 fn memory(sleepers: usize) -> (f64, f64, f64) {
@@ -89,7 +121,7 @@ fn memory(sleepers: usize) -> (f64, f64, f64) {
 /// The same number of `argv` runs from 32 threads, in runs per second
 /// (the references for throughput: a plain fork/exec and bubblewrap);
 /// `None` when the program cannot be run.
-fn fork_exec_throughput(runs: usize, argv: &[&str]) -> Option<f64> {
+fn fork_exec_throughput(runs: usize, argv: &[&str]) -> Option<Rate> {
     let run = || {
         std::process::Command::new(argv[0])
             .args(&argv[1..])
@@ -102,6 +134,7 @@ fn fork_exec_throughput(runs: usize, argv: &[&str]) -> Option<f64> {
         return None;
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
+    let cpu0 = busy_ms();
     let t0 = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..32 {
@@ -112,19 +145,26 @@ fn fork_exec_throughput(runs: usize, argv: &[&str]) -> Option<f64> {
             });
         }
     });
-    Some(runs as f64 / t0.elapsed().as_secs_f64())
+    Some(Rate {
+        per_s: runs as f64 / t0.elapsed().as_secs_f64(),
+        cpu_ms: (busy_ms() - cpu0) / runs as f64,
+    })
 }
 
 pub fn bench(quick: bool) -> Value {
     let (runs, sleepers) = if quick { (320, 50) } else { (2000, 500) };
-    let rps = throughput(runs);
+    let ours = throughput(runs);
     let plain = fork_exec_throughput(runs, &["/bin/true"]);
     let mut bwrap_argv = vec!["bwrap"];
     bwrap_argv.extend(crate::BWRAP_ARGS);
     bwrap_argv.push("/bin/true");
     let bwrap = fork_exec_throughput(runs, &bwrap_argv);
     let (idle, with, runner) = memory(sleepers);
-    json!({"runs": runs, "runs_per_s": rps, "plain_runs_per_s": plain, "bwrap_runs_per_s": bwrap,
-           "ratio_bwrap": bwrap.map(|b| rps / b),
+    json!({"runs": runs, "runs_per_s": ours.per_s, "cpu_ms_per_run": ours.cpu_ms,
+           "plain_runs_per_s": plain.as_ref().map(|r| r.per_s),
+           "plain_cpu_ms_per_run": plain.as_ref().map(|r| r.cpu_ms),
+           "bwrap_runs_per_s": bwrap.as_ref().map(|r| r.per_s),
+           "bwrap_cpu_ms_per_run": bwrap.as_ref().map(|r| r.cpu_ms),
+           "ratio_bwrap": bwrap.as_ref().map(|b| ours.per_s / b.per_s),
            "sleepers": sleepers, "daemon_idle_mib": idle, "daemon_sleepers_mib": with, "runner_mean_mib": runner})
 }

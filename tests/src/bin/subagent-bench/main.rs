@@ -196,7 +196,9 @@ fn main() {
         "git_snapshot": git,
         "elapsed_s": started.elapsed().as_secs_f64(),
         "since_last_cleanup_s": since_cleanup,
+        "runner_linking": runner_linking(),
     });
+    eprintln!("subagent-runner: linked {}", results["runner_linking"]);
     println!("| benchmark | ours | reference | ratio | target |");
     println!("|---|---|---|---|---|");
     // A part that did not run (`--only`) prints no rows.
@@ -268,6 +270,23 @@ fn main() {
                 .as_f64()
                 .map_or("-".into(), |r| format!("{r:.2}x bwrap")),
             ">= 300 runs/s",
+        );
+        row(
+            "  host CPU per run (all processes)",
+            format!("{:.2} ms", f(&load, "cpu_ms_per_run")),
+            format!(
+                "plain {:.2} ms; bwrap {}",
+                f(&load, "plain_cpu_ms_per_run"),
+                load["bwrap_cpu_ms_per_run"]
+                    .as_f64()
+                    .map_or("not installed".into(), |b| format!("{b:.2} ms"))
+            ),
+            load["bwrap_cpu_ms_per_run"]
+                .as_f64()
+                .map_or("-".into(), |b| {
+                    format!("{:.2}x bwrap", f(&load, "cpu_ms_per_run") / b)
+                }),
+            "-",
         );
         row(
             &format!("daemon RSS idle / with {} sleepers", load["sleepers"]),
@@ -342,6 +361,31 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     clean_up();
+}
+
+/// "static" or "dynamic": whether the runner beside this binary has an
+/// ELF interpreter (`PT_INTERP`); `scripts/build-release` links it
+/// statically, a plain `cargo build` does not.
+fn runner_linking() -> &'static str {
+    let Some(bytes) = std::env::current_exe()
+        .ok()
+        .and_then(|e| std::fs::read(e.with_file_name("subagent-runner")).ok())
+    else {
+        return "missing";
+    };
+    let u = |at: usize, n: usize| -> Option<u64> {
+        let b = bytes.get(at..at + n)?;
+        Some(b.iter().rev().fold(0, |v, &x| (v << 8) | u64::from(x)))
+    };
+    let headers = || -> Option<bool> {
+        let (off, size, num) = (u(0x20, 8)? as usize, u(0x36, 2)? as usize, u(0x38, 2)?);
+        Some((0..num as usize).any(|i| u(off + i * size, 4) == Some(3)))
+    };
+    match headers() {
+        Some(true) => "dynamic",
+        Some(false) => "static",
+        None => "unreadable",
+    }
 }
 
 fn machine() -> Value {
