@@ -626,8 +626,8 @@ pub(crate) fn create_run(
                 share_gid: child.map(|(_, gid)| gid),
             }),
         };
-        let bytes =
-            serde_json::to_vec_pretty(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
+        // Compact: only the runner reads it (about 15 KB pretty-printed).
+        let bytes = serde_json::to_vec(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
         fill(&stage.runner_spec(), &bytes, true)?;
         let rec = RunRecord {
             format: RECORD_FORMAT,
