@@ -96,25 +96,33 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     let files = rec.files();
     let runner = sup.inner.cfg.runner.clone();
     let warm = sup.inner.warm.clone();
-    let launched = tokio::task::spawn_blocking(move || start_runner(&runner, &warm, &files))
-        .await
-        .unwrap_or_else(|e| Err(format!("launch task failed: {e}")));
+    let accepted = rec.clone();
+    // The runner is started and the running state recorded (durably) in
+    // one blocking task: one hand-off to the blocking pool less per run.
+    let launched = tokio::task::spawn_blocking(move || {
+        let l = start_runner(&runner, &warm, &files)?;
+        let mut next = accepted;
+        next.state = RunState::Running;
+        next.started_at_ms = Some(crate::timefmt::now_ms());
+        next.runner_pid = Some(l.pid);
+        next.runner_start_ticks = Some(l.start_ticks);
+        let saved = next.save();
+        Ok((l, next, saved))
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("launch task failed: {e}")));
     // The spawn path is over for this run: make the next spare folder now.
     sup.inner.spare.refill();
     let mut next = rec.clone();
     match launched {
-        Ok(l) => {
-            next.state = RunState::Running;
-            next.started_at_ms = Some(crate::timefmt::now_ms());
-            next.runner_pid = Some(l.pid);
-            next.runner_start_ticks = Some(l.start_ticks);
-            let id = next.run_id.clone();
-            if let Err(e) = sup.persist(&slot, &mut rec, next.clone()).await {
+        Ok((l, running, saved)) => {
+            let id = running.run_id.clone();
+            if let Err(e) = saved {
                 // The runner is already going; keep watching it.
                 tracing::error!(run_id = %id, "recording the running state: {e}");
-                *rec = next;
-                slot.published.send_replace(rec.clone());
             }
+            *rec = running;
+            slot.published.send_replace(rec.clone());
             let fd = Arc::new(l.pidfd);
             *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), l.pid));
             tracing::info!(run_id = %id, runner_pid = l.pid, "run started");
