@@ -37,13 +37,15 @@ static RETIRED: std::sync::Mutex<Vec<Box<dyn Send>>> = std::sync::Mutex::new(Vec
 /// suite's scratch files come and go.
 const WORK: &str = "target/bench/work";
 
-/// Written (and `sync`ed) when a run's cleanup is over.
+/// Written when a run's cleanup is over: "dropped" when the page cache was
+/// dropped after it, "kept" when it could not be (not root).
 const CLEANED: &str = "target/bench/work/.cleaned";
 
-/// How long an inode freed on ext4 without a journal stays "recently
-/// deleted" once written back (`RECENTCY_MIN` in `fs/ext4/ialloc.c`: 60 s),
-/// with a margin.
-const RECENT: std::time::Duration = std::time::Duration::from_secs(62);
+/// How long an inode freed on ext4 without a journal counts as "recently
+/// deleted" while its inode table block is cached: 60 s, or 360 s while
+/// that block is dirty (`RECENTCY_MIN`, `RECENTCY_DIRTY` in
+/// `fs/ext4/ialloc.c`), which new inodes made in the same block keep it.
+const RECENT: std::time::Duration = std::time::Duration::from_secs(360);
 
 /// Options for a part's daemon: its folder under [`WORK`].
 pub fn daemon_opts() -> subagentd_e2e::DaemonOpts {
@@ -53,43 +55,35 @@ pub fn daemon_opts() -> subagentd_e2e::DaemonOpts {
     }
 }
 
-/// Waits (full runs) until the files the previous run's cleanup deleted
-/// are no longer "recently deleted": until then every create in their
-/// block groups reads past them (docs/benchmarks.md, "The cost that
-/// drifts"), so a run started right after another would be charged the
-/// first one's cleanup. A quick run does not wait (it must stay under a
-/// minute) and says so. Returns how long ago that cleanup was, in seconds,
-/// once the wait is over.
-fn wait_for_last_cleanup(quick: bool) -> Option<f64> {
-    let age = std::fs::metadata(CLEANED)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())?;
-    match RECENT.checked_sub(age) {
-        Some(left) if !quick => {
-            eprintln!(
-                "waiting {:.0} s: the last run's deleted files are still \"recently deleted\" for ext4",
-                left.as_secs_f64()
-            );
-            std::thread::sleep(left);
-            Some(RECENT.as_secs_f64())
-        }
-        Some(_) => {
-            eprintln!(
-                "note: the last run's cleanup was {:.0} s ago; creates near its files are slower for a minute, which this quick run's numbers include",
-                age.as_secs_f64()
-            );
-            Some(age.as_secs_f64())
-        }
-        None => Some(age.as_secs_f64()),
+/// Says whether the previous run's cleanup can still slow this run, and
+/// returns how long ago it was, in seconds. Its thousands of deleted files
+/// stay "recently deleted" for ext4 for up to 6 minutes, and every create
+/// in their block groups reads past each of them (docs/benchmarks.md, "The
+/// cost that drifts"); the cleanup drops the page cache to end that at
+/// once (a freed inode whose table block is not cached counts as written
+/// out), which only root may do.
+fn check_last_cleanup() -> Option<f64> {
+    let m = std::fs::metadata(CLEANED).ok()?;
+    let age = m.modified().ok()?.elapsed().ok()?;
+    let dropped = std::fs::read(CLEANED).is_ok_and(|b| b == b"dropped");
+    if !dropped && age < RECENT {
+        eprintln!(
+            "note: the last run's cleanup was {:.0} s ago and the page cache was not dropped after it (not root): creates near its files are slower for up to {} s, which this run's numbers include",
+            age.as_secs_f64(),
+            RECENT.as_secs()
+        );
     }
+    Some(age.as_secs_f64())
 }
 
-/// Deletes what the parts left, flushes the deletions and notes when.
+/// Deletes what the parts left, flushes the deletions and, as root, drops
+/// the clean page cache (see [`check_last_cleanup`]); notes which.
 fn clean_up() {
     RETIRED.lock().unwrap().clear();
     settle();
-    let _ = std::fs::write(CLEANED, b"");
+    let dropped =
+        subagentd_e2e::is_root() && std::fs::write("/proc/sys/vm/drop_caches", b"1").is_ok();
+    let _ = std::fs::write(CLEANED, if dropped { "dropped" } else { "kept" });
 }
 
 /// Keeps `x` (and its files) until the run is over.
@@ -161,7 +155,7 @@ fn main() {
         .cloned();
     let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
     std::fs::create_dir_all(WORK).unwrap();
-    let since_cleanup = wait_for_last_cleanup(quick);
+    let since_cleanup = check_last_cleanup();
     let started = Instant::now();
     let spawn = if want("spawn") {
         settle();
