@@ -116,6 +116,50 @@ fn fsync_dir(dir: &Path) -> Result<(), SpareError> {
 /// The folder under the pool's dir where files wait to be reused.
 const RECYCLED: &str = ".recycled";
 
+/// Where a leftover spare that was filled is set aside, never deleted.
+const FILLED: &str = ".filled";
+
+/// Whether a leftover spare folder had a run written into it: a spare's
+/// files are made empty, and accepting a spawn writes run.json into it
+/// before the folder is renamed into `runs/`. After a power loss on a file
+/// system without a journal, such a folder can still be listed here as
+/// well as under `runs/` (only `runs/` is fsynced after the rename): the
+/// same directory, which deleting its contents would empty.
+fn was_filled(spare: &Path) -> bool {
+    let f = RunFiles {
+        dir: spare.to_path_buf(),
+    };
+    std::fs::symlink_metadata(f.record()).is_ok_and(|m| m.is_file() && m.len() > 0)
+}
+
+/// Moves a filled leftover spare into `kept` (a rename moves only this
+/// name of it), with a warning.
+fn set_aside(spare: &Path, kept: &Path) -> Result<(), SpareError> {
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(kept)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Ok(()),
+            _ => Err(e),
+        })
+        .map_err(err("create", kept))?;
+    let to = kept.join(format!(
+        "{}-{}",
+        spare
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("spare"),
+        crate::ids::random_hex8()
+    ));
+    std::fs::rename(spare, &to).map_err(err("set aside", spare))?;
+    tracing::warn!(
+        from = %spare.display(),
+        to = %to.display(),
+        "a leftover spare run folder holds a record: set aside, not deleted"
+    );
+    Ok(())
+}
+
 /// The spare folders.
 pub struct SparePool {
     dir: PathBuf,
@@ -162,9 +206,15 @@ impl SparePool {
             .create(&dir)
             .map_err(err("create", &dir))?;
         let bin = dir.join(RECYCLED);
+        let kept = dir.join(FILLED);
         for entry in std::fs::read_dir(&dir).map_err(err("list", &dir))? {
             let path = entry.map_err(err("list", &dir))?.path();
-            if path != bin {
+            if path == bin || path == kept {
+                continue;
+            }
+            if was_filled(&path) {
+                set_aside(&path, &kept)?;
+            } else {
                 std::fs::remove_dir_all(&path).map_err(err("remove", &path))?;
             }
         }
@@ -436,16 +486,48 @@ mod tests {
         fill(&f.record(), b"[]", false).unwrap();
         assert_eq!(std::fs::read(f.record()).unwrap(), b"[]");
         // A new pool on the same dir removes the spare folders the old one
-        // left (only the recycling bin stays).
+        // left (only the recycling bin stays, and `s`, which holds a record
+        // now, is set aside).
         let left = pool.make().unwrap();
         drop(pool);
         let _pool = SparePool::open(dir.clone(), None, 2).unwrap();
         assert!(!s.exists() && !left.exists());
-        let names: Vec<_> = std::fs::read_dir(&dir)
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, [RECYCLED]);
+        names.sort();
+        assert_eq!(names, [FILLED, RECYCLED]);
+    }
+
+    #[test]
+    fn a_leftover_spare_holding_a_record_is_set_aside_not_deleted() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("spare");
+        let pool = SparePool::open(dir.clone(), None, 2).unwrap();
+        let filled = pool.make().unwrap();
+        let empty = pool.make().unwrap();
+        let f = RunFiles {
+            dir: filled.clone(),
+        };
+        fill(&f.record(), b"{\"run_id\":\"x\"}", true).unwrap();
+        fill(&f.log(), b"the child's output", false).unwrap();
+        drop(pool);
+        let _pool = SparePool::open(dir.clone(), None, 2).unwrap();
+        assert!(!filled.exists() && !empty.exists());
+        let kept: Vec<_> = std::fs::read_dir(dir.join(FILLED))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        let k = RunFiles {
+            dir: kept[0].clone(),
+        };
+        assert_eq!(std::fs::read(k.log()).unwrap(), b"the child's output");
+        // A second start leaves it where it is.
+        drop(_pool);
+        let _pool = SparePool::open(dir.clone(), None, 2).unwrap();
+        assert_eq!(std::fs::read_dir(dir.join(FILLED)).unwrap().count(), 1);
     }
 
     #[test]
