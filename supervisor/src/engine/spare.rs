@@ -12,7 +12,9 @@
 //! `sessions/<session>/runs/<run id>`: a run folder is never seen half
 //! made. When no spare is ready, one is made on the spot.
 //!
-//! Spares left by an earlier daemon are removed when the engine starts.
+//! Spares left by an earlier daemon are removed when the engine starts,
+//! except those that already hold a record: they are set aside in
+//! `<state>/spare/.filled/` (see [`SparePool::open`]).
 //!
 //! Files a finished run did not use (and run.json's last spare, which
 //! holds its previous record) are not deleted but moved into
@@ -192,7 +194,9 @@ fn idle_priority() -> std::io::Result<()> {
 
 impl SparePool {
     /// Opens `dir` (made 0700 if missing) and removes what an earlier
-    /// daemon left there. With `temp_base`, spare temp dirs are kept too
+    /// daemon left there; a leftover folder that holds a record is moved
+    /// into `.filled/` instead (a power loss can leave it listed both here
+    /// and under `runs/`). With `temp_base`, spare temp dirs are kept too
     /// (old ones left by others are swept, see
     /// [`crate::securedir::sweep_empty_session_dirs`]). Blocking.
     pub fn open(
