@@ -236,7 +236,7 @@ pub fn make_spare_temp_dir(base: &Path) -> Result<String, SecureDirError> {
 }
 
 /// Creates a child's temp dir `<base>/<session>/c<8 hex>` (base =
-/// /tmp/subagentd-<uid>), verifying each component. Returns its path.
+/// `/tmp/subagentd-<uid>`), verifying each component. Returns its path.
 /// With `spare` (a name from [`make_spare_temp_dir`]), that dir is moved
 /// into place instead of a new one being made, when it is still there.
 /// With `child` (a `run_as` uid:gid), the parents become traversable

@@ -92,7 +92,7 @@ pub struct RunArgs {
     /// Restarts after the child exits 75 (default: the config's, else 3).
     #[arg(long, value_name = "N")]
     pub max_restarts: Option<u32>,
-    /// Work in a git worktree of its own (branch subagent/<run id>).
+    /// Work in a git worktree of its own (branch `subagent/<run id>`).
     #[arg(long)]
     pub worktree: bool,
     /// Run this subagent definition (see `subagent agents`).

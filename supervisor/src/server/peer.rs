@@ -7,7 +7,7 @@ use crate::ids::RunId;
 /// The name the kernel shows for a runner (`comm`, 15 bytes at most).
 const RUNNER_COMM: &str = "subagent-runner";
 
-/// Whether /proc/<pid>/cgroup text puts the process in a run's cgroup
+/// Whether `/proc/<pid>/cgroup` text puts the process in a run's cgroup
 /// (`…/subagentd/<run id>`).
 pub fn in_run_cgroup(cgroup_text: &str) -> bool {
     cgroup_text.lines().any(|line| {
