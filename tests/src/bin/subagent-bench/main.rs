@@ -71,7 +71,7 @@ fn check_last_cleanup() -> Option<f64> {
         eprintln!(
             "note: the last run's cleanup was {:.0} s ago ({}); creates near its files can be slower for up to {} s after it, which this run's numbers include",
             age.as_secs_f64(),
-            if dropped { "page cache dropped after it" } else { "page cache not dropped: not root" },
+            if dropped { "page cache dropped after it" } else { "page cache not dropped" },
             RECENT.as_secs()
         );
     }
@@ -79,12 +79,15 @@ fn check_last_cleanup() -> Option<f64> {
 }
 
 /// Deletes what the parts left, flushes the deletions and, as root, drops
-/// the clean page cache (see [`check_last_cleanup`]); notes which.
+/// the clean page cache (see [`check_last_cleanup`]) unless
+/// `SUBAGENT_BENCH_KEEP_CACHE=1`; notes which.
 fn clean_up() {
     RETIRED.lock().unwrap().clear();
     settle();
-    let dropped =
-        subagentd_e2e::is_root() && std::fs::write("/proc/sys/vm/drop_caches", b"1").is_ok();
+    let keep = std::env::var("SUBAGENT_BENCH_KEEP_CACHE").is_ok_and(|v| v == "1");
+    let dropped = !keep
+        && subagentd_e2e::is_root()
+        && std::fs::write("/proc/sys/vm/drop_caches", b"1").is_ok();
     let _ = std::fs::write(CLEANED, if dropped { "dropped" } else { "kept" });
 }
 
