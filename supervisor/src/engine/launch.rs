@@ -113,7 +113,6 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     .unwrap_or_else(|e| Err(format!("launch task failed: {e}")));
     // The spawn path is over for this run: make the next spare folder now.
     sup.inner.spare.refill();
-    let mut next = rec.clone();
     match launched {
         Ok((l, running, saved)) => {
             let id = running.run_id.clone();
@@ -130,6 +129,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
             watch(sup, slot, fd).await;
         }
         Err(reason) => {
+            let mut next = rec.clone();
             tracing::error!(run_id = %next.run_id, "{reason}");
             next.state = RunState::Failed;
             next.reason = Some(format!("could not start the runner: {reason}"));

@@ -134,17 +134,22 @@ fn was_filled(spare: &Path) -> bool {
     std::fs::symlink_metadata(f.record()).is_ok_and(|m| m.is_file() && m.len() > 0)
 }
 
-/// Moves a filled leftover spare into `kept` (a rename moves only this
-/// name of it), with a warning.
-fn set_aside(spare: &Path, kept: &Path) -> Result<(), SpareError> {
+/// Makes the private dir `dir` (0700) unless it exists.
+fn ensure_dir(dir: &Path) -> Result<(), SpareError> {
     std::fs::DirBuilder::new()
         .mode(0o700)
-        .create(kept)
+        .create(dir)
         .or_else(|e| match e.kind() {
             std::io::ErrorKind::AlreadyExists => Ok(()),
             _ => Err(e),
         })
-        .map_err(err("create", kept))?;
+        .map_err(err("create", dir))
+}
+
+/// Moves a filled leftover spare into `kept` (a rename moves only this
+/// name of it), with a warning.
+fn set_aside(spare: &Path, kept: &Path) -> Result<(), SpareError> {
+    ensure_dir(kept)?;
     let to = kept.join(format!(
         "{}-{}",
         spare
@@ -222,14 +227,7 @@ impl SparePool {
                 std::fs::remove_dir_all(&path).map_err(err("remove", &path))?;
             }
         }
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&bin)
-            .or_else(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => Ok(()),
-                _ => Err(e),
-            })
-            .map_err(err("create", &bin))?;
+        ensure_dir(&bin)?;
         let mut recycled = Vec::new();
         for entry in std::fs::read_dir(&bin).map_err(err("list", &bin))? {
             let e = entry.map_err(err("list", &bin))?;
