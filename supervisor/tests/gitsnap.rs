@@ -483,3 +483,126 @@ fn the_index_reader_agrees_with_libgit2_in_every_version() {
         IndexError::Unsupported("assume-unchanged, skip-worktree or intent-to-add entries")
     );
 }
+
+/// Waits, polling, until every directory of the work tree is old enough
+/// for its listing to be kept (the clock-grain margin).
+fn until_listings_keepable(p: &Path) {
+    use subagentd::gitsnap::listing::{keepable, Stamp};
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let dirs: Vec<_> = walkdir(p);
+    loop {
+        let now = std::time::SystemTime::now();
+        let ready = dirs
+            .iter()
+            .all(|d| keepable(&Stamp::of_metadata(&std::fs::metadata(d).unwrap()), now));
+        if ready {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the directories never got older than the margin"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// Every directory under `p` but `.git`'s, `p` included.
+fn walkdir(p: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![p.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        for e in std::fs::read_dir(&out[i]).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() && e.file_name() != ".git" {
+                out.push(e.path());
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn listings_kept_between_scans_give_the_same_counts_and_miss_on_any_change() {
+    use std::os::unix::fs::PermissionsExt;
+    use subagentd::gitsnap::counts::{by_libgit2, by_scan_with};
+    use subagentd::gitsnap::listing::{local_clock, Listings};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    if !local_clock(std::fs::File::open(p).unwrap()) {
+        println!("SKIPPED: the temp dir's file system is not stamped by this kernel's clock; listings are never kept there");
+        return;
+    }
+    git(p, &["init", "-q"]);
+    for i in 0..60 {
+        write(p, &format!("d{}/f{i}.txt", i % 6), &format!("file {i}\n"));
+    }
+    write(p, "d0/sub/x", "x\n");
+    write(p, "tofile/x", "x\n");
+    write(p, ".gitignore", "*.log\n");
+    git(p, &["add", "."]);
+    git(p, &["commit", "-qm", "base"]);
+    until_listings_keepable(p);
+    let r = git2::Repository::open(p).unwrap();
+    let l = Listings::new();
+    let agrees = |what: &str| {
+        let fast = by_scan_with(&r, Some(&l)).unwrap();
+        assert_eq!(fast, by_libgit2(&r).unwrap(), "{what}");
+        fast
+    };
+    let dirs = walkdir(p).len() as u64;
+    agrees("cold");
+    assert_eq!((l.kept(), l.hits()), (dirs, 0), "every directory kept");
+    agrees("warm");
+    assert_eq!(l.hits(), dirs, "every directory answered by the cache");
+
+    // Changes that leave the directories' names alone: still hits, and
+    // the scan still sees them (each tracked file is stat'ed).
+    write(p, "d1/f1.txt", "changed size\n");
+    std::fs::set_permissions(p.join("d2/f2.txt"), PermissionsExt::from_mode(0o755)).unwrap();
+    let hits = l.hits();
+    let c = agrees("contents changed");
+    assert_eq!(c.modified, 2, "{c:?}");
+    assert_eq!(l.hits() - hits, dirs);
+
+    // Changes to names: each changed directory misses.
+    write(p, "d3/new.txt", "untracked\n");
+    write(p, "d3/x.log", "ignored\n");
+    std::fs::remove_file(p.join("d4/f4.txt")).unwrap();
+    std::fs::remove_dir_all(p.join("tofile")).unwrap();
+    write(p, "tofile", "now a file\n");
+    write(p, "d0/sub/deeper/u", "untracked\n");
+    let hits = l.hits();
+    let c = agrees("names changed");
+    assert_eq!((c.modified, c.untracked), (4, 3), "{c:?}");
+    // Missed: d3, d4, the root (tofile), d0/sub; the rest hit
+    // (d0/sub/deeper is untracked: never read by the scan).
+    assert_eq!(
+        l.hits() - hits,
+        dirs - 1 - 4,
+        "hits after the names changed"
+    );
+
+    // A name added and the directory's mtime set back: its ctime still
+    // moved, so the listing is not reused.
+    until_listings_keepable(p);
+    agrees("settled");
+    let d5 = p.join("d5");
+    let before = nix::sys::stat::stat(&d5).unwrap();
+    write(p, "d5/sneaky.txt", "untracked\n");
+    nix::sys::stat::utimensat(
+        nix::fcntl::AT_FDCWD,
+        &d5,
+        &nix::sys::time::TimeSpec::new(before.st_atime, before.st_atime_nsec),
+        &nix::sys::time::TimeSpec::new(before.st_mtime, before.st_mtime_nsec),
+        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+    )
+    .unwrap();
+    let after = nix::sys::stat::stat(&d5).unwrap();
+    assert_eq!(
+        (after.st_mtime, after.st_mtime_nsec),
+        (before.st_mtime, before.st_mtime_nsec)
+    );
+    let c = agrees("mtime set back");
+    assert_eq!(c.untracked, 4, "the sneaky file is seen: {c:?}");
+}

@@ -156,8 +156,17 @@ fn read_index(path: &std::path::Path) -> Result<(Vec<u8>, (i64, i64)), String> {
     Ok((buf, mtime))
 }
 
-/// The counts by the scan, or why not.
+/// The counts by the scan with the process's listings cache, or why not.
 pub fn by_scan(repo: &Repository) -> Result<Counts, String> {
+    by_scan_with(repo, Some(super::listing::shared()))
+}
+
+/// The counts by the scan with the given listings cache (`None`: every
+/// directory read), or why not.
+pub fn by_scan_with(
+    repo: &Repository,
+    listings: Option<&super::listing::Listings>,
+) -> Result<Counts, String> {
     let workdir = repo.workdir().ok_or("no work tree")?;
     if let Some(why) = unmodelled_config(repo) {
         return Err(why.into());
@@ -174,6 +183,7 @@ pub fn by_scan(repo: &Repository) -> Result<Counts, String> {
         entries: &entries,
         index_mtime,
         threads,
+        listings,
     }
     .run()
     .map_err(|e| e.to_string())?;

@@ -5,10 +5,12 @@
 //!
 //! Layout: this file takes the branch, HEAD and upstream; `counts` the
 //! staged, modified and untracked counts; `index` the index file
-//! reader and `scan` the threaded work tree scan behind them.
+//! reader, `scan` the threaded work tree scan behind them and `listing`
+//! the directory listings the scan keeps between snapshots.
 
 pub mod counts;
 pub mod index;
+pub mod listing;
 pub mod scan;
 
 use git2::{BranchType, ErrorCode, Repository};

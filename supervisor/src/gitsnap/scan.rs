@@ -1,9 +1,10 @@
 //! The work tree checked against the index, one directory at a time, on a
-//! few threads: each directory holding tracked files is read once, each
-//! tracked name is `fstatat`ed relative to its directory, and the names the
-//! index does not hold are returned as untracked *candidates* (directories
-//! among them are not walked) for libgit2 to judge against the ignore
-//! rules.
+//! few threads: each directory holding tracked files is read once (or,
+//! when it has not changed since an earlier scan, its listing is taken
+//! from [`super::listing`]), each tracked name is `fstatat`ed relative to
+//! its directory, and the names the index does not hold are returned as
+//! untracked *candidates* (directories among them are not walked) for
+//! libgit2 to judge against the ignore rules.
 //!
 //! The decisions follow libgit2's `maybe_modified` so that the counts are
 //! the same as `git_status_list_new`'s: a different mode or size is
@@ -14,15 +15,17 @@
 //! opened with `RESOLVE_NO_SYMLINKS`, so a symlink in place of a tracked
 //! directory is never followed.
 
+use super::listing::{self, Listings};
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
 use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::{fstatat, FileStat, SFlag};
+use nix::sys::stat::{fstat, fstatat, FileStat, SFlag};
 use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::SystemTime;
 
 /// A failure of the scan; the caller falls back to libgit2's status.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +96,9 @@ pub struct Scan<'a> {
     pub index_mtime: (i64, i64),
     /// How many threads read directories.
     pub threads: usize,
+    /// Directory listings kept between scans ([`listing`]); `None` reads
+    /// every directory.
+    pub listings: Option<&'a Listings>,
 }
 
 /// One directory to read.
@@ -205,7 +211,21 @@ fn compare(e: &Tracked, st: &FileStat, mode: u32, index_mtime: (i64, i64)) -> Ve
 struct Worker<'a> {
     scan: &'a Scan<'a>,
     root: &'a OwnedFd,
+    /// The listings cache, unless off or the file system's clock is not
+    /// this kernel's.
+    listings: Option<&'a Listings>,
+    /// When the scan started: a listing is kept only if its stamp is older
+    /// than this by the clock's margin.
+    started: SystemTime,
     found: Found,
+}
+
+/// The directory being read: its job, its tracked names (marked as they
+/// are seen) and the subdirectories to read next.
+struct Visit<'v, 'e> {
+    job: &'v Job,
+    children: &'v mut Vec<(&'e [u8], Child, bool)>,
+    next: &'v mut Vec<Job>,
 }
 
 fn open_dir(root: &OwnedFd, rel: &[u8]) -> Result<OwnedFd, Errno> {
@@ -255,7 +275,8 @@ impl Worker<'_> {
         out
     }
 
-    /// Reads one directory; returns the directories to read next.
+    /// Reads one directory (or takes its listing from the cache); returns
+    /// the directories to read next.
     fn run(&mut self, job: Job) -> Result<Vec<Job>, ScanError> {
         let mut next = Vec::new();
         let fd = match open_dir(self.root, &job.rel) {
@@ -272,67 +293,33 @@ impl Worker<'_> {
         } else {
             job.rel.len() + 1
         };
-        let entries = self.scan.entries;
-        let mut children = Self::children(entries, prefix, job.range);
-        // A second descriptor for fstatat while the first one is being read.
-        let stat_fd = fd.try_clone().map_err(|e| ScanError::Io {
-            op: "dup",
-            path: String::from_utf8_lossy(&job.rel).into_owned(),
-            errno: Errno::from_raw(e.raw_os_error().unwrap_or(0)),
-        })?;
-        let mut dir = Dir::from_fd(fd).map_err(|e| io("fdopendir", &job.rel, e))?;
-        for ent in dir.iter() {
-            let ent = ent.map_err(|e| io("readdir", &job.rel, e))?;
-            let cname = ent.file_name();
-            let name = cname.to_bytes();
-            if name == b"." || name == b".." || name.eq_ignore_ascii_case(b".git") {
-                continue;
+        let mut children = Self::children(self.scan.entries, prefix, job.range);
+        let mut visit = Visit {
+            job: &job,
+            children: &mut children,
+            next: &mut next,
+        };
+        match self.listings {
+            Some(listings) => {
+                // The stamp is taken before the read: a change made while
+                // reading moves it on, so the listing is never reused.
+                let stamp = fstat(fd.as_fd())
+                    .map(|st| listing::Stamp::of(&st))
+                    .map_err(|e| io("stat", &job.rel, e))?;
+                if let Some(names) = listings.get(&stamp) {
+                    for e in names.iter() {
+                        self.visit(&mut visit, &fd, &e.name, e.kind)?;
+                    }
+                } else {
+                    let keep = listing::keepable(&stamp, self.started);
+                    let read = self.read(&mut visit, fd, keep)?;
+                    if keep {
+                        listings.keep(stamp, read);
+                    }
+                }
             }
-            let stat = || lstat_at(&stat_fd, &job.rel, cname);
-            let child = children.binary_search_by(|c| c.0.cmp(name)).ok().map(|at| {
-                children[at].2 = true;
-                children[at].1
-            });
-            match child {
-                Some(Child::File(i)) => {
-                    let Some(st) = stat()? else {
-                        self.found.modified += 1;
-                        continue;
-                    };
-                    match git_mode(&st) {
-                        Some(0o040_000) => {
-                            self.found.modified += 1;
-                            self.untracked(&job.rel, name);
-                        }
-                        Some(mode) => {
-                            match compare(&entries[i], &st, mode, self.scan.index_mtime) {
-                                Verdict::Clean => {}
-                                Verdict::Modified => self.found.modified += 1,
-                                Verdict::Uncertain => {
-                                    self.found.uncertain.push(join(&job.rel, name))
-                                }
-                            }
-                        }
-                        None => self.found.modified += 1,
-                    }
-                }
-                Some(Child::Dir(lo, hi)) => {
-                    let is_dir = match ent.file_type() {
-                        Some(Type::Directory) => true,
-                        Some(_) => false,
-                        None => stat()?.and_then(|st| git_mode(&st)) == Some(0o040_000),
-                    };
-                    if is_dir {
-                        next.push(Job {
-                            rel: join(&job.rel, name),
-                            range: (lo, hi),
-                        });
-                    } else {
-                        self.found.modified += hi - lo;
-                        self.untracked(&job.rel, name);
-                    }
-                }
-                None => self.untracked(&job.rel, name),
+            None => {
+                self.read(&mut visit, fd, false)?;
             }
         }
         for (_, child, seen) in &children {
@@ -344,6 +331,97 @@ impl Worker<'_> {
             }
         }
         Ok(next)
+    }
+
+    /// Reads the directory `fd` and visits each name; returns the names
+    /// read when `collect`, for the cache.
+    fn read(
+        &mut self,
+        visit: &mut Visit<'_, '_>,
+        fd: OwnedFd,
+        collect: bool,
+    ) -> Result<Vec<listing::Entry>, ScanError> {
+        let rel = visit.job.rel.as_slice();
+        // A second descriptor for fstatat while the first one is being read.
+        let stat_fd = fd.try_clone().map_err(|e| ScanError::Io {
+            op: "dup",
+            path: String::from_utf8_lossy(rel).into_owned(),
+            errno: Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+        })?;
+        let mut dir = Dir::from_fd(fd).map_err(|e| io("fdopendir", rel, e))?;
+        let mut read = Vec::new();
+        for ent in dir.iter() {
+            let ent = ent.map_err(|e| io("readdir", rel, e))?;
+            let name = ent.file_name();
+            self.visit(visit, &stat_fd, name, ent.file_type())?;
+            if collect {
+                read.push(listing::Entry {
+                    name: name.to_owned(),
+                    kind: ent.file_type(),
+                });
+            }
+        }
+        Ok(read)
+    }
+
+    /// Judges one name of the directory `dir` against the index.
+    fn visit(
+        &mut self,
+        visit: &mut Visit<'_, '_>,
+        dir: &OwnedFd,
+        cname: &CStr,
+        kind: Option<Type>,
+    ) -> Result<(), ScanError> {
+        let rel = visit.job.rel.as_slice();
+        let name = cname.to_bytes();
+        if name == b"." || name == b".." || name.eq_ignore_ascii_case(b".git") {
+            return Ok(());
+        }
+        let entries = self.scan.entries;
+        let stat = || lstat_at(dir, rel, cname);
+        let children = &mut *visit.children;
+        let child = children.binary_search_by(|c| c.0.cmp(name)).ok().map(|at| {
+            children[at].2 = true;
+            children[at].1
+        });
+        match child {
+            Some(Child::File(i)) => {
+                let Some(st) = stat()? else {
+                    self.found.modified += 1;
+                    return Ok(());
+                };
+                match git_mode(&st) {
+                    Some(0o040_000) => {
+                        self.found.modified += 1;
+                        self.untracked(rel, name);
+                    }
+                    Some(mode) => match compare(&entries[i], &st, mode, self.scan.index_mtime) {
+                        Verdict::Clean => {}
+                        Verdict::Modified => self.found.modified += 1,
+                        Verdict::Uncertain => self.found.uncertain.push(join(rel, name)),
+                    },
+                    None => self.found.modified += 1,
+                }
+            }
+            Some(Child::Dir(lo, hi)) => {
+                let is_dir = match kind {
+                    Some(Type::Directory) => true,
+                    Some(_) => false,
+                    None => stat()?.and_then(|st| git_mode(&st)) == Some(0o040_000),
+                };
+                if is_dir {
+                    visit.next.push(Job {
+                        rel: join(rel, name),
+                        range: (lo, hi),
+                    });
+                } else {
+                    self.found.modified += hi - lo;
+                    self.untracked(rel, name);
+                }
+            }
+            None => self.untracked(rel, name),
+        }
+        Ok(())
     }
 
     /// A name the index does not hold (or holds as another kind).
@@ -370,6 +448,8 @@ impl Scan<'_> {
             nix::sys::stat::Mode::empty(),
         )
         .map_err(|e| io("open", self.workdir.as_os_str().as_bytes(), e))?;
+        let started = SystemTime::now();
+        let listings = self.listings.filter(|_| listing::local_clock(&root));
         let queue = Queue {
             state: Mutex::new((
                 vec![Job {
@@ -385,6 +465,8 @@ impl Scan<'_> {
             let mut w = Worker {
                 scan: self,
                 root,
+                listings,
+                started,
                 found: Found::default(),
             };
             while let Some(job) = queue.pop() {
