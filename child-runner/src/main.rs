@@ -1,10 +1,13 @@
-//! `subagent-runner [--lock-fd N] RUNNER_JSON`: runs one subagent; see the
-//! library docs. `subagent-runner --warm`: the same, for a run handed over
-//! later on the socket at fd 0 (see `subagent_runner::warm`).
+//! `subagent-runner [--lock-fd N [--netns-fd M]] RUNNER_JSON`: runs one
+//! subagent; see the library docs. `subagent-runner --warm`: the same, for
+//! a run handed over later on the socket at fd 0 (see
+//! `subagent_runner::warm`).
 //!
 //! `--lock-fd N` is runner.lock, opened and flock'ed by the daemon and handed
 //! over: the runner writes its pid into it and holds it until it dies, so a
-//! restarted daemon can tell a live runner from a dead one.
+//! restarted daemon can tell a live runner from a dead one. `--netns-fd M`
+//! is the network namespace the daemon took from its pool for the run (see
+//! `subagent_runner::netns`).
 //!
 //! Exit status: 0 when exit.json was written, 2 when the runner could not do
 //! its job (the reason is on stderr, which the daemon keeps as runner.log).
@@ -15,7 +18,7 @@ use subagent_runner::spec::RunnerSpec;
 use subagent_runner::{lockfd, supervise};
 
 fn usage() -> ExitCode {
-    say("usage: subagent-runner [--lock-fd N] RUNNER_JSON | subagent-runner --warm");
+    say("usage: subagent-runner [--lock-fd N [--netns-fd M]] RUNNER_JSON | subagent-runner --warm");
     ExitCode::from(2)
 }
 
@@ -32,19 +35,8 @@ const EXIT_RESERVE_BYTES: usize = 64 * 1024;
 fn main() -> ExitCode {
     let main_started = std::time::Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut orig_netns = None;
-    let (lock_fd, spec_path, started) = match args.as_slice() {
+    let (lock_fd, spec_path, started, netns) = match args.as_slice() {
         [flag] if flag == "--warm" => {
-            // The network namespace the run's child most likely gets, made
-            // while waiting (see `subagent_runner::warm`).
-            if subagent_runner::sandbox::caps::effective_has(
-                subagent_runner::sandbox::caps::CAP_SYS_ADMIN,
-            ) {
-                match subagent_runner::warm::enter_fresh_netns() {
-                    Ok(fd) => orig_netns = Some(fd),
-                    Err(e) => say(&format!("warm runner: {e}; the child will make its own")),
-                }
-            }
             match subagent_runner::warm::wait(subagent_runner::warm::SOCKET_FD) {
                 // The daemon let this warm runner go.
                 Ok(None) => return ExitCode::SUCCESS,
@@ -59,6 +51,7 @@ fn main() -> ExitCode {
                         Some(std::os::fd::IntoRawFd::into_raw_fd(h.lock)),
                         h.spec,
                         std::time::Instant::now(),
+                        h.netns,
                     )
                 }
                 Err(e) => {
@@ -68,13 +61,25 @@ fn main() -> ExitCode {
             }
         }
         [flag, fd, spec] if flag == "--lock-fd" => match fd.parse::<i32>() {
-            Ok(fd) => (Some(fd), PathBuf::from(spec), main_started),
+            Ok(fd) => (Some(fd), PathBuf::from(spec), main_started, None),
             Err(_) => return usage(),
         },
-        [spec] => (None, PathBuf::from(spec), main_started),
+        [flag, fd, nflag, nfd, spec] if flag == "--lock-fd" && nflag == "--netns-fd" => {
+            match (fd.parse::<i32>(), nfd.parse::<i32>()) {
+                (Ok(fd), Ok(nfd)) if nfd > 2 && nfd != fd => {
+                    // SAFETY: the daemon hands the namespace over on this
+                    // descriptor (posix_spawn's dup2); nothing else in this
+                    // process owns it.
+                    let ns = unsafe { std::os::fd::FromRawFd::from_raw_fd(nfd) };
+                    (Some(fd), PathBuf::from(spec), main_started, Some(ns))
+                }
+                _ => return usage(),
+            }
+        }
+        [spec] => (None, PathBuf::from(spec), main_started, None),
         _ => return usage(),
     };
-    run(lock_fd, &spec_path, started, orig_netns)
+    run(lock_fd, &spec_path, started, netns)
 }
 
 /// Runs the run of `spec_path`, holding runner.lock (`lock_fd`).
@@ -82,7 +87,7 @@ fn run(
     lock_fd: Option<i32>,
     spec_path: &std::path::Path,
     main_started: std::time::Instant,
-    orig_netns: Option<std::os::fd::OwnedFd>,
+    netns: Option<std::os::fd::OwnedFd>,
 ) -> ExitCode {
     if let Some(fd) = lock_fd {
         if let Err(e) = lockfd::adopt(fd) {
@@ -97,8 +102,8 @@ fn run(
             return ExitCode::from(2);
         }
     };
-    if let Some(orig) = orig_netns {
-        if let Err(e) = subagent_runner::warm::settle_netns(orig, spec.sandbox.network) {
+    if let Some(ns) = netns {
+        if let Err(e) = subagent_runner::netns::join(ns, spec.sandbox.network) {
             say(&format!("run {}: {e}", spec.run_id));
             return ExitCode::from(2);
         }

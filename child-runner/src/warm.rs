@@ -8,77 +8,15 @@
 //! stdin, and goes on exactly as a runner started for that run. End of file
 //! (the daemon went away or let it go) makes it exit quietly.
 //!
-//! While it waits, a warm runner that may (CAP_SYS_ADMIN) also makes the
-//! network namespace its run's child will most likely get: it moves itself
-//! into a new, empty one and keeps a descriptor on the one it came from.
-//! If the run turns out to be granted the network, it moves back before
-//! anything else; otherwise the child inherits the new namespace and the
-//! sandbox does not make another ([`netns_ready`]). Either way each run
-//! has a namespace of its own: a warm runner takes one run.
+//! A run without the network may come with a third descriptor: the
+//! network namespace the daemon took from its pool for it (see
+//! [`crate::netns`]).
 
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-
-/// Set once this process sits in a fresh network namespace made for its run.
-static NETNS_READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// How long making the namespace ahead took, in µs.
-static NETNS_AHEAD_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// How long [`enter_fresh_netns`] took, in µs (0 if it did not run).
-pub fn netns_ahead_us() -> u64 {
-    NETNS_AHEAD_US.load(std::sync::atomic::Ordering::SeqCst)
-}
-
-/// Whether this runner already sits in a fresh, empty network namespace
-/// made for its run (so the child need not make one).
-pub fn netns_ready() -> bool {
-    NETNS_READY.load(std::sync::atomic::Ordering::SeqCst)
-}
-
-/// Moves this process into a new network namespace; returns a descriptor
-/// on the one it left.
-pub fn enter_fresh_netns() -> Result<OwnedFd, WarmError> {
-    let started = std::time::Instant::now();
-    let orig = nix::fcntl::open(
-        "/proc/self/ns/net",
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|errno| WarmError::Sys {
-        op: "open /proc/self/ns/net",
-        errno,
-    })?;
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|errno| WarmError::Sys {
-        op: "unshare(CLONE_NEWNET)",
-        errno,
-    })?;
-    NETNS_AHEAD_US.store(
-        started.elapsed().as_micros() as u64,
-        std::sync::atomic::Ordering::SeqCst,
-    );
-    Ok(orig)
-}
-
-/// Settles the namespace made by [`enter_fresh_netns`] once the run is
-/// known: kept for a run without network ([`netns_ready`] becomes true),
-/// left for the original one (`orig`) for a run granted the network.
-pub fn settle_netns(orig: OwnedFd, network: bool) -> Result<(), WarmError> {
-    if network {
-        nix::sched::setns(&orig, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|errno| {
-            WarmError::Sys {
-                op: "setns(CLONE_NEWNET) back to the host's namespace",
-                errno,
-            }
-        })?;
-    } else {
-        NETNS_READY.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-    Ok(())
-}
 
 /// The socket a warm runner waits on.
 pub const SOCKET_FD: RawFd = 0;
@@ -110,12 +48,14 @@ pub struct Handover {
     pub lock: OwnedFd,
     /// runner.log, for stdout and stderr.
     pub log: OwnedFd,
+    /// The run's network namespace from the daemon's pool, if it sent one.
+    pub netns: Option<OwnedFd>,
 }
 
 /// Waits on `sock` for the run; `None` at end of file.
 pub fn wait(sock: RawFd) -> Result<Option<Handover>, WarmError> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut cmsg = nix::cmsg_space!([RawFd; 2]);
+    let mut cmsg = nix::cmsg_space!([RawFd; 3]);
     let (bytes, fds) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
         match recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
@@ -154,14 +94,15 @@ pub fn wait(sock: RawFd) -> Result<Option<Handover>, WarmError> {
         return Err(WarmError::Malformed(format!("a path of {bytes} bytes")));
     }
     let mut fds = fds.into_iter();
-    match (fds.next(), fds.next(), fds.next()) {
-        (Some(lock), Some(log), None) => Ok(Some(Handover {
+    match (fds.next(), fds.next(), fds.next(), fds.next()) {
+        (Some(lock), Some(log), netns, None) => Ok(Some(Handover {
             spec: PathBuf::from(std::ffi::OsStr::from_bytes(path)),
             lock,
             log,
+            netns,
         })),
         _ => Err(WarmError::Malformed(
-            "expected runner.lock and runner.log".into(),
+            "expected runner.lock, runner.log and at most a network namespace".into(),
         )),
     }
 }
@@ -233,8 +174,37 @@ mod tests {
         let st = nix::sys::stat::fstat(&h.log).unwrap();
         let want = nix::sys::stat::fstat(&log).unwrap();
         assert_eq!((st.st_dev, st.st_ino), (want.st_dev, want.st_ino));
+        assert!(h.netns.is_none());
         drop(ours);
         assert!(wait(theirs.as_raw_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_third_descriptor_is_the_network_namespace_and_a_fourth_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<std::fs::File> = (0..4)
+            .map(|i| std::fs::File::create(dir.path().join(format!("f{i}"))).unwrap())
+            .collect();
+        let raw: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
+        let (ours, theirs) = pair();
+        let send = |fds: &[RawFd]| {
+            sendmsg::<()>(
+                ours.as_raw_fd(),
+                &[IoSlice::new(b"/x/runner.json")],
+                &[ControlMessage::ScmRights(fds)],
+                MsgFlags::empty(),
+                None,
+            )
+            .unwrap()
+        };
+        send(&raw[..3]);
+        let h = wait(theirs.as_raw_fd()).unwrap().unwrap();
+        let st = nix::sys::stat::fstat(h.netns.as_ref().unwrap()).unwrap();
+        let want = nix::sys::stat::fstat(&files[2]).unwrap();
+        assert_eq!((st.st_dev, st.st_ino), (want.st_dev, want.st_ino));
+        send(&raw);
+        let err = wait(theirs.as_raw_fd()).err().unwrap();
+        assert!(err.to_string().contains("at most"), "{err}");
     }
 
     #[test]

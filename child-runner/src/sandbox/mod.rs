@@ -43,8 +43,8 @@ pub struct Prepared {
     privileged: bool,
     last_cap: u32,
     netns: bool,
-    /// The runner already sits in a fresh network namespace made for this
-    /// run (a warm runner's, see [`crate::warm`]): the child inherits it.
+    /// The runner already sits in the network namespace the daemon handed
+    /// over for this run (see [`crate::netns`]): the child inherits it.
     netns_made: bool,
     run_as: Option<(u32, u32)>,
     /// What will be enforced once [`Prepared::apply`] succeeds.
@@ -251,7 +251,7 @@ pub fn prepare(
         privileged,
         last_cap: caps::last_cap(),
         netns,
-        netns_made: netns && crate::warm::netns_ready(),
+        netns_made: netns && crate::netns::joined(),
         run_as,
         report,
     })
@@ -308,8 +308,8 @@ impl Prepared {
         Ok(times)
     }
 
-    /// Whether the child inherits a network namespace made ahead of the
-    /// run (by a warm runner) instead of making one.
+    /// Whether the child inherits the network namespace handed over by the
+    /// daemon instead of making one.
     pub fn netns_made_ahead(&self) -> bool {
         self.netns_made
     }

@@ -61,6 +61,12 @@ pub fn apply_exit(
     }
 }
 
+/// Whether a run's network namespace may serve another run: exit.json was
+/// read and says the run's whole tree was gone.
+pub fn reusable(exit: &Result<Option<ExitRecord>, String>) -> bool {
+    matches!(exit, Ok(Some(x)) if x.tree_gone)
+}
+
 /// Kills and removes the cgroups of a run whose runner died; returns
 /// whether any process was left in them. Blocking.
 fn reap_orphans(plan: &policy::sandbox::cgroup::CgroupPlan, run_id: &str) -> bool {
@@ -108,6 +114,18 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
                 .unwrap_or_else(|e| (Err(e.to_string()), String::new()))
         };
         let no_record = !matches!(exit, Ok(Some(_)));
+        // The run's network namespace goes back to the pool only when the
+        // runner saw nothing of the run left; else it is dropped.
+        // Then the pool is topped up (after the give-back, so that a full
+        // pool does not drop the namespace just returned).
+        let ns = slot.netns.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(ns) = ns {
+            if reusable(&exit) {
+                sup.inner.netns.give_back(ns);
+            }
+        }
+        let pool = sup.inner.netns.clone();
+        tokio::task::spawn_blocking(move || pool.fill());
         apply_exit(&mut next, exit, runner_status.as_deref(), &log);
         if no_record {
             // The runner died without cleaning up: whatever the child
@@ -330,11 +348,33 @@ mod tests {
             log_truncated: false,
             log_error: None,
             leftover_killed: 0,
+            tree_gone: true,
             isolation: None,
             resources: Default::default(),
             attempts: 1,
             setup_us: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_network_namespace_is_reused_only_after_a_recorded_end_with_the_tree_gone() {
+        let gone = exit(Outcome::Exited, Some(0), None);
+        assert!(reusable(&Ok(Some(gone.clone()))));
+        let left = ExitRecord {
+            tree_gone: false,
+            ..gone
+        };
+        assert!(!reusable(&Ok(Some(left))), "a tree left behind");
+        assert!(!reusable(&Ok(None)), "no exit.json: the runner died");
+        assert!(!reusable(&Err("unreadable".into())));
+        // An older runner's record, without the field: not reused.
+        let old: ExitRecord = serde_json::from_value(serde_json::json!({
+            "outcome": "exited", "exit_code": 0, "signal": null, "reason": "r",
+            "child_pid": 3, "started_at_ms": 5, "ended_at_ms": 9, "log_bytes": 0,
+            "log_truncated": false, "leftover_killed": 0
+        }))
+        .unwrap();
+        assert!(!reusable(&Ok(Some(old))));
     }
 
     #[test]
