@@ -606,3 +606,44 @@ fn listings_kept_between_scans_give_the_same_counts_and_miss_on_any_change() {
     let c = agrees("mtime set back");
     assert_eq!(c.untracked, 4, "the sneaky file is seen: {c:?}");
 }
+
+#[test]
+fn no_listing_is_kept_under_a_mount_point_inside_the_work_tree() {
+    use subagentd::gitsnap::counts::{by_libgit2, by_scan_with};
+    use subagentd::gitsnap::listing::{local_clock, Listings};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    if !local_clock(std::fs::File::open(p).unwrap()) {
+        println!("SKIPPED: the temp dir's file system is not stamped by this kernel's clock");
+        return;
+    }
+    std::fs::create_dir(p.join("mnt")).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(p.join("mnt"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        println!("SKIPPED: mounting a tmpfs needs CAP_SYS_ADMIN");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(p.join("mnt"));
+    git(p, &["init", "-q"]);
+    write(p, "top.txt", "t\n");
+    write(p, "mnt/in.txt", "i\n");
+    write(p, "mnt/deeper/x.txt", "x\n");
+    git(p, &["add", "."]);
+    git(p, &["commit", "-qm", "base"]);
+    until_listings_keepable(p);
+    let r = git2::Repository::open(p).unwrap();
+    let l = Listings::new();
+    assert_eq!(by_scan_with(&r, Some(&l)).unwrap(), by_libgit2(&r).unwrap());
+    // The root is kept; mnt and mnt/deeper are on the tmpfs: not kept.
+    assert_eq!(l.kept(), 1);
+}

@@ -14,7 +14,9 @@
 //!   the same rule makes a reused inode number (a new directory) miss;
 //! - **the clock's owner**: only file systems stamped by this kernel's
 //!   clock are cached ([`local_clock`]); a network file system's server
-//!   clock may run behind ours.
+//!   clock may run behind ours. The scan checks the work tree's root and
+//!   keeps listings only of directories on the root's device (none under
+//!   a mount point inside the tree).
 //!
 //! The cache holds at most [`MAX_NAMES`] names; past that it starts over.
 
@@ -58,6 +60,11 @@ impl Stamp {
             mtime: (st.st_mtime, st.st_mtime_nsec),
             ctime: (st.st_ctime, st.st_ctime_nsec),
         }
+    }
+
+    /// The device of the directory.
+    pub fn dev(&self) -> u64 {
+        self.dev
     }
 
     /// The stamp of the directory `m` describes (`std::fs::metadata`).

@@ -214,6 +214,8 @@ struct Worker<'a> {
     /// The listings cache, unless off or the file system's clock is not
     /// this kernel's.
     listings: Option<&'a Listings>,
+    /// The work tree root's device.
+    root_dev: u64,
     /// When the scan started: a listing is kept only if its stamp is older
     /// than this by the clock's margin.
     started: SystemTime,
@@ -311,7 +313,10 @@ impl Worker<'_> {
                         self.visit(&mut visit, &fd, &e.name, e.kind)?;
                     }
                 } else {
-                    let keep = listing::keepable(&stamp, self.started);
+                    // Only on the work tree's own file system (whose clock
+                    // was checked): not under a mount point inside it.
+                    let keep =
+                        stamp.dev() == self.root_dev && listing::keepable(&stamp, self.started);
                     let read = self.read(&mut visit, fd, keep)?;
                     if keep {
                         listings.keep(stamp, read);
@@ -450,6 +455,9 @@ impl Scan<'_> {
         .map_err(|e| io("open", self.workdir.as_os_str().as_bytes(), e))?;
         let started = SystemTime::now();
         let listings = self.listings.filter(|_| listing::local_clock(&root));
+        let root_dev = fstat(root.as_fd())
+            .map_err(|e| io("stat", self.workdir.as_os_str().as_bytes(), e))?
+            .st_dev;
         let queue = Queue {
             state: Mutex::new((
                 vec![Job {
@@ -466,6 +474,7 @@ impl Scan<'_> {
                 scan: self,
                 root,
                 listings,
+                root_dev,
                 started,
                 found: Found::default(),
             };
