@@ -124,8 +124,10 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
                 sup.inner.netns.give_back(ns);
             }
         }
-        let pool = sup.inner.netns.clone();
-        tokio::task::spawn_blocking(move || pool.fill());
+        if sup.inner.netns.wants_more() {
+            let pool = sup.inner.netns.clone();
+            tokio::task::spawn_blocking(move || pool.fill());
+        }
         apply_exit(&mut next, exit, runner_status.as_deref(), &log);
         if no_record {
             // The runner died without cleaning up: whatever the child

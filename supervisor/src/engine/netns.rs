@@ -110,6 +110,11 @@ impl NetnsPool {
         self.free().len()
     }
 
+    /// Whether [`NetnsPool::fill`] would make any (fewer than `low` free).
+    pub fn wants_more(&self) -> bool {
+        self.enabled() && self.ready() < self.low
+    }
+
     /// A free namespace for one run, if any.
     pub fn take(&self) -> Option<OwnedFd> {
         self.free().pop()
@@ -192,8 +197,10 @@ mod tests {
             return;
         }
         let p = NetnsPool::new(true, 2, 3);
+        assert!(p.wants_more());
         p.fill();
         assert_eq!(p.ready(), 2);
+        assert!(!p.wants_more());
         let taken = p.take().unwrap();
         let id = ino(&taken);
         assert_eq!(p.ready(), 1);
@@ -213,6 +220,7 @@ mod tests {
     #[test]
     fn an_inert_pool_makes_nothing() {
         let p = NetnsPool::new(false, 2, 3);
+        assert!(!p.wants_more());
         p.fill();
         assert_eq!(p.ready(), 0);
         assert!(p.take().is_none());
