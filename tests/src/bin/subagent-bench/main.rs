@@ -344,6 +344,13 @@ fn main() {
             format!("{:.2}x", f(&git, "ratio")),
             "<= 1.0x",
         );
+        row(
+            "git snapshot, first in the daemon (no kept listings)",
+            format!("{:.1} ms", f(&git, "snapshot_cold_ms")),
+            format!("git status {:.1} ms", f(&git, "git_status_ms")),
+            format!("{:.2}x", f(&git, "ratio_cold")),
+            "<= 1.0x",
+        );
     }
     let out = Path::new("target/bench");
     std::fs::create_dir_all(out).unwrap();
