@@ -23,6 +23,7 @@
 //! - [`restart`]: restarting a child that exits 75, with its handoff note.
 //! - [`lockfd`]: runner.lock, held for the runner's whole life.
 //! - [`supervise`]: the runner's event loop.
+//! - [`testsupport`]: how the workspace's tests skip what a host lacks.
 
 pub mod atomic;
 pub mod exit_record;
@@ -35,6 +36,7 @@ pub mod sandbox;
 pub mod spec;
 pub mod supervise;
 pub mod sys;
+pub mod testsupport;
 pub mod tree;
 pub mod warm;
 

@@ -530,7 +530,10 @@ fn listings_kept_between_scans_give_the_same_counts_and_miss_on_any_change() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
     if !local_clock(std::fs::File::open(p).unwrap()) {
-        println!("SKIPPED: the temp dir's file system is not stamped by this kernel's clock; listings are never kept there");
+        subagent_runner::testsupport::skip(
+            "local-clock-fs",
+            "the temp dir's file system is not stamped by this kernel's clock; listings are never kept there",
+        );
         return;
     }
     git(p, &["init", "-q"]);
@@ -614,7 +617,10 @@ fn no_listing_is_kept_under_a_mount_point_inside_the_work_tree() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
     if !local_clock(std::fs::File::open(p).unwrap()) {
-        println!("SKIPPED: the temp dir's file system is not stamped by this kernel's clock");
+        subagent_runner::testsupport::skip(
+            "local-clock-fs",
+            "the temp dir's file system is not stamped by this kernel's clock",
+        );
         return;
     }
     std::fs::create_dir(p.join("mnt")).unwrap();
@@ -624,7 +630,7 @@ fn no_listing_is_kept_under_a_mount_point_inside_the_work_tree() {
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
-        println!("SKIPPED: mounting a tmpfs needs CAP_SYS_ADMIN");
+        subagent_runner::testsupport::skip("mount", "mounting a tmpfs needs CAP_SYS_ADMIN");
         return;
     }
     struct Unmount(std::path::PathBuf);

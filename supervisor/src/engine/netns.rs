@@ -179,7 +179,10 @@ mod tests {
     #[test]
     fn made_namespaces_are_new_and_the_daemon_stays_in_its_own() {
         if !can() {
-            println!("SKIPPED: making a network namespace needs CAP_SYS_ADMIN");
+            subagent_runner::testsupport::skip(
+                "network",
+                "making a network namespace needs CAP_SYS_ADMIN",
+            );
             return;
         }
         let before = own_ns();
@@ -193,7 +196,10 @@ mod tests {
     #[test]
     fn the_pool_fills_to_low_keeps_at_most_high_and_closes() {
         if !can() {
-            println!("SKIPPED: making a network namespace needs CAP_SYS_ADMIN");
+            subagent_runner::testsupport::skip(
+                "network",
+                "making a network namespace needs CAP_SYS_ADMIN",
+            );
             return;
         }
         let p = NetnsPool::new(true, 2, 3);
