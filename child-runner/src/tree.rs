@@ -77,7 +77,7 @@ pub fn descendants(root: i32) -> Vec<i32> {
         if out.contains(&p) {
             continue;
         }
-        if read_stat(p).is_some_and(|st| st.state != 'Z') {
+        if read_stat(p).is_some_and(|st| alive(&st)) {
             out.push(p);
         }
         // A process that is gone, or was never ours to read, has no
@@ -85,6 +85,15 @@ pub fn descendants(root: i32) -> Vec<i32> {
         stack.extend(children_of(p).unwrap_or_default());
     }
     out
+}
+
+/// Whether the process is alive: not a zombie, or a zombie thread-group
+/// leader whose other threads still run (a main thread that called
+/// `pthread_exit` shows as `Z` until the last thread ends; a signal to its
+/// pid still reaches the group).
+fn alive(st: &ProcStat) -> bool {
+    st.state != 'Z'
+        || std::fs::read_dir(format!("/proc/{}/task", st.pid)).is_ok_and(|d| d.count() > 1)
 }
 
 /// [`descendants`] from one scan of every process in /proc.
@@ -109,7 +118,7 @@ fn descendants_by_scan(root: i32) -> Vec<i32> {
     while let Some(p) = stack.pop() {
         for c in children.get(&p).into_iter().flatten() {
             stack.push(c.pid);
-            if c.state != 'Z' {
+            if alive(c) {
                 out.push(c.pid);
             }
         }
@@ -167,6 +176,53 @@ pub fn kill_tree(root: i32, deadline: Duration) -> (u32, Vec<WaitStatus>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    extern "C" fn sleep_long(_: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: sleep has no memory effects.
+        unsafe { libc::sleep(60) };
+        std::ptr::null_mut()
+    }
+
+    #[test]
+    fn a_zombie_leader_whose_threads_still_run_is_a_live_descendant() {
+        // SAFETY: the child only calls pthread_create, exit(2) and _exit
+        // (no allocation, no lock the parent's threads might hold).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: a thread running `sleep_long`, then the main thread
+            // ends on its own with the raw exit(2) (pthread_exit would
+            // unwind through the test harness): the process shows as `Z`
+            // while the other thread runs.
+            unsafe {
+                let mut t: libc::pthread_t = std::mem::zeroed();
+                if libc::pthread_create(&mut t, std::ptr::null(), sleep_long, std::ptr::null_mut())
+                    != 0
+                {
+                    libc::_exit(1);
+                }
+                libc::syscall(libc::SYS_exit, 0);
+                libc::_exit(1);
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while read_stat(pid).is_none_or(|st| st.state != 'Z') {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the leader never exited"
+            );
+            std::thread::yield_now();
+        }
+        let me = nix::unistd::getpid().as_raw();
+        assert!(
+            descendants(me).contains(&pid),
+            "counted as gone while its thread runs"
+        );
+        // A signal to the leader's pid ends the group; then it is gone.
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        waitpid(Pid::from_raw(pid), None).unwrap();
+        assert!(!descendants(me).contains(&pid));
+    }
 
     #[test]
     fn parses_stat_with_awkward_command_names() {

@@ -265,8 +265,12 @@ fn a_runs_network_namespace_goes_back_to_the_pool_and_serves_a_later_run_clean()
     let s = session("netns-pool");
     // Prints its namespace, then whether it is empty: /proc/net/dev lists
     // loopback alone (two header lines), and loopback is down (no ::1 in
-    // if_inet6, which appears only once an interface is up).
-    let script = "readlink /proc/self/ns/net; wc -l < /proc/net/dev; wc -c < /proc/net/if_inet6";
+    // if_inet6, which appears only once an interface is up); and whether
+    // it may change one of the namespace's sysctls (checked by uid, not
+    // capability: Landlock must refuse it, or the change would outlive the
+    // run).
+    let script = "readlink /proc/self/ns/net; wc -l < /proc/net/dev; wc -c < /proc/net/if_inet6; \
+                  if (echo 5 > /proc/sys/net/unix/max_dgram_qlen) 2>/dev/null; then echo wrote; else echo refused; fi";
     let run = |c: &mut subagentd_e2e::Conn| {
         let r = c.spawn(
             &s,
@@ -278,7 +282,11 @@ fn a_runs_network_namespace_goes_back_to_the_pool_and_serves_a_later_run_clean()
         let log = std::path::PathBuf::from(st["log_path"].as_str().unwrap());
         let out = std::fs::read_to_string(&log).unwrap();
         let lines: Vec<String> = out.lines().map(|l| l.trim().to_owned()).collect();
-        assert_eq!(lines[1..], ["3", "0"], "the namespace is not empty: {out}");
+        assert_eq!(
+            lines[1..],
+            ["3", "0", "refused"],
+            "the namespace is not empty or not read-only: {out}"
+        );
         let exit: serde_json::Value = serde_json::from_slice(
             &std::fs::read(log.parent().unwrap().join("exit.json")).unwrap(),
         )

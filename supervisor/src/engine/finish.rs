@@ -61,10 +61,15 @@ pub fn apply_exit(
     }
 }
 
-/// Whether a run's network namespace may serve another run: exit.json was
-/// read and says the run's whole tree was gone.
-pub fn reusable(exit: &Result<Option<ExitRecord>, String>) -> bool {
-    matches!(exit, Ok(Some(x)) if x.tree_gone)
+/// Whether a run's network namespace may serve another run: the runner
+/// exited 0, its exit.json says the run's whole tree was gone, and Landlock
+/// was enforced. Without Landlock a child running as uid 0 could write the
+/// namespace's own sysctls under `/proc/sys/net` (their check is by uid,
+/// not capability), or exit.json itself.
+pub fn reusable(exit: &Result<Option<ExitRecord>, String>, runner_status: Option<&str>) -> bool {
+    runner_status == Some("exited with status 0")
+        && matches!(exit, Ok(Some(x)) if x.tree_gone
+            && x.isolation.as_ref().is_some_and(|i| i.landlock.enforced))
 }
 
 /// Kills and removes the cgroups of a run whose runner died; returns
@@ -120,7 +125,7 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
         // pool does not drop the namespace just returned).
         let ns = slot.netns.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(ns) = ns {
-            if reusable(&exit) {
+            if reusable(&exit, runner_status.as_deref()) {
                 sup.inner.netns.give_back(ns);
             }
         }
@@ -360,15 +365,46 @@ mod tests {
 
     #[test]
     fn a_network_namespace_is_reused_only_after_a_recorded_end_with_the_tree_gone() {
-        let gone = exit(Outcome::Exited, Some(0), None);
-        assert!(reusable(&Ok(Some(gone.clone()))));
+        let ok = Some("exited with status 0");
+        let isolation = subagent_runner::sandbox::report::IsolationReport {
+            landlock: subagent_runner::sandbox::report::Enforcement::on("ABI 7"),
+            ..Default::default()
+        };
+        let gone = ExitRecord {
+            isolation: Some(isolation.clone()),
+            ..exit(Outcome::Exited, Some(0), None)
+        };
+        assert!(reusable(&Ok(Some(gone.clone())), ok));
         let left = ExitRecord {
             tree_gone: false,
+            ..gone.clone()
+        };
+        assert!(!reusable(&Ok(Some(left)), ok), "a tree left behind");
+        assert!(!reusable(&Ok(None), ok), "no exit.json");
+        assert!(!reusable(&Err("unreadable".into()), ok));
+        for status in [
+            None,
+            Some("exited with status 2"),
+            Some("was killed by signal 9 (SIGKILL)"),
+        ] {
+            assert!(
+                !reusable(&Ok(Some(gone.clone())), status),
+                "the runner {status:?}"
+            );
+        }
+        let no_landlock = ExitRecord {
+            isolation: Some(subagent_runner::sandbox::report::IsolationReport {
+                landlock: subagent_runner::sandbox::report::Enforcement::off("no Landlock"),
+                ..isolation
+            }),
+            ..gone.clone()
+        };
+        assert!(!reusable(&Ok(Some(no_landlock)), ok), "without Landlock");
+        let never_started = ExitRecord {
+            isolation: None,
             ..gone
         };
-        assert!(!reusable(&Ok(Some(left))), "a tree left behind");
-        assert!(!reusable(&Ok(None)), "no exit.json: the runner died");
-        assert!(!reusable(&Err("unreadable".into())));
+        assert!(!reusable(&Ok(Some(never_started)), ok));
         // An older runner's record, without the field: not reused.
         let old: ExitRecord = serde_json::from_value(serde_json::json!({
             "outcome": "exited", "exit_code": 0, "signal": null, "reason": "r",
@@ -376,7 +412,7 @@ mod tests {
             "log_truncated": false, "leftover_killed": 0
         }))
         .unwrap();
-        assert!(!reusable(&Ok(Some(old))));
+        assert!(!reusable(&Ok(Some(old)), ok));
     }
 
     #[test]

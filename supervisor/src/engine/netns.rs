@@ -9,15 +9,18 @@
 //! runner it starts). The runner joins it; the child inherits it.
 //!
 //! A namespace serves **one run at a time**. It goes back to the pool only
-//! when the run's exit.json says its whole process tree was gone
-//! (`tree_gone`: no descendant of the runner, the cgroups empty), so no
+//! when the runner exited 0 and the run's exit.json says its whole process
+//! tree was gone (`tree_gone`: no descendant of the runner, the cgroups
+//! empty) and Landlock was enforced ([`super::finish::reusable`]), so no
 //! process of the run is left in it. What a run could leave in a namespace
 //! otherwise dies with its processes: its sockets (seccomp allows only
-//! Unix ones, and Landlock scopes abstract ones to the run), and it cannot
-//! change the namespace itself (no interface, route or sysctl) without
-//! `CAP_NET_ADMIN` over the user namespace that owns it, the daemon's.
-//! A namespace whose run ended any other way (the runner died, a tree left
-//! behind, a start that failed) is dropped.
+//! Unix ones, and Landlock, from ABI 6, scopes abstract ones to the run).
+//! It cannot change the namespace itself: interfaces and routes need
+//! `CAP_NET_ADMIN` over the user namespace that owns it (the daemon's),
+//! and the namespace's sysctls under `/proc/sys/net`, which a uid-0 child
+//! could write without any capability, are read-only under Landlock. A
+//! namespace whose run ended any other way (the runner died or failed, a
+//! tree left behind, a start that failed, no Landlock) is dropped.
 //!
 //! The pool is empty and inert without `CAP_SYS_ADMIN`; each run's child
 //! then makes its own namespace where it can, as before.
@@ -117,17 +120,20 @@ impl NetnsPool {
 
     /// A free namespace for one run, if any.
     pub fn take(&self) -> Option<OwnedFd> {
-        self.free().pop()
+        let mut free = self.free();
+        if !self.enabled() {
+            return None;
+        }
+        free.pop()
     }
 
     /// Returns the namespace of a run that has ended with its whole tree
-    /// gone; dropped when the pool is full or closed.
+    /// gone; dropped when the pool is full or closed. (`enabled` is read
+    /// under the lock [`NetnsPool::close`] clears the pool under, so nothing
+    /// is kept after a close.)
     pub fn give_back(&self, ns: OwnedFd) {
-        if !self.enabled() {
-            return;
-        }
         let mut free = self.free();
-        if free.len() < self.high {
+        if self.enabled() && free.len() < self.high {
             free.push(ns);
         }
     }
