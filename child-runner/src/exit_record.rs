@@ -58,11 +58,6 @@ pub struct ExitRecord {
     /// each step applied in the child), for the last attempt.
     #[serde(default)]
     pub setup_us: std::collections::BTreeMap<String, u64>,
-    /// Whether the runner saw the run's whole process tree gone at the end
-    /// (no descendant left, the cgroups empty): only then may the daemon
-    /// reuse the run's network namespace. Absent in older records: false.
-    #[serde(default)]
-    pub tree_gone: bool,
 }
 
 fn one() -> u32 {

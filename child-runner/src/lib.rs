@@ -19,7 +19,6 @@
 //!   capabilities, rlimits, cgroups, namespaces) and reporting it.
 //! - [`launch`]: starting the agent command inside it.
 //! - [`warm`]: a runner started before its run, waiting for it on a socket.
-//! - [`netns`]: joining the network namespace the daemon hands over.
 //! - [`restart`]: restarting a child that exits 75, with its handoff note.
 //! - [`lockfd`]: runner.lock, held for the runner's whole life.
 //! - [`supervise`]: the runner's event loop.
@@ -30,7 +29,6 @@ pub mod exit_record;
 pub mod launch;
 pub mod lockfd;
 pub mod logsink;
-pub mod netns;
 pub mod restart;
 pub mod sandbox;
 pub mod spec;

@@ -1,13 +1,11 @@
-//! `subagent-runner [--lock-fd N [--netns-fd M]] RUNNER_JSON`: runs one
+//! `subagent-runner [--lock-fd N] RUNNER_JSON`: runs one
 //! subagent; see the library docs. `subagent-runner --warm`: the same, for
 //! a run handed over later on the socket at fd 0 (see
 //! `subagent_runner::warm`).
 //!
 //! `--lock-fd N` is runner.lock, opened and flock'ed by the daemon and handed
 //! over: the runner writes its pid into it and holds it until it dies, so a
-//! restarted daemon can tell a live runner from a dead one. `--netns-fd M`
-//! is the network namespace the daemon took from its pool for the run (see
-//! `subagent_runner::netns`).
+//! restarted daemon can tell a live runner from a dead one.
 //!
 //! Exit status: 0 when exit.json was written, 2 when the runner could not do
 //! its job (the reason is on stderr, which the daemon keeps as runner.log).
@@ -18,7 +16,7 @@ use subagent_runner::spec::RunnerSpec;
 use subagent_runner::{lockfd, supervise};
 
 fn usage() -> ExitCode {
-    say("usage: subagent-runner [--lock-fd N [--netns-fd M]] RUNNER_JSON | subagent-runner --warm");
+    say("usage: subagent-runner [--lock-fd N] RUNNER_JSON | subagent-runner --warm");
     ExitCode::from(2)
 }
 
@@ -35,7 +33,7 @@ const EXIT_RESERVE_BYTES: usize = 64 * 1024;
 fn main() -> ExitCode {
     let main_started = std::time::Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (lock_fd, spec_path, started, netns) = match args.as_slice() {
+    let (lock_fd, spec_path, started) = match args.as_slice() {
         [flag] if flag == "--warm" => {
             match subagent_runner::warm::wait(subagent_runner::warm::SOCKET_FD) {
                 // The daemon let this warm runner go.
@@ -51,7 +49,6 @@ fn main() -> ExitCode {
                         Some(std::os::fd::IntoRawFd::into_raw_fd(h.lock)),
                         h.spec,
                         std::time::Instant::now(),
-                        h.netns,
                     )
                 }
                 Err(e) => {
@@ -61,25 +58,13 @@ fn main() -> ExitCode {
             }
         }
         [flag, fd, spec] if flag == "--lock-fd" => match fd.parse::<i32>() {
-            Ok(fd) => (Some(fd), PathBuf::from(spec), main_started, None),
+            Ok(fd) => (Some(fd), PathBuf::from(spec), main_started),
             Err(_) => return usage(),
         },
-        [flag, fd, nflag, nfd, spec] if flag == "--lock-fd" && nflag == "--netns-fd" => {
-            match (fd.parse::<i32>(), nfd.parse::<i32>()) {
-                (Ok(fd), Ok(nfd)) if nfd > 2 && nfd != fd => {
-                    // SAFETY: the daemon hands the namespace over on this
-                    // descriptor (posix_spawn's dup2); nothing else in this
-                    // process owns it.
-                    let ns = unsafe { std::os::fd::FromRawFd::from_raw_fd(nfd) };
-                    (Some(fd), PathBuf::from(spec), main_started, Some(ns))
-                }
-                _ => return usage(),
-            }
-        }
-        [spec] => (None, PathBuf::from(spec), main_started, None),
+        [spec] => (None, PathBuf::from(spec), main_started),
         _ => return usage(),
     };
-    run(lock_fd, &spec_path, started, netns)
+    run(lock_fd, &spec_path, started)
 }
 
 /// Runs the run of `spec_path`, holding runner.lock (`lock_fd`).
@@ -87,7 +72,6 @@ fn run(
     lock_fd: Option<i32>,
     spec_path: &std::path::Path,
     main_started: std::time::Instant,
-    netns: Option<std::os::fd::OwnedFd>,
 ) -> ExitCode {
     if let Some(fd) = lock_fd {
         if let Err(e) = lockfd::adopt(fd) {
@@ -102,12 +86,6 @@ fn run(
             return ExitCode::from(2);
         }
     };
-    if let Some(ns) = netns {
-        if let Err(e) = subagent_runner::netns::join(ns, spec.sandbox.network) {
-            say(&format!("run {}: {e}", spec.run_id));
-            return ExitCode::from(2);
-        }
-    }
     // Room for exit.json, kept from the start: if the child fills the disk,
     // the record is still written, into the reserved file.
     let reserve = subagent_runner::atomic::Reserved::create(&spec.exit_path, EXIT_RESERVE_BYTES);

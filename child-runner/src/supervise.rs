@@ -202,9 +202,6 @@ fn attempt_once(
             resources: Default::default(),
             attempts: 1,
             setup_us: Default::default(),
-            // Not checked on this path: the daemon does not reuse the
-            // run's network namespace.
-            tree_gone: false,
         }
     };
     let prepare_started = Instant::now();
@@ -338,10 +335,6 @@ fn attempt_once(
     let ended_at_ms = now_unix_ms();
     let (peak_memory_bytes, ooms) = prepared.cgroups().memory_stats();
     prepared.cgroups().remove();
-    // Nothing of the run is left: no descendant of the runner and no
-    // process in its cgroups (the daemon may then reuse its network
-    // namespace for another run).
-    let tree_gone = tree::descendants(me).is_empty() && !prepared.cgroups().populated();
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).ok();
     let ms = |t: nix::sys::time::TimeVal| (t.tv_sec() as u64) * 1000 + (t.tv_usec() as u64) / 1000;
     let resources = crate::exit_record::Resources {
@@ -403,7 +396,6 @@ fn attempt_once(
         isolation: Some(prepared.report.clone()),
         resources,
         attempts: 1,
-        tree_gone,
         setup_us: {
             let mut m: std::collections::BTreeMap<String, u64> = step_times
                 .split_whitespace()
@@ -412,10 +404,6 @@ fn attempt_once(
                 .collect();
             m.insert("prepare".into(), prepare_us);
             m.insert("fork_to_exec".into(), spawn_us);
-            if prepared.netns_made_ahead() {
-                // Taken from the daemon's pool: only the runner's setns.
-                m.insert("netns_join".into(), crate::netns::join_us());
-            }
             m
         },
     })

@@ -7,10 +7,6 @@
 //! The runner then puts runner.log on stdout and stderr and `/dev/null` on
 //! stdin, and goes on exactly as a runner started for that run. End of file
 //! (the daemon went away or let it go) makes it exit quietly.
-//!
-//! A run without the network may come with a third descriptor: the
-//! network namespace the daemon took from its pool for it (see
-//! [`crate::netns`]).
 
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use std::io::IoSliceMut;
@@ -48,14 +44,12 @@ pub struct Handover {
     pub lock: OwnedFd,
     /// runner.log, for stdout and stderr.
     pub log: OwnedFd,
-    /// The run's network namespace from the daemon's pool, if it sent one.
-    pub netns: Option<OwnedFd>,
 }
 
 /// Waits on `sock` for the run; `None` at end of file.
 pub fn wait(sock: RawFd) -> Result<Option<Handover>, WarmError> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut cmsg = nix::cmsg_space!([RawFd; 3]);
+    let mut cmsg = nix::cmsg_space!([RawFd; 2]);
     let (bytes, fds) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
         match recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
@@ -94,15 +88,14 @@ pub fn wait(sock: RawFd) -> Result<Option<Handover>, WarmError> {
         return Err(WarmError::Malformed(format!("a path of {bytes} bytes")));
     }
     let mut fds = fds.into_iter();
-    match (fds.next(), fds.next(), fds.next(), fds.next()) {
-        (Some(lock), Some(log), netns, None) => Ok(Some(Handover {
+    match (fds.next(), fds.next(), fds.next()) {
+        (Some(lock), Some(log), None) => Ok(Some(Handover {
             spec: PathBuf::from(std::ffi::OsStr::from_bytes(path)),
             lock,
             log,
-            netns,
         })),
         _ => Err(WarmError::Malformed(
-            "expected runner.lock, runner.log and at most a network namespace".into(),
+            "expected runner.lock and runner.log".into(),
         )),
     }
 }
@@ -174,37 +167,28 @@ mod tests {
         let st = nix::sys::stat::fstat(&h.log).unwrap();
         let want = nix::sys::stat::fstat(&log).unwrap();
         assert_eq!((st.st_dev, st.st_ino), (want.st_dev, want.st_ino));
-        assert!(h.netns.is_none());
         drop(ours);
         assert!(wait(theirs.as_raw_fd()).unwrap().is_none());
     }
 
     #[test]
-    fn a_third_descriptor_is_the_network_namespace_and_a_fourth_is_refused() {
+    fn a_third_descriptor_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let files: Vec<std::fs::File> = (0..4)
+        let files: Vec<std::fs::File> = (0..3)
             .map(|i| std::fs::File::create(dir.path().join(format!("f{i}"))).unwrap())
             .collect();
         let raw: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         let (ours, theirs) = pair();
-        let send = |fds: &[RawFd]| {
-            sendmsg::<()>(
-                ours.as_raw_fd(),
-                &[IoSlice::new(b"/x/runner.json")],
-                &[ControlMessage::ScmRights(fds)],
-                MsgFlags::empty(),
-                None,
-            )
-            .unwrap()
-        };
-        send(&raw[..3]);
-        let h = wait(theirs.as_raw_fd()).unwrap().unwrap();
-        let st = nix::sys::stat::fstat(h.netns.as_ref().unwrap()).unwrap();
-        let want = nix::sys::stat::fstat(&files[2]).unwrap();
-        assert_eq!((st.st_dev, st.st_ino), (want.st_dev, want.st_ino));
-        send(&raw);
-        let err = wait(theirs.as_raw_fd()).err().unwrap();
-        assert!(err.to_string().contains("at most"), "{err}");
+        sendmsg::<()>(
+            ours.as_raw_fd(),
+            &[IoSlice::new(b"/x/runner.json")],
+            &[ControlMessage::ScmRights(&raw)],
+            MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+        // Truncated control data (the third descriptor) is refused too.
+        assert!(wait(theirs.as_raw_fd()).is_err());
     }
 
     #[test]

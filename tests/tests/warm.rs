@@ -57,23 +57,6 @@ fn a_run_is_handed_to_a_waiting_warm_runner() {
     assert_eq!(st["state"], "succeeded", "{st}");
     let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
     assert_eq!(log, "warm-ok\n");
-    // Its network namespace came from the daemon's pool with the hand-over
-    // (root only: it needs CAP_SYS_ADMIN), and exit.json says how long
-    // joining it took.
-    if subagentd_e2e::is_root() {
-        let exit: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(
-                std::path::Path::new(st["log_path"].as_str().unwrap())
-                    .parent()
-                    .unwrap()
-                    .join("exit.json"),
-            )
-            .unwrap(),
-        )
-        .unwrap();
-        let steps = &exit["setup_us"];
-        assert!(steps["netns_join"].as_u64().is_some(), "{steps}");
-    }
     let pid = runner_pid(&d, &run);
     assert!(
         before.contains(&pid),
@@ -180,9 +163,8 @@ fn each_run_gets_its_own_network_namespace_or_the_hosts_when_granted() {
         .to_string();
     let mut c = d.conn();
     let s = session("warm-netns");
-    // Runs handed to warm runners and to fresh ones, with a namespace from
-    // the daemon's pool or without: isolated runs alive at the same time
-    // are in namespaces of their own. (A namespace's inode number is reused once
+    // Runs handed to warm runners and to fresh ones: isolated runs alive
+    // at the same time are in namespaces of their own. (A namespace's inode number is reused once
     // it is gone, so only live ones can be compared.)
     let gate = tempfile::Builder::new()
         .prefix("sa-netns-")
@@ -232,89 +214,8 @@ fn each_run_gets_its_own_network_namespace_or_the_hosts_when_granted() {
     seen.sort();
     seen.dedup();
     assert_eq!(seen.len(), 4, "runs alive together shared a namespace");
-    // A run granted the network is in the host's namespace, even though
-    // its runner was handed one from the pool.
+    // A run granted the network is in the host's namespace.
     for _ in 0..3 {
         assert_eq!(child_netns(&mut c, &s, true), host);
     }
-}
-
-/// The network namespaces the process `pid` holds descriptors on.
-fn held_netns(pid: i32) -> Vec<String> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                .map(|l| l.display().to_string())
-                .filter(|l| l.starts_with("net:["))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-#[test]
-fn a_runs_network_namespace_goes_back_to_the_pool_and_serves_a_later_run_clean() {
-    if !subagentd_e2e::runnable(
-        subagentd_e2e::is_root(),
-        "network",
-        "a network namespace without a user namespace needs root",
-    ) {
-        return;
-    }
-    let d = Daemon::start();
-    let mut c = d.conn();
-    let s = session("netns-pool");
-    // Prints its namespace, then whether it is empty: /proc/net/dev lists
-    // loopback alone (two header lines), and loopback is down (no ::1 in
-    // if_inet6, which appears only once an interface is up); and whether
-    // it may change one of the namespace's sysctls (checked by uid, not
-    // capability: Landlock must refuse it, or the change would outlive the
-    // run).
-    let script = "readlink /proc/self/ns/net; wc -l < /proc/net/dev; wc -c < /proc/net/if_inet6; \
-                  if (echo 5 > /proc/sys/net/unix/max_dgram_qlen) 2>/dev/null; then echo wrote; else echo refused; fi";
-    let run = |c: &mut subagentd_e2e::Conn| {
-        let r = c.spawn(
-            &s,
-            &["sh", "-c", script],
-            json!({"sandbox": {"network": false}}),
-        );
-        let st = c.wait(&r);
-        assert_eq!(st["state"], "succeeded", "{st}");
-        let log = std::path::PathBuf::from(st["log_path"].as_str().unwrap());
-        let out = std::fs::read_to_string(&log).unwrap();
-        let lines: Vec<String> = out.lines().map(|l| l.trim().to_owned()).collect();
-        assert_eq!(
-            lines[1..],
-            ["3", "0", "refused"],
-            "the namespace is not empty or not read-only: {out}"
-        );
-        let exit: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(log.parent().unwrap().join("exit.json")).unwrap(),
-        )
-        .unwrap();
-        (lines[0].clone(), exit)
-    };
-    let (first, exit) = run(&mut c);
-    assert!(
-        exit["setup_us"]["netns_join"].as_u64().is_some(),
-        "the run did not get a namespace from the pool: {}",
-        exit["setup_us"]
-    );
-    assert_eq!(exit["tree_gone"], true, "{exit}");
-    // Back in the pool: the daemon holds it, and no process of the run does.
-    wait_until(
-        Duration::from_secs(20),
-        "the namespace back in the pool",
-        || held_netns(d.pid()).contains(&first),
-    );
-    // A later run gets it (the pool hands out the last one returned, but a
-    // refill may come in between), still empty.
-    let mut reused = false;
-    for _ in 0..8 {
-        let (ns, _) = run(&mut c);
-        if ns == first {
-            reused = true;
-            break;
-        }
-    }
-    assert!(reused, "{first} was never handed out again");
 }

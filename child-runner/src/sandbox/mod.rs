@@ -43,9 +43,6 @@ pub struct Prepared {
     privileged: bool,
     last_cap: u32,
     netns: bool,
-    /// The runner already sits in the network namespace the daemon handed
-    /// over for this run (see [`crate::netns`]): the child inherits it.
-    netns_made: bool,
     run_as: Option<(u32, u32)>,
     /// What will be enforced once [`Prepared::apply`] succeeds.
     pub report: IsolationReport,
@@ -251,7 +248,6 @@ pub fn prepare(
         privileged,
         last_cap: caps::last_cap(),
         netns,
-        netns_made: netns && crate::netns::joined(),
         run_as,
         report,
     })
@@ -273,7 +269,7 @@ impl Prepared {
         lap("rlimits", &mut times);
         self.cgroups.join_self().map_err(|e| e.to_string())?;
         lap("cgroup_join", &mut times);
-        if self.netns && !self.netns_made {
+        if self.netns {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(|e| format!("network namespace: unshare: {e}"))?;
         }
@@ -306,12 +302,6 @@ impl Prepared {
         }
         lap("seccomp", &mut times);
         Ok(times)
-    }
-
-    /// Whether the child inherits the network namespace handed over by the
-    /// daemon instead of making one.
-    pub fn netns_made_ahead(&self) -> bool {
-        self.netns_made
     }
 
     /// The run's cgroups.

@@ -61,17 +61,6 @@ pub fn apply_exit(
     }
 }
 
-/// Whether a run's network namespace may serve another run: the runner
-/// exited 0, its exit.json says the run's whole tree was gone, and Landlock
-/// was enforced. Without Landlock a child running as uid 0 could write the
-/// namespace's own sysctls under `/proc/sys/net` (their check is by uid,
-/// not capability), or exit.json itself.
-pub fn reusable(exit: &Result<Option<ExitRecord>, String>, runner_status: Option<&str>) -> bool {
-    runner_status == Some("exited with status 0")
-        && matches!(exit, Ok(Some(x)) if x.tree_gone
-            && x.isolation.as_ref().is_some_and(|i| i.landlock.enforced))
-}
-
 /// Kills and removes the cgroups of a run whose runner died; returns
 /// whether any process was left in them. Blocking.
 fn reap_orphans(plan: &policy::sandbox::cgroup::CgroupPlan, run_id: &str) -> bool {
@@ -119,20 +108,6 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
                 .unwrap_or_else(|e| (Err(e.to_string()), String::new()))
         };
         let no_record = !matches!(exit, Ok(Some(_)));
-        // The run's network namespace goes back to the pool only when the
-        // runner saw nothing of the run left; else it is dropped.
-        // Then the pool is topped up (after the give-back, so that a full
-        // pool does not drop the namespace just returned).
-        let ns = slot.netns.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(ns) = ns {
-            if reusable(&exit, runner_status.as_deref()) {
-                sup.inner.netns.give_back(ns);
-            }
-        }
-        if sup.inner.netns.wants_more() {
-            let pool = sup.inner.netns.clone();
-            tokio::task::spawn_blocking(move || pool.fill());
-        }
         apply_exit(&mut next, exit, runner_status.as_deref(), &log);
         if no_record {
             // The runner died without cleaning up: whatever the child
@@ -355,64 +330,11 @@ mod tests {
             log_truncated: false,
             log_error: None,
             leftover_killed: 0,
-            tree_gone: true,
             isolation: None,
             resources: Default::default(),
             attempts: 1,
             setup_us: Default::default(),
         }
-    }
-
-    #[test]
-    fn a_network_namespace_is_reused_only_after_a_recorded_end_with_the_tree_gone() {
-        let ok = Some("exited with status 0");
-        let isolation = subagent_runner::sandbox::report::IsolationReport {
-            landlock: subagent_runner::sandbox::report::Enforcement::on("ABI 7"),
-            ..Default::default()
-        };
-        let gone = ExitRecord {
-            isolation: Some(isolation.clone()),
-            ..exit(Outcome::Exited, Some(0), None)
-        };
-        assert!(reusable(&Ok(Some(gone.clone())), ok));
-        let left = ExitRecord {
-            tree_gone: false,
-            ..gone.clone()
-        };
-        assert!(!reusable(&Ok(Some(left)), ok), "a tree left behind");
-        assert!(!reusable(&Ok(None), ok), "no exit.json");
-        assert!(!reusable(&Err("unreadable".into()), ok));
-        for status in [
-            None,
-            Some("exited with status 2"),
-            Some("was killed by signal 9 (SIGKILL)"),
-        ] {
-            assert!(
-                !reusable(&Ok(Some(gone.clone())), status),
-                "the runner {status:?}"
-            );
-        }
-        let no_landlock = ExitRecord {
-            isolation: Some(subagent_runner::sandbox::report::IsolationReport {
-                landlock: subagent_runner::sandbox::report::Enforcement::off("no Landlock"),
-                ..isolation
-            }),
-            ..gone.clone()
-        };
-        assert!(!reusable(&Ok(Some(no_landlock)), ok), "without Landlock");
-        let never_started = ExitRecord {
-            isolation: None,
-            ..gone
-        };
-        assert!(!reusable(&Ok(Some(never_started)), ok));
-        // An older runner's record, without the field: not reused.
-        let old: ExitRecord = serde_json::from_value(serde_json::json!({
-            "outcome": "exited", "exit_code": 0, "signal": null, "reason": "r",
-            "child_pid": 3, "started_at_ms": 5, "ended_at_ms": 9, "log_bytes": 0,
-            "log_truncated": false, "leftover_killed": 0
-        }))
-        .unwrap();
-        assert!(!reusable(&Ok(Some(old)), ok));
     }
 
     #[test]

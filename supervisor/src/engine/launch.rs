@@ -7,7 +7,7 @@
 use super::{finish, pidfd, Slot, Supervisor};
 use crate::paths::RunFiles;
 use crate::record::RunState;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -26,13 +26,11 @@ pub struct Launched {
 }
 
 /// Starts the runner for the run in `files`: hands it to a warm runner when
-/// one waits (see [`super::warm`]), else starts one; either way with the
-/// network namespace `netns` taken for the run, if any. Blocking.
+/// one waits (see [`super::warm`]), else starts one. Blocking.
 pub fn start_runner(
     runner: &Path,
     warm: &super::warm::WarmRunners,
     files: &RunFiles,
-    netns: Option<BorrowedFd<'_>>,
 ) -> Result<Launched, String> {
     let lock_path = files.runner_lock();
     let lock = super::lockfile::open(&lock_path).map_err(|e| e.to_string())?;
@@ -47,14 +45,14 @@ pub fn start_runner(
         .mode(0o600)
         .open(files.runner_log())
         .map_err(|e| format!("open {}: {e}", files.runner_log().display()))?;
-    if let Some(l) = warm.hand_over(&files.runner_spec(), lock.as_fd(), log.as_fd(), netns) {
+    if let Some(l) = warm.hand_over(&files.runner_spec(), lock.as_fd(), log.as_fd()) {
         return Ok(l);
     }
-    let mut args = vec!["--lock-fd".to_owned(), super::spawn::LOCK_FD.to_string()];
-    if netns.is_some() {
-        args.extend(["--netns-fd".to_owned(), super::spawn::NETNS_FD.to_string()]);
-    }
-    args.push(files.runner_spec().display().to_string());
+    let args = [
+        "--lock-fd".to_owned(),
+        super::spawn::LOCK_FD.to_string(),
+        files.runner_spec().display().to_string(),
+    ];
     // The runner reads its signals through a signalfd, so they are blocked
     // from its first instruction and an early cancel is never lost. It gets
     // runner.lock as fd 3 and holds it until it dies.
@@ -64,7 +62,6 @@ pub fn start_runner(
         stdin: None,
         output: Some(log.as_fd()),
         lock: Some(lock.as_fd()),
-        netns,
         blocked: subagent_runner::supervise::handled_signals(),
     })
     .map_err(|e| e.to_string())?;
@@ -99,19 +96,11 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     let files = rec.files();
     let runner = sup.inner.cfg.runner.clone();
     let warm = sup.inner.warm.clone();
-    let pool = sup.inner.netns.clone();
-    let slot_netns = slot.clone();
     let accepted = rec.clone();
     // The runner is started and the running state recorded (durably) in
     // one blocking task: one hand-off to the blocking pool less per run.
     let launched = tokio::task::spawn_blocking(move || {
-        // A network namespace for the run, from the pool (the runner leaves
-        // it alone for a run granted the network). It is the run's until
-        // the run ends; after a failed start it is dropped, never reused:
-        // the runner may have got it.
-        let netns = pool.take();
-        let l = start_runner(&runner, &warm, &files, netns.as_ref().map(|n| n.as_fd()))?;
-        *slot_netns.netns.lock().unwrap_or_else(|p| p.into_inner()) = netns;
+        let l = start_runner(&runner, &warm, &files)?;
         let mut next = accepted;
         next.state = RunState::Running;
         next.started_at_ms = Some(crate::timefmt::now_ms());

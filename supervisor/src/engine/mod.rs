@@ -11,14 +11,12 @@
 //! - [`recover`]: picking up the state dir's runs when the engine starts.
 //! - [`spare`]: run folders made ahead of need, off the spawn path.
 //! - [`warm`]: runners started before they have a run.
-//! - [`netns`]: empty network namespaces made ahead, one run at a time.
 
 pub mod accept;
 pub mod error;
 pub mod finish;
 pub mod launch;
 pub mod lockfile;
-pub mod netns;
 pub mod pidfd;
 pub mod probe;
 pub mod recover;
@@ -101,9 +99,6 @@ pub(crate) struct Slot {
     rec: tokio::sync::Mutex<RunRecord>,
     published: watch::Sender<RunRecord>,
     runner: Mutex<Option<(Arc<OwnedFd>, i32)>>,
-    /// The network namespace the run's runner got from the pool, kept
-    /// until the run has ended (see [`netns`]).
-    netns: Mutex<Option<OwnedFd>>,
 }
 
 impl Slot {
@@ -113,7 +108,6 @@ impl Slot {
             rec: tokio::sync::Mutex::new(rec),
             published,
             runner: Mutex::new(None),
-            netns: Mutex::new(None),
         })
     }
 
@@ -137,19 +131,11 @@ pub(crate) struct Inner {
     tools: policy::toolpolicy::ToolPolicy,
     spare: Arc<spare::SparePool>,
     warm: Arc<warm::WarmRunners>,
-    netns: Arc<netns::NetnsPool>,
     _state_lock: std::fs::File,
 }
 
 /// Warm runners kept waiting: enough for back-to-back spawns.
 const WARM_RUNNERS: usize = 2;
-
-/// Network namespaces made ahead beyond one per warm runner.
-const NETNS_AHEAD: usize = 2;
-
-/// At most this many free network namespaces are kept (each holds about
-/// 100–200 KiB of kernel memory).
-const NETNS_KEPT_FREE: usize = 64;
 
 /// Spare run folders kept ready: enough for back-to-back spawns; a burst
 /// beyond them makes its folders on the spot.
@@ -222,17 +208,6 @@ impl Supervisor {
         let spare = Arc::new(spare);
         let warm = Arc::new(warm::WarmRunners::new(cfg.runner.clone(), cfg.warm_runners));
         let probe = probe::probe();
-        // Namespaces are made ahead for a daemon (one with warm runners),
-        // not for `subagent run`'s single run.
-        let netns = Arc::new(netns::NetnsPool::new(
-            probe.net_namespace,
-            if cfg.warm_runners == 0 {
-                0
-            } else {
-                cfg.warm_runners + NETNS_AHEAD
-            },
-            cfg.max_concurrent.clamp(1, NETNS_KEPT_FREE),
-        ));
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
         let inner = Arc::new(Inner {
@@ -250,7 +225,6 @@ impl Supervisor {
             tools,
             spare: spare.clone(),
             warm: warm.clone(),
-            netns: netns.clone(),
             _state_lock: lock,
         });
         spare::SparePool::start_maker(&spare)
@@ -258,11 +232,7 @@ impl Supervisor {
         tokio::spawn(sweep_temp_dirs(inner.cfg.temp_base.clone()));
         let sup = Supervisor { inner };
         recover::recover(&sup).await;
-        let _ = tokio::task::spawn_blocking(move || {
-            warm.fill();
-            netns.fill();
-        })
-        .await;
+        let _ = tokio::task::spawn_blocking(move || warm.fill()).await;
         tokio::spawn(dispatch(sup.clone(), rx));
         Ok(sup)
     }
@@ -472,7 +442,6 @@ impl Supervisor {
         // nobody would reap them.
         let warm = self.inner.warm.clone();
         tokio::task::spawn_blocking(move || warm.close());
-        self.inner.netns.close();
         // Unclaimed spare temp dirs are removed, not left to the hourly
         // sweep (a few rmdirs, done here so that they happen before exit).
         self.inner.spare.release_temps();

@@ -9,9 +9,8 @@
 //! set up before its first instruction is expressed as spawn attributes:
 //! a new session, the blocked signal mask, SIGPIPE back to its default,
 //! cwd `/`, stdin (`/dev/null`, or a warm runner's socket), stdout and
-//! stderr (runner.log, or `/dev/null` for a warm runner), runner.lock
-//! as fd 3 and the run's network namespace as fd 4 (both without
-//! close-on-exec) when there are.
+//! stderr (runner.log, or `/dev/null` for a warm runner), and runner.lock
+//! as fd 3 (without close-on-exec) when there is one.
 
 use nix::sys::signal::SigSet;
 use std::ffi::{CString, NulError};
@@ -21,10 +20,6 @@ use std::path::Path;
 
 /// The fd number the runner finds runner.lock on.
 pub const LOCK_FD: RawFd = 3;
-
-/// The fd number the runner finds its network namespace on (with
-/// `--netns-fd 4`), when the daemon hands one over.
-pub const NETNS_FD: RawFd = 4;
 
 /// Why a runner could not be spawned.
 #[derive(Debug, thiserror::Error)]
@@ -61,8 +56,6 @@ pub struct RunnerSpawn<'a> {
     pub output: Option<BorrowedFd<'a>>,
     /// The descriptor handed over as fd [`LOCK_FD`], if any.
     pub lock: Option<BorrowedFd<'a>>,
-    /// The network namespace handed over as fd [`NETNS_FD`], if any.
-    pub netns: Option<BorrowedFd<'a>>,
     /// The signals blocked from its first instruction.
     pub blocked: SigSet,
 }
@@ -118,12 +111,10 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
     let dev_null = cstr("/dev/null", b"/dev/null")?;
     let root = cstr("/", b"/")?;
 
-    // dup2(fd, fd) would keep close-on-exec, and the lock's dup2 onto fd 3
-    // would overwrite a namespace held on fd 3: move both off fds 3 and 4
-    // first.
+    // dup2(fd, fd) would keep close-on-exec: move the lock off fd 3 first.
     let off_low =
         |fd: Option<BorrowedFd<'_>>, what: &'static str| -> Result<Option<OwnedFd>, SpawnError> {
-            let Some(fd) = fd.filter(|f| [LOCK_FD, NETNS_FD].contains(&f.as_raw_fd())) else {
+            let Some(fd) = fd.filter(|f| f.as_raw_fd() == LOCK_FD) else {
                 return Ok(None);
             };
             // SAFETY: F_DUPFD_CLOEXEC on a descriptor we borrow returns a new
@@ -140,14 +131,9 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
             Ok(Some(unsafe { OwnedFd::from_raw_fd(new) }))
         };
     let moved_lock = off_low(s.lock, "fcntl(F_DUPFD_CLOEXEC) runner.lock for")?;
-    let moved_netns = off_low(s.netns, "fcntl(F_DUPFD_CLOEXEC) the network namespace for")?;
     let lock_fd = match &moved_lock {
         Some(f) => Some(f.as_raw_fd()),
         None => s.lock.map(|l| l.as_raw_fd()),
-    };
-    let netns_fd = match &moved_netns {
-        Some(f) => Some(f.as_raw_fd()),
-        None => s.netns.map(|l| l.as_raw_fd()),
     };
 
     // SAFETY: zeroed storage is what posix_spawn_file_actions_init expects
@@ -207,12 +193,6 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
                 libc::posix_spawn_file_actions_adddup2(&mut fa.0, lock_fd, LOCK_FD),
             )?;
         }
-        if let Some(netns_fd) = netns_fd {
-            check(
-                "posix_spawn_file_actions_adddup2 the network namespace for",
-                libc::posix_spawn_file_actions_adddup2(&mut fa.0, netns_fd, NETNS_FD),
-            )?;
-        }
         check(
             "posix_spawn_file_actions_addchdir_np / for",
             libc::posix_spawn_file_actions_addchdir_np(&mut fa.0, root.as_ptr()),
@@ -263,7 +243,6 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
         )
     };
     drop(moved_lock);
-    drop(moved_netns);
     check("posix_spawn", rc)?;
     Ok(pid)
 }
