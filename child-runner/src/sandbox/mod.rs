@@ -11,7 +11,6 @@
 //!   per kernel concern.
 //! - [`report`]: what was enforced, recorded with every run.
 
-pub mod bpf;
 pub mod caps;
 pub mod cgroup;
 pub mod landlock;
@@ -115,21 +114,7 @@ pub fn prepare(
         Err(_) => None,
     };
     report.seccomp = match &seccomp {
-        Some(c) => Enforcement::on(format!(
-            "{} syscalls refused with EPERM{}{}; namespace flags on clone refused; set-user/group-ID modes refused; sockets: {}",
-            c.denied,
-            if spec.seccomp.deny_chmod.is_empty() { "" } else { " (chmod included: the child runs as the daemon's uid)" },
-            if c.absent.is_empty() {
-                String::new()
-            } else {
-                format!(" ({} absent on this architecture)", c.absent.len())
-            },
-            if spec.seccomp.only_unix_sockets {
-                "AF_UNIX only"
-            } else {
-                "any family"
-            }
-        )),
+        Some(c) => Enforcement::on(c.describe(&spec.seccomp)),
         None => Enforcement::off("the filter could not be built"),
     };
 

@@ -1,15 +1,68 @@
-//! The seccomp deny-list: syscalls an agent never needs, each refused with
-//! EPERM and kept here with the reason. Everything else is allowed (a
-//! deny-list: agents run arbitrary programs, so an allow-list would break
-//! them); Landlock, the capability drop and namespaces do the rest.
+//! The seccomp policy: syscalls an agent never needs, and calls it may make
+//! only with arguments a filter can check, each rule kept here with its
+//! reason. Everything else is allowed (a deny-list: agents run arbitrary
+//! programs, so an allow-list would break them); Landlock, the capability
+//! drop and namespaces do the rest. The runner compiles these rules and
+//! installs them; nothing here knows how.
 
 use serde::{Deserialize, Serialize};
 
-/// One refused syscall.
+/// What a refused call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Errno {
+    /// Operation not permitted.
+    Eperm,
+    /// No such syscall: libc falls back to an older one.
+    Enosys,
+    /// Address family not supported.
+    Eafnosupport,
+}
+
+/// How much of an argument a test looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Width {
+    /// The low 32 bits: an `int`, `pid_t` or `mode_t`, which the kernel
+    /// truncates the register to as well.
+    Int,
+    /// All 64 bits (a `long`, such as clone's flags).
+    Long,
+}
+
+/// A comparison of one argument with a constant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArgOp {
+    /// The argument equals the value.
+    Eq(u64),
+    /// The argument differs from the value.
+    Ne(u64),
+    /// Every one of these bits is set in the argument.
+    HasBits(u64),
+}
+
+/// A test on one argument of a syscall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArgTest {
+    /// Which argument, 0 to 5.
+    pub arg: u8,
+    /// How much of it.
+    pub width: Width,
+    /// The comparison.
+    pub op: ArgOp,
+}
+
+/// One refused call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DenyRule {
+pub struct Rule {
     /// The syscall's name (as in `man 2`).
     pub syscall: String,
+    /// Refused when every test holds; always when there is none. Rules of
+    /// one syscall are alternatives: any that holds refuses the call.
+    pub when: Vec<ArgTest>,
+    /// What the call returns.
+    pub errno: Errno,
     /// Why no agent needs it.
     pub reason: String,
 }
@@ -17,29 +70,52 @@ pub struct DenyRule {
 /// The filter the runner installs last, just before exec.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeccompSpec {
-    /// Syscalls refused outright.
-    pub deny: Vec<DenyRule>,
-    /// clone() with any CLONE_NEW* flag is refused, and clone3() answers
-    /// ENOSYS (its flags sit in memory a filter cannot read) so libc falls
-    /// back to clone().
-    pub deny_new_namespaces: bool,
-    /// socket() and socketpair() are refused for every family but AF_UNIX
-    /// (for runs without network).
+    /// Every rule. All rules of one syscall give the same errno.
+    pub rules: Vec<Rule>,
+    /// The rules refuse every socket family but AF_UNIX (a run without
+    /// network).
     pub only_unix_sockets: bool,
-    /// Setting the set-user-ID or set-group-ID bit is refused (chmod and
-    /// friends, and creating a file with those bits): a child running as
-    /// the owner of system files could otherwise plant a setuid binary for
-    /// processes outside the sandbox. (syscall, index of its mode argument.)
-    pub deny_setid_modes: Vec<(String, u8)>,
-    /// Syscalls that answer ENOSYS, so libc falls back to one this filter
-    /// can read the arguments of.
-    pub enosys: Vec<DenyRule>,
-    /// Refuse changing file modes at all (chmod and friends): set when the
-    /// child runs as the daemon's uid, so it owns the daemon's files (and
-    /// the system's, for a root daemon) and chmod would reach files outside
-    /// the writable roots (Landlock has no right for it).
-    pub deny_chmod: Vec<DenyRule>,
+    /// The rules refuse the chmod family outright (the child shares the
+    /// daemon's uid).
+    pub deny_chmod: bool,
 }
+
+/// Linux ABI constants the rules compare with (the same on every
+/// architecture the runner builds for; the runner's tests check them
+/// against libc).
+pub mod abi {
+    /// `CLONE_NEWNS`.
+    pub const CLONE_NEWNS: u64 = 0x0002_0000;
+    /// `CLONE_NEWCGROUP`.
+    pub const CLONE_NEWCGROUP: u64 = 0x0200_0000;
+    /// `CLONE_NEWUTS`.
+    pub const CLONE_NEWUTS: u64 = 0x0400_0000;
+    /// `CLONE_NEWIPC`.
+    pub const CLONE_NEWIPC: u64 = 0x0800_0000;
+    /// `CLONE_NEWUSER`.
+    pub const CLONE_NEWUSER: u64 = 0x1000_0000;
+    /// `CLONE_NEWPID`.
+    pub const CLONE_NEWPID: u64 = 0x2000_0000;
+    /// `CLONE_NEWNET`.
+    pub const CLONE_NEWNET: u64 = 0x4000_0000;
+    /// `S_ISUID`.
+    pub const S_ISUID: u64 = 0o4000;
+    /// `S_ISGID`.
+    pub const S_ISGID: u64 = 0o2000;
+    /// `AF_UNIX`.
+    pub const AF_UNIX: u64 = 1;
+}
+
+/// The namespace flags clone() may not carry.
+pub const CLONE_NEW_FLAGS: [u64; 7] = [
+    abi::CLONE_NEWNS,
+    abi::CLONE_NEWCGROUP,
+    abi::CLONE_NEWUTS,
+    abi::CLONE_NEWIPC,
+    abi::CLONE_NEWUSER,
+    abi::CLONE_NEWPID,
+    abi::CLONE_NEWNET,
+];
 
 /// The chmod family.
 pub const CHMOD: &[&str] = &["chmod", "fchmod", "fchmodat", "fchmodat2"];
@@ -59,7 +135,7 @@ pub const MODE_ARGS: &[(&str, u8)] = &[
     ("mknodat", 2),
 ];
 
-/// The deny-list: (syscall, reason).
+/// The deny-list, refused outright with EPERM: (syscall, reason).
 pub const DENY: &[(&str, &str)] = &[
     ("ptrace", "inspecting or controlling other processes"),
     ("process_vm_readv", "reading another process's memory"),
@@ -120,54 +196,144 @@ pub const DENY: &[(&str, &str)] = &[
     ("personality", "changing the execution domain (ASLR)"),
 ];
 
+/// Syscalls that answer ENOSYS: (syscall, reason).
+pub const ENOSYS: &[(&str, &str)] = &[
+    (
+        "clone3",
+        "its flags sit in memory a filter cannot read; libc falls back to clone",
+    ),
+    (
+        "openat2",
+        "its mode sits in memory a filter cannot read; libc falls back to openat",
+    ),
+];
+
+fn rule(syscall: &str, when: Vec<ArgTest>, errno: Errno, reason: &str) -> Rule {
+    Rule {
+        syscall: syscall.to_owned(),
+        when,
+        errno,
+        reason: reason.to_owned(),
+    }
+}
+
+fn test(arg: u8, width: Width, op: ArgOp) -> ArgTest {
+    ArgTest { arg, width, op }
+}
+
+/// clone() with any CLONE_NEW* flag (clone3 answers ENOSYS, so libc
+/// falls back to clone).
+fn clone_rules() -> Vec<Rule> {
+    CLONE_NEW_FLAGS
+        .iter()
+        .map(|&flag| {
+            rule(
+                "clone",
+                vec![test(0, Width::Long, ArgOp::HasBits(flag))],
+                Errno::Eperm,
+                "entering new namespaces",
+            )
+        })
+        .collect()
+}
+
+/// Setting the set-user-ID or set-group-ID bit (chmod and friends, and
+/// creating a file with those bits): a child running as the owner of
+/// system files could otherwise plant a setuid binary for processes
+/// outside the sandbox. Syscalls in `skip` are refused outright anyway.
+fn setid_rules(skip: &[&str]) -> Vec<Rule> {
+    let mut out = Vec::new();
+    for &(syscall, arg) in MODE_ARGS {
+        if skip.contains(&syscall) {
+            continue;
+        }
+        for bit in [abi::S_ISUID, abi::S_ISGID] {
+            out.push(rule(
+                syscall,
+                vec![test(arg, Width::Int, ArgOp::HasBits(bit))],
+                Errno::Eperm,
+                "a set-user-ID or set-group-ID file would run with its owner's rights outside the sandbox",
+            ));
+        }
+    }
+    out
+}
+
+/// socket() and socketpair() for any family but AF_UNIX.
+fn socket_rules() -> Vec<Rule> {
+    ["socket", "socketpair"]
+        .iter()
+        .map(|s| {
+            rule(
+                s,
+                vec![test(0, Width::Int, ArgOp::Ne(abi::AF_UNIX))],
+                Errno::Eafnosupport,
+                "no network: only Unix sockets",
+            )
+        })
+        .collect()
+}
+
 /// The seccomp spec; `network` lifts the socket-family restriction;
 /// `shares_daemon_uid` (no run_as: the child owns the daemon's files, the
-/// system's too when that is root) refuses chmod outright.
+/// system's too when that is root) refuses chmod outright, since Landlock
+/// has no right for it and chmod would reach files outside the writable
+/// roots.
 pub fn spec(network: bool, shares_daemon_uid: bool) -> SeccompSpec {
+    let always = |list: &[(&str, &str)], errno: Errno| -> Vec<Rule> {
+        list.iter()
+            .map(|(s, r)| rule(s, Vec::new(), errno, r))
+            .collect()
+    };
+    let mut rules = always(DENY, Errno::Eperm);
+    rules.extend(always(ENOSYS, Errno::Enosys));
+    rules.extend(clone_rules());
+    if shares_daemon_uid {
+        rules.extend(CHMOD.iter().map(|s| {
+            rule(
+                s,
+                Vec::new(),
+                Errno::Eperm,
+                "a uid-0 child owns the system's files; Landlock cannot stop chmod",
+            )
+        }));
+        rules.extend(setid_rules(CHMOD));
+    } else {
+        rules.extend(setid_rules(&[]));
+    }
+    if !network {
+        rules.extend(socket_rules());
+    }
     SeccompSpec {
-        deny: DENY
-            .iter()
-            .map(|(s, r)| DenyRule {
-                syscall: (*s).to_owned(),
-                reason: (*r).to_owned(),
-            })
-            .collect(),
-        deny_new_namespaces: true,
+        rules,
         only_unix_sockets: !network,
-        deny_setid_modes: MODE_ARGS
-            .iter()
-            .map(|(s, i)| ((*s).to_owned(), *i))
-            .collect(),
-        deny_chmod: if shares_daemon_uid {
-            CHMOD
-                .iter()
-                .map(|s| DenyRule {
-                    syscall: (*s).to_owned(),
-                    reason: "a uid-0 child owns the system's files; Landlock cannot stop chmod"
-                        .into(),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        },
-        enosys: vec![
-            DenyRule {
-                syscall: "clone3".into(),
-                reason: "its flags sit in memory a filter cannot read; libc falls back to clone"
-                    .into(),
-            },
-            DenyRule {
-                syscall: "openat2".into(),
-                reason: "its mode sits in memory a filter cannot read; libc falls back to openat"
-                    .into(),
-            },
-        ],
+        deny_chmod: shares_daemon_uid,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    fn rules_of<'a>(s: &'a SeccompSpec, syscall: &str) -> Vec<&'a Rule> {
+        s.rules.iter().filter(|r| r.syscall == syscall).collect()
+    }
+
+    fn always(s: &SeccompSpec, syscall: &str) -> Option<Errno> {
+        let rules = rules_of(s, syscall);
+        rules.iter().find(|r| r.when.is_empty()).map(|r| r.errno)
+    }
+
+    fn all_specs() -> Vec<SeccompSpec> {
+        let mut out = Vec::new();
+        for network in [false, true] {
+            for shares in [false, true] {
+                out.push(spec(network, shares));
+            }
+        }
+        out
+    }
 
     #[test]
     fn the_issue_list_is_covered_with_reasons() {
@@ -202,21 +368,93 @@ mod tests {
             "quotactl",
             "userfaultfd",
         ] {
-            assert!(s.deny.iter().any(|d| d.syscall == must), "{must} missing");
+            assert_eq!(always(&s, must), Some(Errno::Eperm), "{must} missing");
         }
-        assert!(s.deny.iter().all(|d| !d.reason.is_empty()));
-        let mut names: Vec<_> = s.deny.iter().map(|d| &d.syscall).collect();
+        let mut names: Vec<_> = DENY.iter().map(|(s, _)| s).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), s.deny.len(), "no duplicates");
+        assert_eq!(names.len(), DENY.len(), "no duplicates");
+    }
+
+    #[test]
+    fn every_rule_has_a_reason_and_one_errno_per_syscall() {
+        for s in all_specs() {
+            let mut errno: BTreeMap<&str, Errno> = BTreeMap::new();
+            for r in &s.rules {
+                assert!(!r.reason.is_empty(), "{} has no reason", r.syscall);
+                assert!(r.when.iter().all(|t| t.arg <= 5), "{}", r.syscall);
+                let first = *errno.entry(&r.syscall).or_insert(r.errno);
+                assert_eq!(first, r.errno, "{} has two errnos", r.syscall);
+            }
+        }
+    }
+
+    #[test]
+    fn clone3_and_openat2_answer_enosys() {
+        let s = spec(false, false);
+        assert_eq!(always(&s, "clone3"), Some(Errno::Enosys));
+        assert_eq!(always(&s, "openat2"), Some(Errno::Enosys));
+    }
+
+    #[test]
+    fn clone_is_refused_with_any_namespace_flag() {
+        let s = spec(true, false);
+        let rules = rules_of(&s, "clone");
+        assert_eq!(rules.len(), CLONE_NEW_FLAGS.len());
+        for flag in CLONE_NEW_FLAGS {
+            assert!(rules.iter().any(|r| r.errno == Errno::Eperm
+                && r.when == [test(0, Width::Long, ArgOp::HasBits(flag))]));
+        }
+    }
+
+    #[test]
+    fn setid_modes_are_refused_on_every_mode_argument() {
+        let s = spec(true, false);
+        for &(syscall, arg) in MODE_ARGS {
+            let rules = rules_of(&s, syscall);
+            for bit in [abi::S_ISUID, abi::S_ISGID] {
+                assert!(
+                    rules.iter().any(|r| r.errno == Errno::Eperm
+                        && r.when == [test(arg, Width::Int, ArgOp::HasBits(bit))]),
+                    "{syscall} {bit:o}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn chmod_is_refused_outright_only_for_the_daemons_uid() {
+        let (own, shared) = (spec(false, false), spec(false, true));
+        assert!(!own.deny_chmod && shared.deny_chmod);
+        for c in CHMOD {
+            assert_eq!(always(&own, c), None, "{c}");
+            assert_eq!(always(&shared, c), Some(Errno::Eperm), "{c}");
+            // No conditional rule is left beside the outright refusal.
+            assert_eq!(rules_of(&shared, c).len(), 1, "{c}");
+        }
     }
 
     #[test]
     fn network_only_changes_the_socket_rule() {
         let (off, on) = (spec(false, false), spec(true, false));
-        assert!(off.deny_chmod.is_empty());
-        assert_eq!(spec(false, true).deny_chmod.len(), CHMOD.len());
         assert!(off.only_unix_sockets && !on.only_unix_sockets);
-        assert_eq!(off.deny, on.deny);
+        for s in ["socket", "socketpair"] {
+            let rules = rules_of(&off, s);
+            assert_eq!(rules.len(), 1);
+            assert_eq!(rules[0].errno, Errno::Eafnosupport);
+            assert_eq!(
+                rules[0].when,
+                [test(0, Width::Int, ArgOp::Ne(abi::AF_UNIX))]
+            );
+            assert!(rules_of(&on, s).is_empty());
+        }
+        let rest = |s: &SeccompSpec| -> Vec<Rule> {
+            s.rules
+                .iter()
+                .filter(|r| r.errno != Errno::Eafnosupport)
+                .cloned()
+                .collect()
+        };
+        assert_eq!(rest(&off), rest(&on));
     }
 }
