@@ -115,6 +115,17 @@ pub fn number(name: &str) -> Option<i64> {
         "vhangup" => libc::SYS_vhangup,
         "lookup_dcookie" => libc::SYS_lookup_dcookie,
         "personality" => libc::SYS_personality,
+        "process_madvise" => libc::SYS_process_madvise,
+        "process_mrelease" => libc::SYS_process_mrelease,
+        "prlimit64" => libc::SYS_prlimit64,
+        "setpriority" => libc::SYS_setpriority,
+        "sched_setaffinity" => libc::SYS_sched_setaffinity,
+        "sched_setscheduler" => libc::SYS_sched_setscheduler,
+        "sched_setparam" => libc::SYS_sched_setparam,
+        "sched_setattr" => libc::SYS_sched_setattr,
+        "ioprio_set" => libc::SYS_ioprio_set,
+        "migrate_pages" => libc::SYS_migrate_pages,
+        "move_pages" => libc::SYS_move_pages,
         "clone" => libc::SYS_clone,
         "clone3" => libc::SYS_clone3,
         "openat2" => libc::SYS_openat2,
@@ -262,7 +273,7 @@ impl Compiled {
     /// The isolation report's line for these filters.
     pub fn describe(&self, spec: &SeccompSpec) -> String {
         format!(
-            "{} syscalls refused with EPERM{}{}; namespace flags on clone refused; set-user/group-ID modes refused; clone3 and openat2 answer ENOSYS; sockets: {}",
+            "{} syscalls refused with EPERM{}{}; namespace flags on clone refused; set-user/group-ID modes refused; prlimit64, setpriority, sched_set*, ioprio_set, migrate_pages and move_pages only on the caller; clone3 and openat2 answer ENOSYS; sockets: {}",
             self.denied,
             if spec.deny_chmod {
                 " (chmod included: the child runs as the daemon's uid)"
@@ -332,6 +343,7 @@ mod tests {
         assert_eq!(abi::S_ISUID, u64::from(libc::S_ISUID));
         assert_eq!(abi::S_ISGID, u64::from(libc::S_ISGID));
         assert_eq!(abi::AF_UNIX, libc::AF_UNIX as u64);
+        assert_eq!(abi::PRIO_USER, libc::PRIO_USER as u64);
     }
 
     #[test]
@@ -349,16 +361,28 @@ mod tests {
         ));
     }
 
-    /// How a forked child with the filters of `spec` installed ended.
-    fn run_filtered(spec: &SeccompSpec, checks: fn() -> i32) -> nix::sys::wait::WaitStatus {
+    fn no_setup() -> i32 {
+        0
+    }
+
+    /// How a forked child ended that ran `setup`, installed the filters
+    /// of `spec` and ran `checks`.
+    fn run_filtered(
+        spec: &SeccompSpec,
+        setup: fn() -> i32,
+        checks: fn() -> i32,
+    ) -> nix::sys::wait::WaitStatus {
         let compiled = compile(spec).unwrap();
         // SAFETY: the child only makes syscalls (no allocation, no lock)
         // and leaves with _exit; the parent waits for it.
         match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {
-                let code = match install(&compiled) {
-                    Ok(()) => checks(),
-                    Err(_) => 101,
+                let code = match setup() {
+                    0 => match install(&compiled) {
+                        Ok(()) => checks(),
+                        Err(_) => 101,
+                    },
+                    c => c,
                 };
                 // SAFETY: leaves the forked child without running the
                 // parent's destructors.
@@ -374,7 +398,13 @@ mod tests {
     /// installed; returns the child's exit code (0: every check held;
     /// otherwise the number of the first that did not).
     fn in_filtered_child(spec: &SeccompSpec, checks: fn() -> i32) -> i32 {
-        match run_filtered(spec, checks) {
+        in_filtered_child_after(spec, no_setup, checks)
+    }
+
+    /// [`in_filtered_child`], with `setup` run before the filters are
+    /// installed.
+    fn in_filtered_child_after(spec: &SeccompSpec, setup: fn() -> i32, checks: fn() -> i32) -> i32 {
+        match run_filtered(spec, setup, checks) {
             nix::sys::wait::WaitStatus::Exited(_, c) => c,
             other => panic!("{other:?}"),
         }
@@ -526,6 +556,241 @@ mod tests {
         );
     }
 
+    /// An otherwise unused uid the process-targeting checks run as (when
+    /// root), so that a whole-uid call the filter failed to stop reaches
+    /// only the test's processes.
+    const LONE_UID: libc::uid_t = 3_999_999_991;
+
+    /// Whether the setup switched to [`LONE_UID`] (in the forked child).
+    static AS_LONE_UID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// A session of its own (so that process group 0 holds only the
+    /// test's processes); when root, [`LONE_UID`] inside a user namespace
+    /// that maps uid 0 to it: ioprio_set reads `IOPRIO_WHO_USER` with id 0
+    /// as uid 0 of the caller's namespace, so there it reaches only
+    /// [`LONE_UID`]'s processes.
+    fn setup_targets() -> i32 {
+        // SAFETY: plain syscalls; the buffers are constants.
+        unsafe {
+            if libc::setsid() < 0 {
+                return 1;
+            }
+            if libc::geteuid() == 0 {
+                // The uid switch makes the process undumpable, which
+                // would leave /proc/self/uid_map root's and refuse
+                // migrate_pages and move_pages on the target by itself.
+                if libc::setresgid(LONE_UID, LONE_UID, LONE_UID) != 0
+                    || libc::setresuid(LONE_UID, LONE_UID, LONE_UID) != 0
+                    || libc::prctl(libc::PR_SET_DUMPABLE, 1) != 0
+                    || libc::unshare(libc::CLONE_NEWUSER) != 0
+                {
+                    return 2;
+                }
+                let map = b"0 3999999991 1\n";
+                let fd = libc::open(c"/proc/self/uid_map".as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, map.as_ptr().cast(), map.len()) != map.len() as isize {
+                    return 3;
+                }
+                libc::close(fd);
+                AS_LONE_UID.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        0
+    }
+
+    /// Process-targeting calls against a grandchild of the same uid (each
+    /// would succeed without the filter) and on the caller itself.
+    fn checks_targets() -> i32 {
+        // SAFETY: plain syscalls; the forked target only pauses until it
+        // is killed below.
+        unsafe {
+            let target = libc::fork();
+            if target == 0 {
+                loop {
+                    libc::pause();
+                }
+            }
+            if target < 0 {
+                return 5;
+            }
+            let code = match target_checks(target) {
+                0 if AS_LONE_UID.load(std::sync::atomic::Ordering::Relaxed) => whole_uid_checks(),
+                c => c,
+            };
+            libc::kill(target, libc::SIGKILL);
+            libc::waitpid(target, std::ptr::null_mut(), 0);
+            code
+        }
+    }
+
+    /// The calls on `target` (refused with EPERM) and on the caller
+    /// (allowed), in order; see [`checks_targets`].
+    fn target_checks(target: libc::pid_t) -> i32 {
+        use libc::c_long as L;
+        // SAFETY: the pointers point at locals of the right type and size
+        // (or are null where the kernel reads nothing).
+        unsafe {
+            let t = L::from(target);
+            let mut lim: libc::rlimit = std::mem::zeroed();
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let param = libc::sched_param { sched_priority: 0 };
+            let cur = L::from(libc::getpriority(libc::PRIO_PROCESS, 0));
+            // struct sched_attr, version 0: size, policy SCHED_OTHER, nice.
+            let mut attr = [0u32; 12];
+            attr[0] = 48;
+            attr[4] = cur as u32;
+            let node0: libc::c_ulong = 1;
+            let (lim_p, set_p) = ((&raw mut lim) as L, (&raw mut set) as L);
+            let (param_p, attr_p) = ((&raw const param) as L, attr.as_ptr() as L);
+            let node_p = (&raw const node0) as L;
+            let (nofile, size) = (libc::RLIMIT_NOFILE as L, size_of::<libc::cpu_set_t>() as L);
+            let (other, be4) = (libc::SCHED_OTHER as L, (2 << 13) | 4);
+            let (process, pgrp) = (libc::PRIO_PROCESS as L, libc::PRIO_PGRP as L);
+            // (syscall, arguments, refused); IOPRIO_WHO_PROCESS 1, _PGRP 2.
+            let checks: [(L, [L; 5], bool); 24] = [
+                (libc::SYS_prlimit64, [t, nofile, 0, lim_p, 0], true),
+                (libc::SYS_prlimit64, [0, nofile, 0, lim_p, 0], false),
+                // A pid whose low 32 bits are 0 is the caller to the kernel.
+                (libc::SYS_prlimit64, [1 << 32, nofile, 0, lim_p, 0], false),
+                (libc::SYS_setpriority, [process, t, 19, 0, 0], true),
+                (libc::SYS_setpriority, [process, 0, cur, 0, 0], false),
+                (libc::SYS_setpriority, [pgrp, 0, cur, 0, 0], false),
+                (libc::SYS_sched_getaffinity, [0, size, set_p, 0, 0], false),
+                (libc::SYS_sched_setaffinity, [t, size, set_p, 0, 0], true),
+                (libc::SYS_sched_setaffinity, [0, size, set_p, 0, 0], false),
+                (
+                    libc::SYS_sched_setscheduler,
+                    [t, other, param_p, 0, 0],
+                    true,
+                ),
+                (
+                    libc::SYS_sched_setscheduler,
+                    [0, other, param_p, 0, 0],
+                    false,
+                ),
+                (libc::SYS_sched_setparam, [t, param_p, 0, 0, 0], true),
+                (libc::SYS_sched_setparam, [0, param_p, 0, 0, 0], false),
+                (libc::SYS_sched_setattr, [t, attr_p, 0, 0, 0], true),
+                (libc::SYS_sched_setattr, [0, attr_p, 0, 0, 0], false),
+                (libc::SYS_ioprio_set, [1, t, be4, 0, 0], true),
+                (libc::SYS_ioprio_set, [1, 0, be4, 0, 0], false),
+                (libc::SYS_ioprio_set, [2, 0, be4, 0, 0], false),
+                (libc::SYS_migrate_pages, [t, 64, node_p, node_p, 0], true),
+                (libc::SYS_migrate_pages, [0, 64, node_p, node_p, 0], false),
+                (libc::SYS_move_pages, [t, 0, 0, 0, 0], true),
+                (libc::SYS_move_pages, [0, 0, 0, 0, 0], false),
+                // Without the filter: EBADF.
+                (
+                    libc::SYS_process_madvise,
+                    [-1, 0, 0, libc::MADV_COLD as L, 0],
+                    true,
+                ),
+                (libc::SYS_process_mrelease, [-1, 0, 0, 0, 0], true),
+            ];
+            for (i, (nr, a, eperm)) in checks.into_iter().enumerate() {
+                let r = libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], 0);
+                let held = if eperm {
+                    refused(r, libc::EPERM)
+                } else {
+                    r >= 0
+                };
+                if !held {
+                    return 10 + i as i32;
+                }
+            }
+            // glibc's getrlimit and setrlimit call prlimit64(0, ...); nice()
+            // calls setpriority(PRIO_PROCESS, 0, ...).
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0
+                || libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0
+            {
+                return 50;
+            }
+            *libc::__errno_location() = 0;
+            if libc::nice(1) == -1 && errno() != 0 {
+                return 51;
+            }
+        }
+        0
+    }
+
+    /// Whole-uid targets, with id 0: as [`LONE_UID`] in its namespace,
+    /// they would reach only this child and its target.
+    fn whole_uid_checks() -> i32 {
+        // SAFETY: plain syscalls with integer arguments.
+        unsafe {
+            let cur = libc::getpriority(libc::PRIO_PROCESS, 0);
+            if !refused(
+                libc::syscall(libc::SYS_setpriority, libc::PRIO_USER, 0, cur),
+                libc::EPERM,
+            ) {
+                return 60;
+            }
+            // IOPRIO_WHO_USER 3, best effort level 4.
+            if !refused(
+                libc::syscall(libc::SYS_ioprio_set, 3, 0, (2 << 13) | 4),
+                libc::EPERM,
+            ) {
+                return 61;
+            }
+        }
+        0
+    }
+
+    /// Asserts that `checks` hold under `spec`, and that each rule `pick`
+    /// selects is needed: without it, they fail.
+    fn each_rule_is_needed(
+        spec: &SeccompSpec,
+        pick: impl Fn(&Rule) -> bool,
+        setup: fn() -> i32,
+        checks: fn() -> i32,
+    ) {
+        assert_eq!(
+            in_filtered_child_after(spec, setup, checks),
+            0,
+            "the check of that number failed"
+        );
+        let picked: Vec<usize> = (0..spec.rules.len())
+            .filter(|&i| pick(&spec.rules[i]))
+            .collect();
+        assert!(!picked.is_empty());
+        for i in picked {
+            let mut without = spec.clone();
+            let r = without.rules.remove(i);
+            assert_ne!(
+                in_filtered_child_after(&without, setup, checks),
+                0,
+                "not needed: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn process_targeting_calls_reach_only_the_caller() {
+        if !have_seccomp() {
+            return;
+        }
+        use policy::sandbox::seccomp::{ONLY_SELF, WHOLE_UID};
+        assert_eq!(LONE_UID.to_string(), "3999999991", "the uid map's text");
+        let root = nix::unistd::geteuid().is_root();
+        if !root {
+            println!("not root: the whole-uid targets are not checked");
+        }
+        let family = |r: &Rule| {
+            let whole_uid = WHOLE_UID.iter().any(|(s, a, v, _)| {
+                *s == r.syscall
+                    && r.when
+                        == [ArgTest {
+                            arg: *a,
+                            width: Width::Int,
+                            op: ArgOp::Eq(*v),
+                        }]
+            });
+            ONLY_SELF.iter().any(|(s, ..)| *s == r.syscall) && (root || !whole_uid)
+                || ["process_madvise", "process_mrelease"].contains(&r.syscall.as_str())
+        };
+        each_rule_is_needed(&spec(false, false), family, setup_targets, checks_targets);
+    }
+
     /// A 32-bit syscall (`int 0x80`, getpid) on x86_64.
     #[cfg(target_arch = "x86_64")]
     fn i386_getpid() -> i32 {
@@ -562,14 +827,14 @@ mod tests {
             only_unix_sockets: false,
             deny_chmod: false,
         };
-        match run_filtered(&none, i386_getpid) {
+        match run_filtered(&none, no_setup, i386_getpid) {
             WaitStatus::Exited(_, 0) => {}
             other => {
                 crate::testsupport::skip("seccomp", &format!("no 32-bit syscalls: {other:?}"));
                 return;
             }
         }
-        match run_filtered(&spec(false, false), i386_getpid) {
+        match run_filtered(&spec(false, false), no_setup, i386_getpid) {
             WaitStatus::Signaled(_, Signal::SIGSYS, _) => {}
             other => panic!("{other:?}"),
         }

@@ -104,6 +104,10 @@ pub mod abi {
     pub const S_ISGID: u64 = 0o2000;
     /// `AF_UNIX`.
     pub const AF_UNIX: u64 = 1;
+    /// setpriority's `PRIO_USER`.
+    pub const PRIO_USER: u64 = 2;
+    /// ioprio_set's `IOPRIO_WHO_USER`.
+    pub const IOPRIO_WHO_USER: u64 = 3;
 }
 
 /// The namespace flags clone() may not carry.
@@ -194,6 +198,83 @@ pub const DENY: &[(&str, &str)] = &[
     ("lookup_dcookie", "kernel profiling internals"),
     ("uselib", "an obsolete loader interface"),
     ("personality", "changing the execution domain (ASLR)"),
+    (
+        "process_madvise",
+        "acting on another process's memory through a pidfd",
+    ),
+    (
+        "process_mrelease",
+        "reaping another process's memory through a pidfd",
+    ),
+];
+
+/// Calls that act on a process named by an argument, allowed only on the
+/// caller itself (that argument 0): (syscall, the argument, reason). The
+/// pid is compared as the 32-bit `pid_t` the kernel reads. A thread's own
+/// id is not 0, so pthread_setaffinity_np and pthread_setschedparam on a
+/// thread get EPERM too.
+pub const ONLY_SELF: &[(&str, u8, &str)] = &[
+    (
+        "prlimit64",
+        0,
+        "reading or changing another process's resource limits",
+    ),
+    (
+        "setpriority",
+        1,
+        "changing other processes' scheduling priority",
+    ),
+    ("sched_setaffinity", 0, "pinning another process to CPUs"),
+    (
+        "sched_setscheduler",
+        0,
+        "changing another process's scheduling policy",
+    ),
+    (
+        "sched_setparam",
+        0,
+        "changing another process's scheduling parameters",
+    ),
+    (
+        "sched_setattr",
+        0,
+        "changing another process's scheduling attributes",
+    ),
+    ("ioprio_set", 1, "changing other processes' I/O priority"),
+    (
+        "migrate_pages",
+        0,
+        "moving another process's memory between NUMA nodes",
+    ),
+    (
+        "move_pages",
+        0,
+        "moving another process's memory between NUMA nodes",
+    ),
+];
+
+/// Targets that mean every process of a uid, refused even with id 0:
+/// (syscall, the argument, its value, reason). setpriority reads
+/// `PRIO_USER` with id 0 as the caller's uid, which the child shares with
+/// the daemon (no run_as) or with every other run (run_as), and nothing
+/// confines the kernel's walk to the run (no PID namespace). ioprio_set
+/// reads `IOPRIO_WHO_USER` with id 0 as uid 0: every root process of the
+/// host, for a child running as uid 0. Process group 0, the caller's own,
+/// stays allowed: the child starts its own session, so its groups hold
+/// only the run's processes.
+pub const WHOLE_UID: &[(&str, u8, u64, &str)] = &[
+    (
+        "setpriority",
+        0,
+        abi::PRIO_USER,
+        "PRIO_USER reaches every process of a uid the daemon or other runs share",
+    ),
+    (
+        "ioprio_set",
+        0,
+        abi::IOPRIO_WHO_USER,
+        "IOPRIO_WHO_USER reaches every process of a uid (with id 0: every root process)",
+    ),
 ];
 
 /// Syscalls that answer ENOSYS: (syscall, reason).
@@ -259,6 +340,30 @@ fn setid_rules(skip: &[&str]) -> Vec<Rule> {
     out
 }
 
+/// Process-targeting calls on anyone but the caller, and on a whole uid.
+fn only_self_rules() -> Vec<Rule> {
+    let mut out: Vec<Rule> = ONLY_SELF
+        .iter()
+        .map(|&(syscall, arg, reason)| {
+            rule(
+                syscall,
+                vec![test(arg, Width::Int, ArgOp::Ne(0))],
+                Errno::Eperm,
+                reason,
+            )
+        })
+        .collect();
+    out.extend(WHOLE_UID.iter().map(|&(syscall, arg, value, reason)| {
+        rule(
+            syscall,
+            vec![test(arg, Width::Int, ArgOp::Eq(value))],
+            Errno::Eperm,
+            reason,
+        )
+    }));
+    out
+}
+
 /// socket() and socketpair() for any family but AF_UNIX.
 fn socket_rules() -> Vec<Rule> {
     ["socket", "socketpair"]
@@ -288,6 +393,7 @@ pub fn spec(network: bool, shares_daemon_uid: bool) -> SeccompSpec {
     let mut rules = always(DENY, Errno::Eperm);
     rules.extend(always(ENOSYS, Errno::Enosys));
     rules.extend(clone_rules());
+    rules.extend(only_self_rules());
     if shares_daemon_uid {
         rules.extend(CHMOD.iter().map(|s| {
             rule(
@@ -431,6 +537,45 @@ mod tests {
             assert_eq!(always(&shared, c), Some(Errno::Eperm), "{c}");
             // No conditional rule is left beside the outright refusal.
             assert_eq!(rules_of(&shared, c).len(), 1, "{c}");
+        }
+    }
+
+    #[test]
+    fn process_targeting_calls_reach_only_the_caller() {
+        let s = spec(false, false);
+        let who =
+            |syscall: &str, arg: u8| {
+                let rules = rules_of(&s, syscall);
+                assert!(
+                    rules.iter().any(|r| r.errno == Errno::Eperm
+                        && r.when == [test(arg, Width::Int, ArgOp::Ne(0))]),
+                    "{syscall}"
+                );
+                rules
+            };
+        for syscall in [
+            "prlimit64",
+            "sched_setaffinity",
+            "sched_setscheduler",
+            "sched_setparam",
+            "sched_setattr",
+            "migrate_pages",
+            "move_pages",
+        ] {
+            assert_eq!(who(syscall, 0).len(), 1, "{syscall}");
+        }
+        for (syscall, whole_uid) in [
+            ("setpriority", abi::PRIO_USER),
+            ("ioprio_set", abi::IOPRIO_WHO_USER),
+        ] {
+            let rules = who(syscall, 1);
+            assert_eq!(rules.len(), 2, "{syscall}");
+            assert!(rules
+                .iter()
+                .any(|r| r.when == [test(0, Width::Int, ArgOp::Eq(whole_uid))]));
+        }
+        for syscall in ["process_madvise", "process_mrelease"] {
+            assert_eq!(always(&s, syscall), Some(Errno::Eperm), "{syscall}");
         }
     }
 
