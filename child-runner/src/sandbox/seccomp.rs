@@ -54,7 +54,16 @@ fn absent_here(name: &str) -> bool {
     cfg!(not(target_arch = "x86_64"))
         && matches!(
             name,
-            "iopl" | "ioperm" | "uselib" | "chmod" | "open" | "creat" | "mkdir" | "mknod"
+            "iopl"
+                | "ioperm"
+                | "uselib"
+                | "chmod"
+                | "chown"
+                | "lchown"
+                | "open"
+                | "creat"
+                | "mkdir"
+                | "mknod"
         )
 }
 
@@ -132,6 +141,12 @@ pub fn number(name: &str) -> Option<i64> {
         "socket" => libc::SYS_socket,
         "socketpair" => libc::SYS_socketpair,
         "fchmod" => libc::SYS_fchmod,
+        "fchown" => libc::SYS_fchown,
+        "fchownat" => libc::SYS_fchownat,
+        #[cfg(target_arch = "x86_64")]
+        "chown" => libc::SYS_chown,
+        #[cfg(target_arch = "x86_64")]
+        "lchown" => libc::SYS_lchown,
         "fchmodat" => libc::SYS_fchmodat,
         "fchmodat2" => libc::SYS_fchmodat2,
         "openat" => libc::SYS_openat,
@@ -273,7 +288,7 @@ impl Compiled {
     /// The isolation report's line for these filters.
     pub fn describe(&self, spec: &SeccompSpec) -> String {
         format!(
-            "{} syscalls refused with EPERM{}{}; namespace flags on clone refused; set-user/group-ID modes refused; prlimit64, setpriority, sched_set*, ioprio_set, migrate_pages and move_pages only on the caller; clone3 and openat2 answer ENOSYS; sockets: {}",
+            "{} syscalls refused with EPERM{}{}; namespace flags on clone refused; set-user/group-ID modes refused; chown family refused; prlimit64, setpriority, sched_set*, ioprio_set, migrate_pages and move_pages only on the caller; clone3 and openat2 answer ENOSYS; sockets: {}",
             self.denied,
             if spec.deny_chmod {
                 " (chmod included: the child runs as the daemon's uid)"
@@ -737,7 +752,8 @@ mod tests {
     }
 
     /// Asserts that `checks` hold under `spec`, and that each rule `pick`
-    /// selects is needed: without it, they fail.
+    /// selects (of those that exist here) is needed: without it, they
+    /// fail.
     fn each_rule_is_needed(
         spec: &SeccompSpec,
         pick: impl Fn(&Rule) -> bool,
@@ -750,7 +766,7 @@ mod tests {
             "the check of that number failed"
         );
         let picked: Vec<usize> = (0..spec.rules.len())
-            .filter(|&i| pick(&spec.rules[i]))
+            .filter(|&i| pick(&spec.rules[i]) && number(&spec.rules[i].syscall).is_some())
             .collect();
         assert!(!picked.is_empty());
         for i in picked {
@@ -789,6 +805,61 @@ mod tests {
                 || ["process_madvise", "process_mrelease"].contains(&r.syscall.as_str())
         };
         each_rule_is_needed(&spec(false, false), family, setup_targets, checks_targets);
+    }
+
+    /// A file of the test's own for the chown checks (set before fork).
+    static CHOWN_FILE: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+
+    /// The chown family, with owner and group -1 (a change of nothing,
+    /// which still clears set-user-ID bits): each succeeds without the
+    /// filter.
+    fn checks_chown() -> i32 {
+        let Some(path) = CHOWN_FILE.get() else {
+            return 1;
+        };
+        let (p, none) = (path.as_ptr(), libc::c_long::from(-1i32));
+        // SAFETY: plain syscalls on a path that outlives the child and a
+        // descriptor this function opens.
+        unsafe {
+            let fd = libc::memfd_create(c"f".as_ptr(), 0);
+            if fd < 0 {
+                return 2;
+            }
+            if !refused(libc::syscall(libc::SYS_fchown, fd, none, none), libc::EPERM) {
+                return 3;
+            }
+            let at = libc::syscall(libc::SYS_fchownat, libc::AT_FDCWD, p, none, none, 0);
+            if !refused(at, libc::EPERM) {
+                return 4;
+            }
+            #[cfg(target_arch = "x86_64")]
+            {
+                if !refused(libc::syscall(libc::SYS_chown, p, none, none), libc::EPERM) {
+                    return 5;
+                }
+                if !refused(libc::syscall(libc::SYS_lchown, p, none, none), libc::EPERM) {
+                    return 6;
+                }
+            }
+        }
+        0
+    }
+
+    #[test]
+    fn the_chown_family_is_refused() {
+        if !have_seccomp() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        let path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+        CHOWN_FILE.set(path).unwrap();
+        let chown =
+            |r: &Rule| ["chown", "fchown", "lchown", "fchownat"].contains(&r.syscall.as_str());
+        for s in [spec(false, false), spec(true, true)] {
+            each_rule_is_needed(&s, chown, no_setup, checks_chown);
+        }
     }
 
     /// A 32-bit syscall (`int 0x80`, getpid) on x86_64.

@@ -206,7 +206,14 @@ pub const DENY: &[(&str, &str)] = &[
         "process_mrelease",
         "reaping another process's memory through a pidfd",
     ),
+    ("chown", CHOWN_REASON),
+    ("fchown", CHOWN_REASON),
+    ("lchown", CHOWN_REASON),
+    ("fchownat", CHOWN_REASON),
 ];
+
+/// Why the chown family is refused.
+const CHOWN_REASON: &str = "any chown, even chown(path, -1, -1), clears the set-user-ID and set-group-ID bits of a file the uid owns (a uid-0 child: the system's); Landlock has no right for it";
 
 /// Calls that act on a process named by an argument, allowed only on the
 /// caller itself (that argument 0): (syscall, the argument, reason). The
@@ -576,6 +583,16 @@ mod tests {
         }
         for syscall in ["process_madvise", "process_mrelease"] {
             assert_eq!(always(&s, syscall), Some(Errno::Eperm), "{syscall}");
+        }
+    }
+
+    #[test]
+    fn the_chown_family_is_refused_outright() {
+        for s in all_specs() {
+            for syscall in ["chown", "fchown", "lchown", "fchownat"] {
+                assert_eq!(always(&s, syscall), Some(Errno::Eperm), "{syscall}");
+                assert_eq!(rules_of(&s, syscall).len(), 1, "{syscall}");
+            }
         }
     }
 
