@@ -135,6 +135,8 @@ pub fn number(name: &str) -> Option<i64> {
         "ioprio_set" => libc::SYS_ioprio_set,
         "migrate_pages" => libc::SYS_migrate_pages,
         "move_pages" => libc::SYS_move_pages,
+        "memfd_create" => libc::SYS_memfd_create,
+        "execveat" => libc::SYS_execveat,
         "clone" => libc::SYS_clone,
         "clone3" => libc::SYS_clone3,
         "openat2" => libc::SYS_openat2,
@@ -288,10 +290,15 @@ impl Compiled {
     /// The isolation report's line for these filters.
     pub fn describe(&self, spec: &SeccompSpec) -> String {
         format!(
-            "{} syscalls refused with EPERM{}{}; namespace flags on clone refused; set-user/group-ID modes refused; chown family refused; prlimit64, setpriority, sched_set*, ioprio_set, migrate_pages and move_pages only on the caller; clone3 and openat2 answer ENOSYS; sockets: {}",
+            "{} syscalls refused with EPERM{}{}{}; namespace flags on clone refused; set-user/group-ID modes refused; chown family refused; prlimit64, setpriority, sched_set*, ioprio_set, migrate_pages and move_pages only on the caller; {}clone3 and openat2 answer ENOSYS; sockets: {}",
             self.denied,
             if spec.deny_chmod {
                 " (chmod included: the child runs as the daemon's uid)"
+            } else {
+                ""
+            },
+            if spec.deny_fd_exec {
+                " (memfd_create included: no exec right)"
             } else {
                 ""
             },
@@ -299,6 +306,11 @@ impl Compiled {
                 String::new()
             } else {
                 format!(" ({} absent on this architecture)", self.absent.len())
+            },
+            if spec.deny_fd_exec {
+                "execveat of a descriptor (AT_EMPTY_PATH) refused; "
+            } else {
+                ""
             },
             if spec.only_unix_sockets {
                 "AF_UNIX only"
@@ -319,7 +331,9 @@ mod tests {
         let mut out = Vec::new();
         for network in [false, true] {
             for shares in [false, true] {
-                out.push(spec(network, shares));
+                for exec in [false, true] {
+                    out.push(spec(network, shares, exec));
+                }
             }
         }
         out
@@ -359,11 +373,12 @@ mod tests {
         assert_eq!(abi::S_ISGID, u64::from(libc::S_ISGID));
         assert_eq!(abi::AF_UNIX, libc::AF_UNIX as u64);
         assert_eq!(abi::PRIO_USER, libc::PRIO_USER as u64);
+        assert_eq!(abi::AT_EMPTY_PATH, libc::AT_EMPTY_PATH as u64);
     }
 
     #[test]
     fn a_syscall_with_two_errnos_is_refused() {
-        let mut s = spec(false, false);
+        let mut s = spec(false, false, true);
         s.rules.push(Rule {
             syscall: "ptrace".into(),
             when: Vec::new(),
@@ -522,7 +537,7 @@ mod tests {
         if !have_seccomp() {
             return;
         }
-        let spec = spec(false, false);
+        let spec = spec(false, false, true);
         assert_eq!(
             in_filtered_child(&spec, checks),
             0,
@@ -554,6 +569,10 @@ mod tests {
             ) {
                 return 4;
             }
+            // With the exec right, a descriptor may be executed.
+            if !refused(execveat_empty_path(-1), libc::EBADF) {
+                return 5;
+            }
         }
         0
     }
@@ -563,7 +582,7 @@ mod tests {
         if !have_seccomp() {
             return;
         }
-        let spec = spec(true, true);
+        let spec = spec(true, true, true);
         assert_eq!(
             in_filtered_child(&spec, checks_network_shared_uid),
             0,
@@ -804,7 +823,12 @@ mod tests {
             ONLY_SELF.iter().any(|(s, ..)| *s == r.syscall) && (root || !whole_uid)
                 || ["process_madvise", "process_mrelease"].contains(&r.syscall.as_str())
         };
-        each_rule_is_needed(&spec(false, false), family, setup_targets, checks_targets);
+        each_rule_is_needed(
+            &spec(false, false, true),
+            family,
+            setup_targets,
+            checks_targets,
+        );
     }
 
     /// A file of the test's own for the chown checks (set before fork).
@@ -857,9 +881,70 @@ mod tests {
         CHOWN_FILE.set(path).unwrap();
         let chown =
             |r: &Rule| ["chown", "fchown", "lchown", "fchownat"].contains(&r.syscall.as_str());
-        for s in [spec(false, false), spec(true, true)] {
+        for s in [spec(false, false, true), spec(true, true, true)] {
             each_rule_is_needed(&s, chown, no_setup, checks_chown);
         }
+    }
+
+    /// `execveat(fd, "", {NULL}, {NULL}, AT_EMPTY_PATH)`: fexecve.
+    fn execveat_empty_path(fd: libc::c_int) -> i64 {
+        let none = [std::ptr::null::<libc::c_char>()];
+        // SAFETY: a valid empty path and empty argument and environment
+        // arrays; on a descriptor that is not open it fails with EBADF.
+        unsafe {
+            libc::syscall(
+                libc::SYS_execveat,
+                fd,
+                c"".as_ptr(),
+                none.as_ptr(),
+                none.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            )
+        }
+    }
+
+    /// Without the exec right: memfd_create and executing a descriptor
+    /// are refused (each succeeds or fails otherwise without the filter),
+    /// execveat with a path is not.
+    fn checks_fd_exec() -> i32 {
+        let none = [std::ptr::null::<libc::c_char>()];
+        // SAFETY: plain syscalls with valid strings and arrays; the
+        // execveat calls fail (no such descriptor, no such path).
+        unsafe {
+            let fd = libc::syscall(libc::SYS_memfd_create, c"f".as_ptr(), 0);
+            if !refused(fd, libc::EPERM) {
+                return 1;
+            }
+            if !refused(execveat_empty_path(-1), libc::EPERM) {
+                return 2;
+            }
+            let by_path = libc::syscall(
+                libc::SYS_execveat,
+                libc::AT_FDCWD,
+                c"/nonexistent-dir-of-the-seccomp-test/p".as_ptr(),
+                none.as_ptr(),
+                none.as_ptr(),
+                0,
+            );
+            if !refused(by_path, libc::ENOENT) {
+                return 3;
+            }
+        }
+        0
+    }
+
+    #[test]
+    fn without_the_exec_right_memfds_and_descriptors_do_not_execute() {
+        if !have_seccomp() {
+            return;
+        }
+        let fd_exec = |r: &Rule| r.syscall == "memfd_create" || r.syscall == "execveat";
+        each_rule_is_needed(
+            &spec(false, false, false),
+            fd_exec,
+            no_setup,
+            checks_fd_exec,
+        );
     }
 
     /// A 32-bit syscall (`int 0x80`, getpid) on x86_64.
@@ -897,6 +982,7 @@ mod tests {
             rules: Vec::new(),
             only_unix_sockets: false,
             deny_chmod: false,
+            deny_fd_exec: false,
         };
         match run_filtered(&none, no_setup, i386_getpid) {
             WaitStatus::Exited(_, 0) => {}
@@ -905,7 +991,7 @@ mod tests {
                 return;
             }
         }
-        match run_filtered(&spec(false, false), no_setup, i386_getpid) {
+        match run_filtered(&spec(false, false, true), no_setup, i386_getpid) {
             WaitStatus::Signaled(_, Signal::SIGSYS, _) => {}
             other => panic!("{other:?}"),
         }

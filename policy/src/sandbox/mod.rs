@@ -213,7 +213,7 @@ pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
     SandboxSpec {
         fs: fs::rules(&input.paths, &input.grants, &input.request),
         network,
-        seccomp: seccomp::spec(network, input.shares_daemon_uid),
+        seccomp: seccomp::spec(network, input.shares_daemon_uid, input.grants.exec),
         rlimits,
         memory_bytes: input.memory_mb.saturating_mul(1024 * 1024),
         pids_max: input.pids,

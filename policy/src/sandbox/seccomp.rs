@@ -78,6 +78,9 @@ pub struct SeccompSpec {
     /// The rules refuse the chmod family outright (the child shares the
     /// daemon's uid).
     pub deny_chmod: bool,
+    /// The rules refuse memfd_create and executing a descriptor (the run
+    /// has no exec right).
+    pub deny_fd_exec: bool,
 }
 
 /// Linux ABI constants the rules compare with (the same on every
@@ -108,6 +111,8 @@ pub mod abi {
     pub const PRIO_USER: u64 = 2;
     /// ioprio_set's `IOPRIO_WHO_USER`.
     pub const IOPRIO_WHO_USER: u64 = 3;
+    /// `AT_EMPTY_PATH`.
+    pub const AT_EMPTY_PATH: u64 = 0x1000;
 }
 
 /// The namespace flags clone() may not carry.
@@ -371,6 +376,27 @@ fn only_self_rules() -> Vec<Rule> {
     out
 }
 
+/// Without the exec right, Landlock lets the child execute only its
+/// program and what that needs. An anonymous file (memfd) lies outside
+/// every path Landlock checks, so a child could write a program into one
+/// and execute it, by descriptor or through /proc/self/fd.
+fn fd_exec_rules() -> Vec<Rule> {
+    vec![
+        rule(
+            "memfd_create",
+            Vec::new(),
+            Errno::Eperm,
+            "no exec right: an anonymous file is executable outside Landlock's paths",
+        ),
+        rule(
+            "execveat",
+            vec![test(4, Width::Int, ArgOp::HasBits(abi::AT_EMPTY_PATH))],
+            Errno::Eperm,
+            "no exec right: executing a descriptor (fexecve) runs a file by no path",
+        ),
+    ]
+}
+
 /// socket() and socketpair() for any family but AF_UNIX.
 fn socket_rules() -> Vec<Rule> {
     ["socket", "socketpair"]
@@ -390,8 +416,9 @@ fn socket_rules() -> Vec<Rule> {
 /// `shares_daemon_uid` (no run_as: the child owns the daemon's files, the
 /// system's too when that is root) refuses chmod outright, since Landlock
 /// has no right for it and chmod would reach files outside the writable
-/// roots.
-pub fn spec(network: bool, shares_daemon_uid: bool) -> SeccompSpec {
+/// roots; without `exec` (the run's exec right), memfd_create and
+/// executing a descriptor are refused.
+pub fn spec(network: bool, shares_daemon_uid: bool, exec: bool) -> SeccompSpec {
     let always = |list: &[(&str, &str)], errno: Errno| -> Vec<Rule> {
         list.iter()
             .map(|(s, r)| rule(s, Vec::new(), errno, r))
@@ -414,6 +441,9 @@ pub fn spec(network: bool, shares_daemon_uid: bool) -> SeccompSpec {
     } else {
         rules.extend(setid_rules(&[]));
     }
+    if !exec {
+        rules.extend(fd_exec_rules());
+    }
     if !network {
         rules.extend(socket_rules());
     }
@@ -421,6 +451,7 @@ pub fn spec(network: bool, shares_daemon_uid: bool) -> SeccompSpec {
         rules,
         only_unix_sockets: !network,
         deny_chmod: shares_daemon_uid,
+        deny_fd_exec: !exec,
     }
 }
 
@@ -442,7 +473,9 @@ mod tests {
         let mut out = Vec::new();
         for network in [false, true] {
             for shares in [false, true] {
-                out.push(spec(network, shares));
+                for exec in [false, true] {
+                    out.push(spec(network, shares, exec));
+                }
             }
         }
         out
@@ -450,7 +483,7 @@ mod tests {
 
     #[test]
     fn the_issue_list_is_covered_with_reasons() {
-        let s = spec(false, false);
+        let s = spec(false, false, true);
         for must in [
             "ptrace",
             "process_vm_readv",
@@ -504,14 +537,14 @@ mod tests {
 
     #[test]
     fn clone3_and_openat2_answer_enosys() {
-        let s = spec(false, false);
+        let s = spec(false, false, true);
         assert_eq!(always(&s, "clone3"), Some(Errno::Enosys));
         assert_eq!(always(&s, "openat2"), Some(Errno::Enosys));
     }
 
     #[test]
     fn clone_is_refused_with_any_namespace_flag() {
-        let s = spec(true, false);
+        let s = spec(true, false, true);
         let rules = rules_of(&s, "clone");
         assert_eq!(rules.len(), CLONE_NEW_FLAGS.len());
         for flag in CLONE_NEW_FLAGS {
@@ -522,7 +555,7 @@ mod tests {
 
     #[test]
     fn setid_modes_are_refused_on_every_mode_argument() {
-        let s = spec(true, false);
+        let s = spec(true, false, true);
         for &(syscall, arg) in MODE_ARGS {
             let rules = rules_of(&s, syscall);
             for bit in [abi::S_ISUID, abi::S_ISGID] {
@@ -537,7 +570,7 @@ mod tests {
 
     #[test]
     fn chmod_is_refused_outright_only_for_the_daemons_uid() {
-        let (own, shared) = (spec(false, false), spec(false, true));
+        let (own, shared) = (spec(false, false, true), spec(false, true, true));
         assert!(!own.deny_chmod && shared.deny_chmod);
         for c in CHMOD {
             assert_eq!(always(&own, c), None, "{c}");
@@ -549,7 +582,7 @@ mod tests {
 
     #[test]
     fn process_targeting_calls_reach_only_the_caller() {
-        let s = spec(false, false);
+        let s = spec(false, false, true);
         let who =
             |syscall: &str, arg: u8| {
                 let rules = rules_of(&s, syscall);
@@ -597,8 +630,31 @@ mod tests {
     }
 
     #[test]
+    fn without_the_exec_right_memfds_and_descriptors_do_not_execute() {
+        let (with, without) = (spec(false, false, true), spec(false, false, false));
+        assert!(!with.deny_fd_exec && without.deny_fd_exec);
+        assert_eq!(always(&without, "memfd_create"), Some(Errno::Eperm));
+        let execveat = rules_of(&without, "execveat");
+        assert_eq!(execveat.len(), 1);
+        assert_eq!(execveat[0].errno, Errno::Eperm);
+        assert_eq!(
+            execveat[0].when,
+            [test(4, Width::Int, ArgOp::HasBits(abi::AT_EMPTY_PATH))]
+        );
+        assert!(rules_of(&with, "memfd_create").is_empty());
+        assert!(rules_of(&with, "execveat").is_empty());
+        let rest: Vec<_> = without
+            .rules
+            .iter()
+            .filter(|r| r.syscall != "memfd_create" && r.syscall != "execveat")
+            .cloned()
+            .collect();
+        assert_eq!(rest, with.rules);
+    }
+
+    #[test]
     fn network_only_changes_the_socket_rule() {
-        let (off, on) = (spec(false, false), spec(true, false));
+        let (off, on) = (spec(false, false, true), spec(true, false, true));
         assert!(off.only_unix_sockets && !on.only_unix_sockets);
         for s in ["socket", "socketpair"] {
             let rules = rules_of(&off, s);
