@@ -114,12 +114,6 @@ pub fn number(name: &str) -> Option<i64> {
         "clock_settime" => libc::SYS_clock_settime,
         "clock_adjtime" => libc::SYS_clock_adjtime,
         "adjtimex" => libc::SYS_adjtimex,
-        #[cfg(target_arch = "x86_64")]
-        "iopl" => libc::SYS_iopl,
-        #[cfg(target_arch = "x86_64")]
-        "ioperm" => libc::SYS_ioperm,
-        #[cfg(target_arch = "x86_64")]
-        "uselib" => libc::SYS_uselib,
         "fanotify_init" => libc::SYS_fanotify_init,
         "vhangup" => libc::SYS_vhangup,
         "lookup_dcookie" => libc::SYS_lookup_dcookie,
@@ -145,28 +139,39 @@ pub fn number(name: &str) -> Option<i64> {
         "fchmod" => libc::SYS_fchmod,
         "fchown" => libc::SYS_fchown,
         "fchownat" => libc::SYS_fchownat,
-        #[cfg(target_arch = "x86_64")]
-        "chown" => libc::SYS_chown,
-        #[cfg(target_arch = "x86_64")]
-        "lchown" => libc::SYS_lchown,
         "fchmodat" => libc::SYS_fchmodat,
         "fchmodat2" => libc::SYS_fchmodat2,
         "openat" => libc::SYS_openat,
         "mkdirat" => libc::SYS_mkdirat,
         "mknodat" => libc::SYS_mknodat,
-        #[cfg(target_arch = "x86_64")]
+        _ => return x86_64_only(name),
+    };
+    Some(n)
+}
+
+/// The numbers of syscalls only x86_64 has (the older ones that newer
+/// architectures replaced with their `*at` forms).
+#[cfg(target_arch = "x86_64")]
+fn x86_64_only(name: &str) -> Option<i64> {
+    let n = match name {
+        "iopl" => libc::SYS_iopl,
+        "ioperm" => libc::SYS_ioperm,
+        "uselib" => libc::SYS_uselib,
+        "chown" => libc::SYS_chown,
+        "lchown" => libc::SYS_lchown,
         "chmod" => libc::SYS_chmod,
-        #[cfg(target_arch = "x86_64")]
         "open" => libc::SYS_open,
-        #[cfg(target_arch = "x86_64")]
         "creat" => libc::SYS_creat,
-        #[cfg(target_arch = "x86_64")]
         "mkdir" => libc::SYS_mkdir,
-        #[cfg(target_arch = "x86_64")]
         "mknod" => libc::SYS_mknod,
         _ => return None,
     };
     Some(n)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn x86_64_only(_: &str) -> Option<i64> {
+    None
 }
 
 /// The compiled filters and what they hold.
