@@ -11,6 +11,8 @@
 //! - [`sessions`]: each parent session's recent files, persisted.
 //! - [`notices`]: the durable finished-run notices of each session.
 //! - [`result_md`]: the result.md a finished run leaves.
+//! - [`sanitize`]: showing what a child wrote on a terminal without
+//!   letting it act.
 //! - [`engine`]: the supervisor itself: accepting, queueing, launching,
 //!   watching and finishing runs; used by the daemon and by `subagent run`.
 //! - [`server`]: the Unix socket listener and one handler per connection.
@@ -29,6 +31,7 @@ pub mod protocol;
 pub mod record;
 pub mod result_md;
 pub mod runas;
+pub mod sanitize;
 pub mod securedir;
 pub mod server;
 pub mod sessions;

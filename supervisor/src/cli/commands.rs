@@ -6,9 +6,11 @@ use crate::ids::RunId;
 use crate::paths::StateLayout;
 use crate::protocol::{SessionParams, SpawnParams};
 use crate::record::{RunState, RunStatus};
+use crate::sanitize::{for_terminal, json_text, one_line};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 /// Where the client looks.
@@ -95,11 +97,33 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
     })
 }
 
+/// Prints JSON with the characters a terminal could act on escaped (the
+/// same JSON value; see [`crate::sanitize::json_text`]).
+fn print_json(v: &Value, pretty: bool) -> Result<()> {
+    let text = if pretty {
+        serde_json::to_string_pretty(v)?
+    } else {
+        serde_json::to_string(v)?
+    };
+    println!("{}", json_text(&text));
+    Ok(())
+}
+
+/// Multi-line text for stdout: made visible on a terminal (as `logs`
+/// does), unchanged to a pipe or file.
+fn for_stdout(text: &str) -> String {
+    if std::io::stdout().is_terminal() {
+        for_terminal(text)
+    } else {
+        text.to_owned()
+    }
+}
+
 fn print_status(ctx: &Ctx, v: &Value) -> Result<RunStatus> {
     let status: RunStatus =
         serde_json::from_value(v.clone()).context("bad status from the daemon")?;
     if ctx.json {
-        println!("{}", serde_json::to_string_pretty(v)?);
+        print_json(v, true)?;
     } else {
         print!("{}", show::status_block(&status));
     }
@@ -170,7 +194,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                 .ok_or_else(|| anyhow!("no run_id in {v}"))?
                 .to_owned();
             if ctx.json && !w {
-                println!("{v}");
+                print_json(&v, false)?;
             } else {
                 println!("{id}");
             }
@@ -199,7 +223,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                 json!({ "session_id": session, "state": state }),
             )?;
             if ctx.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                print_json(&v, true)?;
             } else {
                 let runs: Vec<RunStatus> = serde_json::from_value(v["runs"].clone())?;
                 print!("{}", show::table(&runs));
@@ -209,17 +233,17 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
         Command::Notices { session } => {
             let v = ctx.call("take_notices", json!({ "session_id": session }))?;
             if ctx.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                print_json(&v, true)?;
             } else {
                 let notices: Vec<crate::protocol::Notice> =
                     serde_json::from_value(v["notices"].clone())?;
                 for n in notices {
                     println!(
                         "{}  {:<9}  {}  {}",
-                        n.ended_at,
+                        one_line(&n.ended_at),
                         n.state.as_str(),
-                        n.run_id,
-                        n.result_path.display()
+                        one_line(&n.run_id),
+                        one_line(&n.result_path.to_string_lossy())
                     );
                 }
             }
@@ -229,15 +253,14 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             run,
             follow: f,
             tail,
+            raw,
         } => {
             let dir = run_dir(ctx, &run)?;
             let from = match tail {
                 Some(n) => follow::tail_offset(&dir.join("child.log"), n).unwrap_or(0),
                 None => 0,
             };
-            let stdout = std::io::stdout();
-            let mut out = stdout.lock();
-            match follow::print_log(&dir, from, f, &mut out) {
+            match follow::print_log_to_stdout(&dir, from, f, raw) {
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
                 other => other
                     .map(|_| 0)
@@ -272,7 +295,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                         .map(|(n, c)| json!({"name": n, "chars": c, "approx_tokens": c / 4}))
                         .collect::<Vec<_>>());
                 }
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                print_json(&v, true)?;
             } else {
                 print!(
                     "{}",
@@ -280,20 +303,20 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                 );
             }
             if show {
-                println!("\n===== system.md =====\n{}", read("system.md")?);
-                println!(
-                    "===== first_message.md =====\n{}",
-                    read("first_message.md")?
-                );
+                // Both hold project files a child may have written.
+                let system = for_stdout(&read("system.md")?);
+                let first = for_stdout(&read("first_message.md")?);
+                println!("\n===== system.md =====\n{system}");
+                println!("===== first_message.md =====\n{first}");
             }
             Ok(0)
         }
         Command::ContextOf { session } => {
             let v = ctx.call("working_context", json!({ "session_id": session }))?;
             if ctx.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                print_json(&v, true)?;
             } else {
-                print!("{}", v["block"].as_str().unwrap_or(""));
+                print!("{}", for_stdout(v["block"].as_str().unwrap_or("")));
             }
             Ok(0)
         }
@@ -308,7 +331,11 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                 .ok_or_else(|| anyhow!("run {run} has no worktree"))?;
             crate::engine::workctx::remove_worktree(&rec.project_dir, wt, &rec.run_id)
                 .map_err(anyhow::Error::msg)?;
-            println!("removed {} and branch {}", wt.dir.display(), wt.branch);
+            println!(
+                "removed {} and branch {}",
+                one_line(&wt.dir.to_string_lossy()),
+                one_line(&wt.branch)
+            );
             Ok(0)
         }
         Command::Agents { project_dir } => {
@@ -327,10 +354,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                     })
                     .collect();
                 let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&json!({"agents": defs, "errors": errors}))?
-                );
+                print_json(&json!({"agents": defs, "errors": errors}), true)?;
             } else {
                 print!("{}", show::agents_table(&found));
             }
@@ -339,7 +363,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
         Command::Ping => {
             let v = ctx.call("ping", json!({}))?;
             if ctx.json {
-                println!("{v}");
+                print_json(&v, false)?;
             } else {
                 println!(
                     "subagentd {} (pid {}) at {}",

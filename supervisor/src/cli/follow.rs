@@ -3,10 +3,11 @@
 //! ended and everything it wrote has been printed.
 
 use crate::record::{RunRecord, RunState};
+use crate::sanitize::TerminalWriter;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
 use std::path::Path;
 
@@ -127,6 +128,24 @@ pub fn print_log(dir: &Path, from: u64, follow: bool, out: &mut dyn Write) -> st
             None => std::thread::sleep(std::time::Duration::from_millis(50)),
         }
     }
+}
+
+/// Prints child.log as [`print_log`] does, to stdout: on a terminal its
+/// control characters and escape sequences are shown visibly (see
+/// [`crate::sanitize`]) unless `raw`; to a pipe or file the bytes pass
+/// unchanged.
+pub fn print_log_to_stdout(dir: &Path, from: u64, follow: bool, raw: bool) -> std::io::Result<()> {
+    let stdout = std::io::stdout();
+    let terminal = !raw && stdout.is_terminal();
+    let mut out = stdout.lock();
+    if !terminal {
+        return print_log(dir, from, follow, &mut out);
+    }
+    let mut shown = TerminalWriter::new(out);
+    let printed = print_log(dir, from, follow, &mut shown);
+    // A sequence cut at the very end is shown as its bytes.
+    let finished = shown.finish();
+    printed.and(finished)
 }
 
 #[cfg(test)]

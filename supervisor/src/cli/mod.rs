@@ -166,6 +166,11 @@ pub enum Command {
         /// Start with the last N lines.
         #[arg(long, value_name = "N")]
         tail: Option<usize>,
+        /// Print the log's bytes unchanged even to a terminal (by default
+        /// a terminal gets control characters and escape sequences shown
+        /// visibly, e.g. ESC as `\x1b`; a pipe or file always gets the bytes).
+        #[arg(long)]
+        raw: bool,
     },
     /// Run a task to its end for CI: stream its log, print result.md's
     /// path on stderr, exit with the run's code. Uses the daemon when one
@@ -174,6 +179,9 @@ pub enum Command {
         /// The run.
         #[command(flatten)]
         run: RunArgs,
+        /// Stream the log's bytes unchanged even to a terminal (see `logs`).
+        #[arg(long)]
+        raw: bool,
     },
     /// Show what a run's child was given: each context layer with its raw
     /// and injected size, ~tokens, truncation, and the stable-prefix hash.
@@ -238,13 +246,16 @@ pub fn main() -> std::process::ExitCode {
         explicit_state_dir: cli.state_dir.is_some(),
     };
     let result = match cli.command {
-        Command::Run { run } => return run::main(&ctx, run),
+        Command::Run { run, raw } => return run::main(&ctx, run, raw),
         other => commands::execute(&ctx, other),
     };
     match result {
         Ok(code) => std::process::ExitCode::from(code),
         Err(e) => {
-            eprintln!("subagent: {e:#}");
+            eprintln!(
+                "subagent: {}",
+                crate::sanitize::for_terminal(&format!("{e:#}"))
+            );
             std::process::ExitCode::from(EXIT_CLIENT_ERROR)
         }
     }

@@ -1,6 +1,7 @@
 //! `subagent run`: one run to its end, for CI. It uses the daemon when one
 //! answers on the socket, otherwise the same engine in-process with a state
-//! dir of its own. The child's log streams to stdout as it is written;
+//! dir of its own. The child's log streams to stdout as it is written
+//! (made visible on a terminal unless `--raw`, as `logs` does);
 //! result.md's path goes to stderr; the exit code is the run's:
 //! 0 succeeded, the child's code or 128+signal when failed, 124 timed_out,
 //! 130 cancelled, 125 lost (and 125 when `subagent run` itself fails).
@@ -11,6 +12,7 @@ use crate::client::Client;
 use crate::engine::{Config, Supervisor};
 use crate::ids::RunId;
 use crate::record::RunStatus;
+use crate::sanitize::{for_terminal, one_line};
 use anyhow::{anyhow, Context, Result};
 use serde_json::json;
 use std::path::PathBuf;
@@ -123,7 +125,7 @@ async fn backend(ctx: &Ctx) -> Result<Backend> {
     Ok(Backend::Embedded(sup))
 }
 
-async fn run(ctx: &Ctx, args: RunArgs) -> Result<u8> {
+async fn run(ctx: &Ctx, args: RunArgs, raw: bool) -> Result<u8> {
     let params = spawn_params(&args, "ci")?;
     let backend = backend(ctx).await?;
     let id = backend.spawn(params).await?;
@@ -134,11 +136,8 @@ async fn run(ctx: &Ctx, args: RunArgs) -> Result<u8> {
         .parent()
         .ok_or_else(|| anyhow!("bad log path {}", status.log_path.display()))?
         .to_path_buf();
-    let mut streamer = tokio::task::spawn_blocking(move || {
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        follow::print_log(&dir, 0, true, &mut out)
-    });
+    let mut streamer =
+        tokio::task::spawn_blocking(move || follow::print_log_to_stdout(&dir, 0, true, raw));
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut cancelled = false;
@@ -162,17 +161,17 @@ async fn run(ctx: &Ctx, args: RunArgs) -> Result<u8> {
         }
     }
     let status = backend.wait(&id).await?;
-    let reason = status.reason.as_deref().unwrap_or("");
+    let reason = one_line(status.reason.as_deref().unwrap_or(""));
     eprintln!(
         "subagent: run {id} {} ({reason}); result: {}",
         status.state.as_str(),
-        status.result_path.display()
+        one_line(&status.result_path.to_string_lossy())
     );
     Ok(wait_exit_code(&status))
 }
 
 /// Entry point of `subagent run`.
-pub fn main(ctx: &Ctx, args: RunArgs) -> ExitCode {
+pub fn main(ctx: &Ctx, args: RunArgs, raw: bool) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -184,10 +183,10 @@ pub fn main(ctx: &Ctx, args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_RUN_ERROR);
         }
     };
-    let code = match rt.block_on(run(ctx, args)) {
+    let code = match rt.block_on(run(ctx, args, raw)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("subagent: {e:#}");
+            eprintln!("subagent: {}", for_terminal(&format!("{e:#}")));
             EXIT_RUN_ERROR
         }
     };

@@ -1,6 +1,10 @@
-//! Human output: a status block, the `ls` table, notices.
+//! Human output: a status block, the `ls` table, notices. Every value is
+//! shown on one line with control characters visible
+//! ([`crate::sanitize::one_line`]): a child's text cannot add a line or
+//! drive the terminal.
 
 use crate::record::RunStatus;
+use crate::sanitize::one_line;
 use crate::timefmt::{human_duration, now_ms, parse_rfc3339_ms};
 use std::fmt::Write as _;
 
@@ -27,7 +31,7 @@ pub fn status_block(s: &RunStatus) -> String {
         ("result_path", s.result_path.display().to_string()),
     ];
     for (k, v) in rows {
-        let _ = writeln!(out, "{k:<13}{v}");
+        let _ = writeln!(out, "{k:<13}{}", one_line(&v));
     }
     if s.cancel_requested && !s.state.is_terminal() {
         let _ = writeln!(out, "{:<13}yes", "cancelling");
@@ -55,13 +59,13 @@ pub fn table(runs: &[RunStatus]) -> String {
     let rows: Vec<[String; 6]> = runs
         .iter()
         .map(|r| {
-            let mut cmd = r.command.join(" ");
+            let mut cmd = one_line(&r.command.join(" "));
             if cmd.chars().count() > 60 {
                 cmd = cmd.chars().take(59).collect::<String>() + "…";
             }
             [
-                r.run_id.clone(),
-                r.session_id.clone(),
+                one_line(&r.run_id),
+                one_line(&r.session_id),
                 r.state.as_str().to_owned(),
                 age(r, now),
                 duration(r, now),
@@ -109,17 +113,18 @@ pub fn agents_table(found: &crate::agents::Found) -> String {
             .map_or("(any the parent may delegate)".to_owned(), |t| t.join(", "));
         let _ = writeln!(
             out,
-            "{}\n  source:      {}\n  tools:       {tools}\n  description: {}",
-            d.name,
-            d.source.display(),
-            d.description
+            "{}\n  source:      {}\n  tools:       {}\n  description: {}",
+            one_line(&d.name),
+            one_line(&d.source.to_string_lossy()),
+            one_line(&tools),
+            one_line(&d.description)
         );
         for w in &d.warnings {
-            let _ = writeln!(out, "  warning:     {w}");
+            let _ = writeln!(out, "  warning:     {}", one_line(w));
         }
     }
     for e in &found.errors {
-        let _ = writeln!(out, "error: {e}");
+        let _ = writeln!(out, "error: {}", one_line(&e.to_string()));
     }
     out
 }
@@ -139,7 +144,12 @@ pub fn context_table(plan: &policy::compose::Plan, tools: Option<&[(String, usiz
         let _ = writeln!(
             out,
             "{:<22} {:<17} {:>9} {:>9} {:>8}  {}{cut}",
-            l.name, l.file, l.raw_chars, l.injected_chars, l.approx_tokens, l.source
+            one_line(&l.name),
+            one_line(&l.file),
+            l.raw_chars,
+            l.injected_chars,
+            l.approx_tokens,
+            one_line(&l.source)
         );
     }
     let _ = writeln!(
@@ -154,11 +164,17 @@ pub fn context_table(plan: &policy::compose::Plan, tools: Option<&[(String, usiz
         plan.caps.max_file_chars, plan.caps.max_total_chars
     );
     for o in &plan.omitted {
-        let _ = writeln!(out, "omitted: {} ({})", o.name, o.reason);
+        let _ = writeln!(
+            out,
+            "omitted: {} ({})",
+            one_line(&o.name),
+            one_line(&o.reason)
+        );
     }
     if let Some(tools) = tools {
         let _ = writeln!(out, "\ntool schemas (largest first):");
         for (name, chars) in tools {
+            let name = one_line(name);
             let _ = writeln!(out, "  {name:<20} {chars:>7} chars  ~{} tokens", chars / 4);
         }
     }
