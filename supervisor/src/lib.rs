@@ -11,8 +11,8 @@
 //! - [`sessions`]: each parent session's recent files, persisted.
 //! - [`notices`]: the durable finished-run notices of each session.
 //! - [`result_md`]: the result.md a finished run leaves.
-//! - [`sanitize`]: showing what a child wrote on a terminal without
-//!   letting it act.
+//! - [`sanitize`], [`mdsafe`]: showing what a child wrote on a terminal
+//!   and in Markdown without letting it act.
 //! - [`engine`]: the supervisor itself: accepting, queueing, launching,
 //!   watching and finishing runs; used by the daemon and by `subagent run`.
 //! - [`server`]: the Unix socket listener and one handler per connection.
@@ -25,6 +25,7 @@ pub mod client;
 pub mod engine;
 pub mod gitsnap;
 pub mod ids;
+pub mod mdsafe;
 pub mod notices;
 pub mod paths;
 pub mod protocol;

@@ -152,11 +152,11 @@ JSON
     );
     let result = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
     assert!(
-        result.contains(&format!("- merged into recent files: {}", new.display())),
+        result.contains(&format!("- merged into recent files: `{}`", new.display())),
         "{result}"
     );
     assert!(
-        result.contains("- rejected: /etc/passwd (outside the project)"),
+        result.contains("- rejected: `/etc/passwd` (outside the project)"),
         "{result}"
     );
     // The git snapshot at spawn was recorded.
