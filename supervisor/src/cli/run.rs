@@ -126,6 +126,10 @@ async fn backend(ctx: &Ctx) -> Result<Backend> {
 }
 
 async fn run(ctx: &Ctx, args: RunArgs, raw: bool) -> Result<u8> {
+    // Listening before the spawn: an interrupt that comes while the run
+    // starts cancels it too.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let params = spawn_params(&args, "ci")?;
     let backend = backend(ctx).await?;
     let id = backend.spawn(params).await?;
@@ -138,8 +142,6 @@ async fn run(ctx: &Ctx, args: RunArgs, raw: bool) -> Result<u8> {
         .to_path_buf();
     let mut streamer =
         tokio::task::spawn_blocking(move || follow::print_log_to_stdout(&dir, 0, true, raw));
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     let mut cancelled = false;
     loop {
         tokio::select! {
