@@ -27,6 +27,7 @@ pub mod limits;
 pub mod sandbox;
 pub mod toolpolicy;
 pub mod tools;
+pub mod visible;
 pub mod workctx;
 
 pub use audience::{Audience, AudienceError};

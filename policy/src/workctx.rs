@@ -67,6 +67,11 @@ pub fn touch(recent: &[PathBuf], files: &[PathBuf]) -> Vec<PathBuf> {
 
 /// The git line of the block.
 pub fn git_line(git: &GitSnapshot) -> String {
+    // A repository a child may write names its branches; one line each.
+    crate::visible::one_line(&git_text(git))
+}
+
+fn git_text(git: &GitSnapshot) -> String {
     match git {
         GitSnapshot::Unavailable { reason } => format!("git: unavailable ({reason})"),
         GitSnapshot::Available {
@@ -103,16 +108,16 @@ pub fn git_line(git: &GitSnapshot) -> String {
 
 /// The `[working-context]` block.
 pub fn render_block(project_dir: &Path, recent: &[PathBuf], git: &GitSnapshot) -> String {
-    let mut s = format!(
-        "[working-context]\nproject_dir: {}\n",
-        project_dir.display()
-    );
+    // Paths can hold any byte but `/` and NUL, and may come from a child:
+    // each is shown on its one line.
+    let show = |p: &Path| crate::visible::one_line(&p.to_string_lossy());
+    let mut s = format!("[working-context]\nproject_dir: {}\n", show(project_dir));
     if recent.is_empty() {
         s.push_str("recent_files: (none)\n");
     } else {
         s.push_str("recent_files:\n");
         for f in recent {
-            s.push_str(&format!("- {}\n", f.display()));
+            s.push_str(&format!("- {}\n", show(f)));
         }
     }
     s.push_str(&git_line(git));

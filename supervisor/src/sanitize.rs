@@ -21,83 +21,8 @@
 
 use std::io::Write;
 
-/// Whether `c` is shown escaped: C0 controls, DEL, C1 controls, the bidi
-/// controls and the line and paragraph separators.
-pub fn is_hidden(c: char) -> bool {
-    matches!(c,
-        '\0'..='\x1f'
-        | '\x7f'..='\u{9f}'
-        | '\u{61c}'
-        | '\u{200e}'
-        | '\u{200f}'
-        | '\u{2028}'..='\u{202e}'
-        | '\u{2066}'..='\u{2069}')
-}
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-/// Writes the visible form of `c` (which [`is_hidden`]) into `buf`;
-/// returns its length.
-fn visible_form(c: char, buf: &mut [u8; 12]) -> usize {
-    let short = match c {
-        '\n' => Some(b'n'),
-        '\r' => Some(b'r'),
-        '\t' => Some(b't'),
-        _ => None,
-    };
-    buf[0] = b'\\';
-    if let Some(letter) = short {
-        buf[1] = letter;
-        return 2;
-    }
-    let n = c as u32;
-    if n < 0x20 || n == 0x7f {
-        return byte_form(n as u8, buf);
-    }
-    buf[1..3].copy_from_slice(b"u{");
-    let digits = (32 - n.leading_zeros()).div_ceil(4).max(1) as usize;
-    for i in 0..digits {
-        buf[3 + i] = HEX[((n >> (4 * (digits - 1 - i))) & 0xf) as usize];
-    }
-    buf[3 + digits] = b'}';
-    4 + digits
-}
-
-/// Writes `\xNN` for byte `b` into `buf`; returns its length.
-fn byte_form(b: u8, buf: &mut [u8; 12]) -> usize {
-    buf[..2].copy_from_slice(b"\\x");
-    buf[2] = HEX[usize::from(b >> 4)];
-    buf[3] = HEX[usize::from(b & 0xf)];
-    4
-}
-
-/// Appends the visible form of `c` (which [`is_hidden`]) to `out`.
-pub fn push_visible(c: char, out: &mut String) {
-    let mut buf = [0u8; 12];
-    let n = visible_form(c, &mut buf);
-    out.extend(buf[..n].iter().map(|&b| char::from(b)));
-}
-
-/// Appends the visible form of a byte that is not valid UTF-8 to `out`.
-pub fn push_invalid_byte(b: u8, out: &mut String) {
-    let mut buf = [0u8; 12];
-    let n = byte_form(b, &mut buf);
-    out.extend(buf[..n].iter().map(|&b| char::from(b)));
-}
-
-/// `s` on one line: every hidden character (newline and tab included)
-/// shown visibly. For a value printed after a label.
-pub fn one_line(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if is_hidden(c) {
-            push_visible(c, &mut out);
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+use policy::visible::{byte_form, visible_form};
+pub use policy::visible::{is_hidden, one_line, push_invalid_byte, push_visible};
 
 /// JSON text with every hidden character a serializer leaves raw inside
 /// strings (DEL, C1, bidi controls, separators) written as a `\uXXXX`
