@@ -54,10 +54,44 @@ pub struct ExitRecord {
     /// Attempts made (restarts after exit 75 included).
     #[serde(default = "one")]
     pub attempts: u32,
+    /// What was copied from the run's scratch file system to the run
+    /// folder (artifacts and delta), and what was left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<Kept>,
     /// How long each sandbox step took, in µs (prepare, fork_to_exec, and
     /// each step applied in the child), for the last attempt.
     #[serde(default)]
     pub setup_us: std::collections::BTreeMap<String, u64>,
+}
+
+/// What the runner copied out of the run's scratch file system.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    /// Regular files copied.
+    pub files: u64,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Entries left out (links, FIFOs, sockets, devices, past a bound),
+    /// the first 20 named with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
+    /// How many were left out in all.
+    #[serde(default)]
+    pub skipped_count: u64,
+    /// A copy that failed part-way, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// An entry of the run's scratch file system that was not copied out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// The scratch dir it was in (`artifacts`, `temp`).
+    pub dir: String,
+    /// Its path in that dir (lossy UTF-8).
+    pub path: String,
+    /// Why it was left out.
+    pub why: String,
 }
 
 fn one() -> u32 {

@@ -28,3 +28,17 @@ pub fn adopt(fd: RawFd) -> Result<(), crate::sys::SysError> {
     std::mem::forget(file);
     result
 }
+
+/// Keeps the run's uid lease `fd` open (close-on-exec) until this process
+/// dies: the uid is the run's until nothing of it is left.
+pub fn hold(fd: RawFd) -> Result<(), crate::sys::SysError> {
+    // SAFETY: fcntl(F_SETFD) only changes a descriptor flag; an invalid fd
+    // is reported as EBADF.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return Err(crate::sys::SysError {
+            op: "fcntl(uid lease fd)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}

@@ -1,11 +1,12 @@
-//! `subagent-runner [--lock-fd N] RUNNER_JSON`: runs one
+//! `subagent-runner [--lock-fd N [--uid-lock-fd M]] RUNNER_JSON`: runs one
 //! subagent; see the library docs. `subagent-runner --warm`: the same, for
 //! a run handed over later on the socket at fd 0 (see
 //! `subagent_runner::warm`).
 //!
 //! `--lock-fd N` is runner.lock, opened and flock'ed by the daemon and handed
 //! over: the runner writes its pid into it and holds it until it dies, so a
-//! restarted daemon can tell a live runner from a dead one.
+//! restarted daemon can tell a live runner from a dead one. `--uid-lock-fd
+//! M` is the lease on the run's own uid, held the same way.
 //!
 //! Exit status: 0 when exit.json was written, 2 when the runner could not do
 //! its job (the reason is on stderr, which the daemon keeps as runner.log).
@@ -16,7 +17,7 @@ use subagent_runner::spec::RunnerSpec;
 use subagent_runner::{lockfd, supervise};
 
 fn usage() -> ExitCode {
-    say("usage: subagent-runner [--lock-fd N] RUNNER_JSON | subagent-runner --warm");
+    say("usage: subagent-runner [--lock-fd N [--uid-lock-fd M]] RUNNER_JSON | subagent-runner --warm");
     ExitCode::from(2)
 }
 
@@ -33,7 +34,7 @@ const EXIT_RESERVE_BYTES: usize = 64 * 1024;
 fn main() -> ExitCode {
     let main_started = std::time::Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (lock_fd, spec_path, started) = match args.as_slice() {
+    let (lock_fd, uid_fd, spec_path, started) = match args.as_slice() {
         [flag] if flag == "--warm" => {
             match subagent_runner::warm::wait(subagent_runner::warm::SOCKET_FD) {
                 // The daemon let this warm runner go.
@@ -47,6 +48,7 @@ fn main() -> ExitCode {
                     // The start is timed from the hand-over, not from the wait.
                     (
                         Some(std::os::fd::IntoRawFd::into_raw_fd(h.lock)),
+                        h.uid_lock.map(std::os::fd::IntoRawFd::into_raw_fd),
                         h.spec,
                         std::time::Instant::now(),
                     )
@@ -58,23 +60,38 @@ fn main() -> ExitCode {
             }
         }
         [flag, fd, spec] if flag == "--lock-fd" => match fd.parse::<i32>() {
-            Ok(fd) => (Some(fd), PathBuf::from(spec), main_started),
+            Ok(fd) => (Some(fd), None, PathBuf::from(spec), main_started),
             Err(_) => return usage(),
         },
-        [spec] => (None, PathBuf::from(spec), main_started),
+        [flag, fd, uflag, ufd, spec] if flag == "--lock-fd" && uflag == "--uid-lock-fd" => {
+            match (fd.parse::<i32>(), ufd.parse::<i32>()) {
+                (Ok(fd), Ok(ufd)) if ufd > 2 && ufd != fd => {
+                    (Some(fd), Some(ufd), PathBuf::from(spec), main_started)
+                }
+                _ => return usage(),
+            }
+        }
+        [spec] => (None, None, PathBuf::from(spec), main_started),
         _ => return usage(),
     };
-    run(lock_fd, &spec_path, started)
+    run(lock_fd, uid_fd, &spec_path, started)
 }
 
 /// Runs the run of `spec_path`, holding runner.lock (`lock_fd`).
 fn run(
     lock_fd: Option<i32>,
+    uid_fd: Option<i32>,
     spec_path: &std::path::Path,
     main_started: std::time::Instant,
 ) -> ExitCode {
     if let Some(fd) = lock_fd {
         if let Err(e) = lockfd::adopt(fd) {
+            say(&format!("{e}"));
+            return ExitCode::from(2);
+        }
+    }
+    if let Some(fd) = uid_fd {
+        if let Err(e) = lockfd::hold(fd) {
             say(&format!("{e}"));
             return ExitCode::from(2);
         }

@@ -4,9 +4,6 @@
 
 use crate::spec::RestartSpec;
 use policy::compose::{compose, ComposeInput};
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 
 /// The exit code that asks for a restart.
 pub const EXIT_CONTINUE: i32 = policy::compose::EXIT_CONTINUE;
@@ -27,22 +24,6 @@ pub fn record_attempt(r: &RestartSpec, attempt: u32) {
     let _ = crate::atomic::write_replace(&r.attempt_file, text.as_bytes());
 }
 
-/// Reads the child's handoff note without following symlinks (the child
-/// controls its artifact dir): a regular file, at most 64 KiB, as text.
-pub fn read_handoff(artifact_dir: &Path) -> Option<String> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(artifact_dir.join("handoff.md"))
-        .ok()?;
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut buf = Vec::new();
-    f.take(MAX_HANDOFF_BYTES).read_to_end(&mut buf).ok()?;
-    Some(String::from_utf8_lossy(&buf).into_owned())
-}
-
 fn write(r: &RestartSpec, name: &str, text: &str) -> Result<(), String> {
     let path = r.context_dir.join(name);
     crate::atomic::write_atomic(&path, text.as_bytes()).map_err(|e| e.to_string())?;
@@ -56,8 +37,9 @@ fn write(r: &RestartSpec, name: &str, text: &str) -> Result<(), String> {
 }
 
 /// Composes the context of `attempt` from the recorded inputs and the
-/// handoff note, and writes it into the context dir.
-pub fn prepare_next(r: &RestartSpec, attempt: u32) -> Result<(), String> {
+/// child's handoff note (read by the caller from the run's scratch file
+/// system), and writes it into the context dir.
+pub fn prepare_next(r: &RestartSpec, attempt: u32, handoff: Option<&str>) -> Result<(), String> {
     let input: ComposeInput = match (&r.compose, &r.compose_input) {
         (Some(c), _) => c.clone(),
         (None, Some(path)) => {
@@ -66,8 +48,7 @@ pub fn prepare_next(r: &RestartSpec, attempt: u32) -> Result<(), String> {
         }
         (None, None) => return Err("runner.json has no composition inputs".into()),
     };
-    let handoff = read_handoff(&r.artifact_dir);
-    let c = compose(&input, attempt, handoff.as_deref());
+    let c = compose(&input, attempt, handoff);
     write(r, "system.md", &c.system_md)?;
     write(r, "first_message.md", &c.first_message_md)?;
     write(r, &format!("plan-{attempt}.json"), &c.plan_json)?;
@@ -78,6 +59,7 @@ pub fn prepare_next(r: &RestartSpec, attempt: u32) -> Result<(), String> {
 mod tests {
     use super::*;
     use policy::compose::{Caps, SessionPaths};
+    use std::path::Path;
 
     fn input(dir: &Path) -> ComposeInput {
         ComposeInput {
@@ -131,8 +113,8 @@ mod tests {
         )
         .unwrap();
         older.compose_input = Some(d.join("compose.json"));
-        prepare_next(&inline, 2).unwrap();
-        prepare_next(&older, 2).unwrap();
+        prepare_next(&inline, 2, None).unwrap();
+        prepare_next(&older, 2, None).unwrap();
         for f in ["system.md", "first_message.md", "plan.json", "plan-2.json"] {
             let a = std::fs::read(d.join("ctx-inline").join(f)).unwrap();
             assert!(!a.is_empty(), "{f}");
@@ -144,7 +126,7 @@ mod tests {
         }
         // Neither: refused with a reason.
         let none = spec(d, "ctx-none");
-        assert!(prepare_next(&none, 2)
+        assert!(prepare_next(&none, 2, None)
             .unwrap_err()
             .contains("no composition inputs"));
     }

@@ -41,6 +41,10 @@ pub struct RunnerSpec {
     /// Restarts after exit 75, with a freshly composed context.
     #[serde(default)]
     pub restart: Option<RestartSpec>,
+    /// Copy the temp dir to its place on disk at the end (it lives in the
+    /// run's scratch file system).
+    #[serde(default)]
+    pub keep_temp: bool,
 }
 
 /// How to restart a child that exits 75.

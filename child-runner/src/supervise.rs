@@ -3,19 +3,21 @@
 
 use crate::exit_record::{ExitRecord, Outcome};
 use crate::logsink::LogSink;
+use crate::sandbox::scratch::Scratch;
 use crate::spec::RunnerSpec;
-use crate::{launch, now_unix_ms, sandbox, tree};
+use crate::{launch, now_unix_ms, sandbox};
 use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::wait::WaitStatus;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-/// How long the runner keeps killing leftovers and draining the pipe after
-/// the agent process ended, before it gives up on a stuck process.
+/// How long the runner keeps draining the output pipe after the run's
+/// init ended.
 const CLEANUP_BUDGET: Duration = Duration::from_secs(5);
 
 /// The runner could not do its job at all (the run is then `lost`).
@@ -58,21 +60,42 @@ pub fn handled_signals() -> SigSet {
     set
 }
 
+/// How an attempt's init and agent are doing.
 struct Loop {
-    child_pid: i32,
-    status: Option<WaitStatus>,
+    init: Pid,
+    /// The agent's raw wait status, from init, once init has ended.
+    agent: Option<i32>,
+    leftovers: u32,
+    init_done: bool,
     cancelled: bool,
     timed_out: bool,
     kill_at: Option<Instant>,
-    leftover_killed: u32,
 }
 
 impl Loop {
-    fn note_reaped(&mut self, statuses: Vec<WaitStatus>) {
-        for st in statuses {
-            if st.pid().map(|p| p.as_raw()) == Some(self.child_pid) && self.status.is_none() {
-                self.status = Some(st);
+    /// Reaps init if it has ended, and reads what it reported.
+    fn reap(&mut self, status: &OwnedFd) {
+        if self.init_done {
+            return;
+        }
+        match waitpid(self.init, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            _ => {
+                self.init_done = true;
+                let mut b = [0u8; crate::init::STATUS_LEN];
+                if let Ok(n) = nix::unistd::read(status, &mut b) {
+                    if let Some((st, left)) = crate::init::decode(&b[..n]) {
+                        self.agent = Some(st);
+                        self.leftovers = left;
+                    }
+                }
             }
+        }
+    }
+
+    fn signal_init(&self, sig: Signal) {
+        if !self.init_done {
+            let _ = nix::sys::signal::kill(self.init, sig);
         }
     }
 }
@@ -82,12 +105,10 @@ impl Loop {
 /// `main_started` is when the runner's `main` began; the time from it to
 /// the first attempt is reported as `runner_start` in `setup_us`.
 pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, RunnerError> {
-    let me = nix::unistd::getpid().as_raw();
     let mask = handled_signals();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(setup("sigprocmask"))?;
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(setup("signalfd"))?;
-    nix::sys::prctl::set_child_subreaper(true).map_err(setup("prctl(PR_SET_CHILD_SUBREAPER)"))?;
     let mut sink = LogSink::open(&spec.log_path, spec.output_bytes).map_err(|source| {
         RunnerError::OpenLog {
             path: spec.log_path.clone(),
@@ -100,9 +121,28 @@ pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, Runne
     let deadline = started
         .checked_add(Duration::from_secs(spec.wall_time_s))
         .unwrap_or(started + Duration::from_secs(100 * 365 * 24 * 3600));
+    let first_start = now_unix_ms();
+    if !sandbox::caps::effective_has(sandbox::caps::CAP_SYS_ADMIN) {
+        // An unprivileged runner makes the run's namespaces from a user
+        // namespace of its own.
+        if let Err(e) = sandbox::namespaces::enter_own_user_ns() {
+            sink.note(&format!("[subagentd: {e}]\n"));
+        }
+    }
+    let scratch = match scratch_for(spec) {
+        Ok(s) => s,
+        Err(e) => {
+            let reason = format!(
+                "sandbox: required mechanism disk cannot be enforced: {e}; the agent was not started"
+            );
+            sink.note(&format!("[subagentd: {reason}]\n"));
+            let mut rec = not_started(now_unix_ms(), None, reason);
+            finish_record(&mut rec, sink, first_start, 1);
+            return Ok(rec);
+        }
+    };
     let max_attempts = spec.restart.as_ref().map_or(1, |r| r.max_attempts.max(1));
     let mut attempt = 1;
-    let first_start = now_unix_ms();
     loop {
         if let Some(r) = &spec.restart {
             crate::restart::record_attempt(r, attempt);
@@ -113,7 +153,7 @@ pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, Runne
             }
         }
         let runner_start_us = main_started.elapsed().as_micros() as u64;
-        let mut rec = attempt_once(spec, &sfd, &mut sink, me, deadline)?;
+        let mut rec = attempt_once(spec, &sfd, &mut sink, &scratch, deadline)?;
         if attempt == 1 {
             rec.setup_us.insert("runner_start".into(), runner_start_us);
         }
@@ -127,7 +167,7 @@ pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, Runne
         }
         if continue_me && attempt < max_attempts {
             if let Some(r) = &spec.restart {
-                match crate::restart::prepare_next(r, attempt + 1) {
+                match restart(r, &scratch, attempt + 1) {
                     Ok(()) => {
                         attempt += 1;
                         continue;
@@ -143,19 +183,116 @@ pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, Runne
                 "asked to be continued (exit 75) after the last of {max_attempts} attempts"
             );
         }
-        let (log_bytes, log_truncated, log_error) = sink.finish();
-        rec.log_bytes = log_bytes;
-        rec.log_truncated = log_truncated;
-        rec.log_error = log_error;
-        rec.started_at_ms = first_start;
-        rec.attempts = attempt;
+        rec.kept = Some(keep(spec, &scratch));
+        finish_record(&mut rec, sink, first_start, attempt);
         return Ok(rec);
     }
 }
 
+/// Composes attempt `next`'s context with the child's handoff note, read
+/// from its scratch file system.
+fn restart(r: &crate::spec::RestartSpec, scratch: &Scratch, next: u32) -> Result<(), String> {
+    let handoff = scratch.read_file(
+        policy::sandbox::mounts::SCRATCH_ARTIFACTS,
+        "handoff.md",
+        crate::restart::MAX_HANDOFF_BYTES,
+    );
+    let handoff = handoff.map(|b| String::from_utf8_lossy(&b).into_owned());
+    crate::restart::prepare_next(r, next, handoff.as_deref())
+}
+
+fn finish_record(rec: &mut ExitRecord, sink: LogSink, first_start: u64, attempts: u32) {
+    let (log_bytes, log_truncated, log_error) = sink.finish();
+    rec.log_bytes = log_bytes;
+    rec.log_truncated = log_truncated;
+    rec.log_error = log_error;
+    rec.started_at_ms = first_start;
+    rec.attempts = attempts;
+}
+
+/// The run's scratch file system, its dirs owned by the run's user.
+fn scratch_for(spec: &RunnerSpec) -> Result<Scratch, sandbox::mountapi::MountError> {
+    let owner = spec.run_as.unwrap_or_else(|| {
+        (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        )
+    });
+    let m = &spec.sandbox.mounts;
+    Scratch::create(m.scratch_bytes, &m.scratch_dirs, owner)
+}
+
+/// The largest delta.json kept (the daemon reads no more either).
+pub const MAX_DELTA_BYTES: u64 = 1 << 20;
+
+/// Copies what the run leaves in its artifact dir (and its temp dir, when
+/// kept) to their places on disk, within the run's disk budget, and its
+/// delta.json when it is a regular file of at most [`MAX_DELTA_BYTES`].
+fn keep(spec: &RunnerSpec, scratch: &Scratch) -> crate::exit_record::Kept {
+    use policy::sandbox::mounts::{Source, SCRATCH_ARTIFACTS, SCRATCH_DELTA, SCRATCH_TEMP};
+    let mut kept = crate::exit_record::Kept::default();
+    let mut budget = scratch.bytes;
+    for m in &spec.sandbox.mounts.mounts {
+        let Source::Scratch { dir } = &m.source else {
+            continue;
+        };
+        if dir == SCRATCH_DELTA {
+            keep_delta(scratch, &m.target, &mut kept);
+            continue;
+        }
+        if !(dir == SCRATCH_ARTIFACTS || (dir == SCRATCH_TEMP && spec.keep_temp)) {
+            continue;
+        }
+        match scratch.copy_out(dir, &m.target, budget) {
+            Ok(r) => {
+                budget = r.budget;
+                kept.files += r.files;
+                kept.bytes += r.bytes;
+                kept.skipped_count += r.skipped_count;
+                let room = 20usize.saturating_sub(kept.skipped.len());
+                kept.skipped
+                    .extend(r.skipped.into_iter().take(room).map(|(path, why)| {
+                        crate::exit_record::Skipped {
+                            dir: dir.clone(),
+                            path,
+                            why: why.to_owned(),
+                        }
+                    }));
+            }
+            Err(e) => kept.error = Some(e.to_string()),
+        }
+    }
+    kept
+}
+
+/// Copies delta.json to `dest`, or records why it was left out.
+fn keep_delta(scratch: &Scratch, dest: &std::path::Path, kept: &mut crate::exit_record::Kept) {
+    use crate::sandbox::scratch::NotRead;
+    use policy::sandbox::mounts::SCRATCH_DELTA;
+    let why = match scratch.file(SCRATCH_DELTA, "delta.json", MAX_DELTA_BYTES) {
+        Ok(bytes) => {
+            if let Err(e) = crate::atomic::write_atomic(&dest.join("delta.json"), &bytes) {
+                kept.error = Some(e.to_string());
+            }
+            return;
+        }
+        Err(NotRead::Absent) => return,
+        Err(NotRead::NotRegular) => "not a regular file".to_owned(),
+        Err(NotRead::TooLarge(n)) => {
+            format!("{n} bytes, over the limit of {MAX_DELTA_BYTES} bytes")
+        }
+    };
+    kept.skipped_count += 1;
+    kept.skipped.push(crate::exit_record::Skipped {
+        dir: SCRATCH_DELTA.to_owned(),
+        path: "delta.json".to_owned(),
+        why,
+    });
+}
+
 /// Whether a cancel signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) is waiting
-/// on the signalfd; other signals read here are dropped (SIGCHLD: every
-/// child of the attempt is reaped already).
+/// on the signalfd; other signals read here are dropped (SIGCHLD: the
+/// attempt's init is reaped already).
 fn cancel_pending(sfd: &SignalFd) -> bool {
     let mut cancel = false;
     while let Ok(Some(info)) = sfd.read_signal() {
@@ -166,172 +303,83 @@ fn cancel_pending(sfd: &SignalFd) -> bool {
     cancel
 }
 
+/// The record of an attempt whose agent never ran.
+fn not_started(started_at_ms: u64, exit_code: Option<i32>, reason: String) -> ExitRecord {
+    ExitRecord {
+        outcome: Outcome::SpawnFailed,
+        exit_code,
+        signal: None,
+        reason,
+        child_pid: 0,
+        started_at_ms,
+        ended_at_ms: now_unix_ms(),
+        log_bytes: 0,
+        log_truncated: false,
+        log_error: None,
+        leftover_killed: 0,
+        isolation: None,
+        resources: Default::default(),
+        attempts: 1,
+        kept: None,
+        setup_us: Default::default(),
+    }
+}
+
+/// The output pipe: the runner's end is non-blocking, the child's blocks.
+fn output_pipe() -> Result<(std::fs::File, OwnedFd), RunnerError> {
+    let (pipe_r, pipe_w) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(setup("pipe2"))?;
+    // Best effort: a larger pipe means fewer wake-ups for chatty children.
+    let _ = crate::sys::set_pipe_size(pipe_r.as_raw_fd(), 1 << 20);
+    nix::fcntl::fcntl(&pipe_w, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))
+        .map_err(setup("fcntl(pipe)"))?;
+    Ok((std::fs::File::from(pipe_r), pipe_w))
+}
+
 /// One attempt: starts the agent in a fresh sandbox and supervises it to
 /// its end. The caller fills in the log fields.
 fn attempt_once(
     spec: &RunnerSpec,
     sfd: &SignalFd,
     sink: &mut LogSink,
-    me: i32,
+    scratch: &Scratch,
     deadline: Instant,
 ) -> Result<ExitRecord, RunnerError> {
-    let (pipe_r, pipe_w) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(setup("pipe2"))?;
-    // Best effort: a larger pipe means fewer wake-ups for chatty children.
-    let _ = crate::sys::set_pipe_size(std::os::fd::AsRawFd::as_raw_fd(&pipe_r), 1 << 20);
-    // The child's end must block: clear O_NONBLOCK on the write side.
-    nix::fcntl::fcntl(&pipe_w, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))
-        .map_err(setup("fcntl(pipe)"))?;
-
+    let (pipe, pipe_w) = output_pipe()?;
     let started_at_ms = now_unix_ms();
-    let not_started = |exit_code: Option<i32>, reason: String| {
-        let (log_bytes, log_truncated, log_error) = (0, false, None);
-        ExitRecord {
-            outcome: Outcome::SpawnFailed,
-            exit_code,
-            signal: None,
-            reason,
-            child_pid: 0,
-            started_at_ms,
-            ended_at_ms: now_unix_ms(),
-            log_bytes,
-            log_truncated,
-            log_error,
-            leftover_killed: 0,
-            isolation: None,
-            resources: Default::default(),
-            attempts: 1,
-            setup_us: Default::default(),
-        }
-    };
     let prepare_started = Instant::now();
     let prepared =
         match sandbox::prepare(&spec.sandbox, &spec.cgroup_plan, &spec.run_id, spec.run_as) {
-            Ok(p) => std::sync::Arc::new(p),
+            Ok(p) => p,
             Err(e) => {
                 let reason = format!("sandbox: {e}; the agent was not started");
                 sink.note(&format!("[subagentd: {reason}]\n"));
-                return Ok(not_started(None, reason));
+                return Ok(not_started(started_at_ms, None, reason));
             }
         };
     let prepare_us = prepare_started.elapsed().as_micros() as u64;
-    let spawn_started = Instant::now();
-    let (child, step_times) = match launch::start(spec, pipe_w, prepared.clone()) {
-        Ok(c) => c,
+    let started = match launch::start(spec, pipe_w, &prepared, scratch) {
+        Ok(s) => s,
         Err(e) => {
             prepared.cgroups().remove();
             sink.note(&format!("[subagentd: {e}]\n"));
-            let code = e.exit_code();
-            return Ok(not_started(Some(code), e.to_string()));
+            return Ok(not_started(
+                started_at_ms,
+                Some(e.exit_code()),
+                e.to_string(),
+            ));
         }
     };
-    let spawn_us = spawn_started.elapsed().as_micros() as u64;
-    let grace = Duration::from_millis(spec.kill_grace_ms);
     let mut st = Loop {
-        child_pid: child.id() as i32,
-        status: None,
+        init: started.init,
+        agent: None,
+        leftovers: 0,
+        init_done: false,
         cancelled: false,
         timed_out: false,
         kill_at: None,
-        leftover_killed: 0,
     };
-    let mut pipe = std::fs::File::from(pipe_r);
-    let mut pipe_open = true;
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut cleanup_deadline: Option<Instant> = None;
-
-    loop {
-        if st.status.is_some() && cleanup_deadline.is_none() {
-            // The agent process is gone: nothing it started may outlive it.
-            prepared.cgroups().kill_all();
-            let (killed, reaped) = tree::kill_tree(me, CLEANUP_BUDGET);
-            st.leftover_killed += killed;
-            st.note_reaped(reaped);
-            cleanup_deadline = Some(Instant::now() + CLEANUP_BUDGET);
-        }
-        if let Some(cd) = cleanup_deadline {
-            if !pipe_open || Instant::now() >= cd {
-                break;
-            }
-        }
-        let now = Instant::now();
-        let mut next = cleanup_deadline.unwrap_or(deadline);
-        if st.status.is_none() {
-            if !st.timed_out && !st.cancelled {
-                next = next.min(deadline);
-            }
-            if let Some(k) = st.kill_at {
-                next = next.min(k);
-            }
-        }
-        let wait_ms = next.saturating_duration_since(now).as_millis().min(60_000) as i32;
-        let timeout = PollTimeout::try_from(wait_ms.max(0)).unwrap_or(PollTimeout::MAX);
-        let (pipe_ready, sig_ready) = {
-            let mut fds = vec![PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
-            if pipe_open {
-                fds.push(PollFd::new(pipe.as_fd(), PollFlags::POLLIN));
-            }
-            match poll(&mut fds, timeout) {
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => {
-                    return Err(RunnerError::Setup {
-                        op: "poll",
-                        source: e,
-                    })
-                }
-            }
-            let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
-            (fds.get(1).is_some_and(ready), ready(&fds[0]))
-        };
-        if sig_ready {
-            while let Ok(Some(info)) = sfd.read_signal() {
-                let signo = info.ssi_signo as i32;
-                if signo == libc::SIGCHLD {
-                    let reaped = tree::reap_all();
-                    st.note_reaped(reaped);
-                } else if st.status.is_none() && !st.cancelled && !st.timed_out {
-                    st.cancelled = true;
-                    tree::signal_tree(me, Signal::SIGTERM);
-                    st.kill_at = Some(Instant::now() + grace);
-                }
-            }
-        }
-        if pipe_ready {
-            loop {
-                match pipe.read(&mut buf) {
-                    Ok(0) => {
-                        pipe_open = false;
-                        break;
-                    }
-                    Ok(n) => sink.write(&buf[..n]),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => {
-                        pipe_open = false;
-                        break;
-                    }
-                }
-            }
-        }
-        if st.status.is_none() {
-            let now = Instant::now();
-            if !st.timed_out && !st.cancelled && now >= deadline {
-                st.timed_out = true;
-                prepared.cgroups().kill_all();
-                let (killed, reaped) = tree::kill_tree(me, CLEANUP_BUDGET);
-                st.leftover_killed += killed.saturating_sub(1);
-                st.note_reaped(reaped);
-            }
-            if st.kill_at.is_some_and(|k| now >= k) {
-                st.kill_at = None;
-                prepared.cgroups().kill_all();
-                let (_, reaped) = tree::kill_tree(me, CLEANUP_BUDGET);
-                st.note_reaped(reaped);
-            }
-        }
-    }
-    drop(child);
+    supervise_attempt(spec, sfd, sink, pipe, &started.status, &mut st, deadline)?;
     let ended_at_ms = now_unix_ms();
     let (peak_memory_bytes, ooms) = prepared.cgroups().memory_stats();
     prepared.cgroups().remove();
@@ -343,23 +391,153 @@ fn attempt_once(
         peak_memory_bytes,
         oom_killed: ooms.unwrap_or(0) > 0,
     };
-    let (log_bytes, log_truncated, log_error) = (0, false, None);
-    let (exit_code, signal) = match st.status {
-        Some(WaitStatus::Exited(_, code)) => (Some(code), None),
-        Some(WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
-        _ => (None, None),
+    let (outcome, exit_code, signal, reason) = judge(spec, &st, &resources);
+    let mut setup_us = std::collections::BTreeMap::new();
+    setup_us.insert("prepare".to_owned(), prepare_us);
+    setup_us.insert("fork_to_exec".to_owned(), started.fork_to_exec_us);
+    Ok(ExitRecord {
+        outcome,
+        exit_code,
+        signal,
+        reason,
+        child_pid: started.init.as_raw(),
+        started_at_ms,
+        ended_at_ms,
+        log_bytes: 0,
+        log_truncated: false,
+        log_error: None,
+        leftover_killed: st.leftovers,
+        isolation: Some(prepared.report.clone()),
+        resources,
+        attempts: 1,
+        kept: None,
+        setup_us,
+    })
+}
+
+/// Copies the agent's output to the log until init has ended and the pipe
+/// is drained; passes a cancel on, enforces the wall time.
+fn supervise_attempt(
+    spec: &RunnerSpec,
+    sfd: &SignalFd,
+    sink: &mut LogSink,
+    mut pipe: std::fs::File,
+    status: &OwnedFd,
+    st: &mut Loop,
+    deadline: Instant,
+) -> Result<(), RunnerError> {
+    let grace = Duration::from_millis(spec.kill_grace_ms);
+    let mut pipe_open = true;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut drain_until: Option<Instant> = None;
+    loop {
+        if st.init_done && drain_until.is_none() {
+            // Every process of the run is gone; what is left in the pipe
+            // is read, within a bound.
+            drain_until = Some(Instant::now() + CLEANUP_BUDGET);
+        }
+        if let Some(d) = drain_until {
+            if !pipe_open || Instant::now() >= d {
+                return Ok(());
+            }
+        }
+        let mut next = drain_until.unwrap_or(deadline);
+        if !st.init_done {
+            if !st.timed_out && !st.cancelled {
+                next = next.min(deadline);
+            }
+            if let Some(k) = st.kill_at {
+                next = next.min(k);
+            }
+        }
+        let wait_ms = next
+            .saturating_duration_since(Instant::now())
+            .as_millis()
+            .min(60_000) as i32;
+        let timeout = PollTimeout::try_from(wait_ms.max(0)).unwrap_or(PollTimeout::MAX);
+        let mut fds = vec![PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
+        if pipe_open {
+            fds.push(PollFd::new(pipe.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                return Err(RunnerError::Setup {
+                    op: "poll",
+                    source: e,
+                })
+            }
+        }
+        let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+        let (pipe_ready, sig_ready) = (fds.get(1).is_some_and(ready), ready(&fds[0]));
+        drop(fds);
+        if sig_ready {
+            while let Ok(Some(info)) = sfd.read_signal() {
+                if info.ssi_signo as i32 == libc::SIGCHLD {
+                    st.reap(status);
+                } else if !st.init_done && !st.cancelled && !st.timed_out {
+                    st.cancelled = true;
+                    st.signal_init(Signal::SIGTERM);
+                    st.kill_at = Some(Instant::now() + grace);
+                }
+            }
+        }
+        if pipe_ready {
+            pipe_open = drain(&mut pipe, &mut buf, sink);
+        }
+        let now = Instant::now();
+        if !st.init_done && !st.timed_out && !st.cancelled && now >= deadline {
+            st.timed_out = true;
+            st.signal_init(Signal::SIGKILL);
+        }
+        if !st.init_done && st.kill_at.is_some_and(|k| now >= k) {
+            st.kill_at = None;
+            st.signal_init(Signal::SIGKILL);
+        }
+    }
+}
+
+/// Reads what the pipe holds into the log; false at end of file.
+fn drain(pipe: &mut std::fs::File, buf: &mut [u8], sink: &mut LogSink) -> bool {
+    loop {
+        match pipe.read(buf) {
+            Ok(0) => return false,
+            Ok(n) => sink.write(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// How the attempt ended, from what init reported and what the runner did.
+fn judge(
+    spec: &RunnerSpec,
+    st: &Loop,
+    resources: &crate::exit_record::Resources,
+) -> (Outcome, Option<i32>, Option<i32>, String) {
+    let (exit_code, signal) = match st.agent {
+        Some(s) if libc::WIFEXITED(s) => (Some(libc::WEXITSTATUS(s)), None),
+        Some(s) if libc::WIFSIGNALED(s) => (None, Some(libc::WTERMSIG(s))),
+        // Init was killed (time limit, a cancel past its grace).
+        _ => (None, Some(libc::SIGKILL)),
     };
-    let (outcome, reason) = if st.timed_out {
-        (
-            Outcome::TimedOut,
-            format!(
-                "wall time limit ({} s) exceeded; the process tree was killed",
-                spec.wall_time_s
-            ),
-        )
-    } else if st.cancelled {
-        (Outcome::Cancelled, "cancelled on request".to_owned())
-    } else if resources.oom_killed && exit_code != Some(0) {
+    if st.timed_out {
+        let why = format!(
+            "wall time limit ({} s) exceeded; the process tree was killed",
+            spec.wall_time_s
+        );
+        return (Outcome::TimedOut, exit_code, signal, why);
+    }
+    if st.cancelled {
+        return (
+            Outcome::Cancelled,
+            exit_code,
+            signal,
+            "cancelled on request".to_owned(),
+        );
+    }
+    if resources.oom_killed && exit_code != Some(0) {
         // The OOM killer ended a process of the run, and the run failed.
         let outcome = if signal.is_some() {
             Outcome::Signaled
@@ -367,46 +545,33 @@ fn attempt_once(
             Outcome::Exited
         };
         let mib = spec.sandbox.memory_bytes >> 20;
-        (outcome, format!("memory limit ({mib} MiB) exceeded"))
-    } else if let Some(code) = exit_code {
-        (Outcome::Exited, format!("exited with code {code}"))
-    } else if let Some(sig) = signal {
-        (
+        return (
+            outcome,
+            exit_code,
+            signal,
+            format!("memory limit ({mib} MiB) exceeded"),
+        );
+    }
+    match (exit_code, signal) {
+        (Some(code), _) => (
+            Outcome::Exited,
+            exit_code,
+            None,
+            format!("exited with code {code}"),
+        ),
+        (None, Some(sig)) if st.agent.is_some() => (
             Outcome::Signaled,
+            None,
+            signal,
             format!("killed by signal {sig} ({})", signal_name(sig)),
-        )
-    } else {
-        (
+        ),
+        _ => (
             Outcome::Signaled,
-            "the agent process could not be reaped".to_owned(),
-        )
-    };
-    Ok(ExitRecord {
-        outcome,
-        exit_code,
-        signal,
-        reason,
-        child_pid: st.child_pid,
-        started_at_ms,
-        ended_at_ms,
-        log_bytes,
-        log_truncated,
-        log_error,
-        leftover_killed: st.leftover_killed,
-        isolation: Some(prepared.report.clone()),
-        resources,
-        attempts: 1,
-        setup_us: {
-            let mut m: std::collections::BTreeMap<String, u64> = step_times
-                .split_whitespace()
-                .filter_map(|kv| kv.split_once('='))
-                .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
-                .collect();
-            m.insert("prepare".into(), prepare_us);
-            m.insert("fork_to_exec".into(), spawn_us);
-            m
-        },
-    })
+            None,
+            signal,
+            "the run's init ended without a status".to_owned(),
+        ),
+    }
 }
 
 /// The conventional name of a signal number, e.g. "SIGKILL".

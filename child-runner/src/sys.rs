@@ -41,6 +41,27 @@ pub fn cloexec_from(first: RawFd) -> Result<(), SysError> {
     }
 }
 
+/// Closes every descriptor from 3 up but `keep`.
+pub fn close_all_except(keep: RawFd) -> Result<(), SysError> {
+    let close = |first: RawFd, last: libc::c_uint| {
+        // SAFETY: close_range takes plain integers; the descriptors it
+        // closes are not used again by this process.
+        let rc = unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_uint, last, 0) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(SysError {
+                op: "close_range",
+                source: std::io::Error::last_os_error(),
+            })
+        }
+    };
+    if keep > 3 {
+        close(3, (keep - 1) as libc::c_uint)?;
+    }
+    close(keep.max(2) + 1, libc::c_uint::MAX)
+}
+
 /// Sets a pipe's capacity (F_SETPIPE_SZ); returns the capacity granted.
 pub fn set_pipe_size(fd: RawFd, bytes: i32) -> Result<i32, SysError> {
     // SAFETY: fcntl(F_SETPIPE_SZ) takes an int argument and touches no memory.

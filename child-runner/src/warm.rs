@@ -44,12 +44,14 @@ pub struct Handover {
     pub lock: OwnedFd,
     /// runner.log, for stdout and stderr.
     pub log: OwnedFd,
+    /// The lease on the run's own uid, when it has one.
+    pub uid_lock: Option<OwnedFd>,
 }
 
 /// Waits on `sock` for the run; `None` at end of file.
 pub fn wait(sock: RawFd) -> Result<Option<Handover>, WarmError> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut cmsg = nix::cmsg_space!([RawFd; 2]);
+    let mut cmsg = nix::cmsg_space!([RawFd; 3]);
     let (bytes, fds) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
         match recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
@@ -88,14 +90,15 @@ pub fn wait(sock: RawFd) -> Result<Option<Handover>, WarmError> {
         return Err(WarmError::Malformed(format!("a path of {bytes} bytes")));
     }
     let mut fds = fds.into_iter();
-    match (fds.next(), fds.next(), fds.next()) {
-        (Some(lock), Some(log), None) => Ok(Some(Handover {
+    match (fds.next(), fds.next(), fds.next(), fds.next()) {
+        (Some(lock), Some(log), uid_lock, None) => Ok(Some(Handover {
             spec: PathBuf::from(std::ffi::OsStr::from_bytes(path)),
             lock,
             log,
+            uid_lock,
         })),
         _ => Err(WarmError::Malformed(
-            "expected runner.lock and runner.log".into(),
+            "expected runner.lock, runner.log and at most a uid lease".into(),
         )),
     }
 }
@@ -172,9 +175,9 @@ mod tests {
     }
 
     #[test]
-    fn a_third_descriptor_is_refused() {
+    fn a_fourth_descriptor_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let files: Vec<std::fs::File> = (0..3)
+        let files: Vec<std::fs::File> = (0..4)
             .map(|i| std::fs::File::create(dir.path().join(format!("f{i}"))).unwrap())
             .collect();
         let raw: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
@@ -187,7 +190,7 @@ mod tests {
             None,
         )
         .unwrap();
-        // Truncated control data (the third descriptor) is refused too.
+        // Truncated control data (the fourth descriptor) is refused too.
         assert!(wait(theirs.as_raw_fd()).is_err());
     }
 

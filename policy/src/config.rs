@@ -16,6 +16,11 @@ pub struct Config {
     /// (root daemons only).
     #[serde(default)]
     pub run_as: Option<String>,
+    /// The uids a root daemon gives its runs, one each: `"FIRST-LAST"`
+    /// (default 2130706432-2130771967; no user or group of the host may
+    /// have an id in it).
+    #[serde(default)]
+    pub uid_range: Option<String>,
     /// The mechanisms that must hold for a run to start. Default:
     /// landlock, seccomp, capability_drop, and network_isolation (which
     /// applies to runs without network only).

@@ -37,3 +37,4 @@ pub mod securedir;
 pub mod server;
 pub mod sessions;
 pub mod timefmt;
+pub mod uids;

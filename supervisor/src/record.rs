@@ -164,6 +164,13 @@ pub struct RunRecord {
     /// Attempts made, once the run has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
+    /// What was kept of the run's scratch file system, and what not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<subagent_runner::exit_record::Kept>,
+    /// The uid (and gid) the run's child runs as, leased for it (root
+    /// daemons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -284,6 +291,7 @@ impl RunRecord {
             finalize_error: self.finalize_error.clone(),
             isolation: self.isolation.clone(),
             resources: self.resources.clone(),
+            kept: self.kept.clone(),
             agent: self.agent.clone(),
             tools: self.tools.clone(),
             rights: self.rights,
@@ -358,6 +366,10 @@ pub struct RunStatus {
     /// CPU time, peak memory and OOM kills, once the run has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<subagent_runner::exit_record::Resources>,
+    /// What was kept of the run's scratch file system, and what was left
+    /// out, once the run has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<subagent_runner::exit_record::Kept>,
     /// The subagent definition run, when one was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,

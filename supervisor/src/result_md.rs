@@ -277,8 +277,12 @@ fn isolation(s: &mut String, rec: &RunRecord) {
         ("network", &iso.network),
         ("cgroup", &iso.cgroup),
         ("capabilities", &iso.capabilities),
+        ("namespaces", &iso.namespaces),
+        ("root", &iso.root),
+        ("disk", &iso.disk),
     ];
-    for (name, e) in rows {
+    // A record from before a mechanism existed has no word on it.
+    for (name, e) in rows.into_iter().filter(|(_, e)| !e.detail.is_empty()) {
         let mark = if e.enforced {
             "enforced"
         } else {
@@ -332,6 +336,25 @@ fn artifacts(s: &mut String, rec: &RunRecord) {
     }
     if more > 0 {
         let _ = writeln!(s, "- … and {more} more not listed");
+    }
+    // What the child left that was not kept: only regular files and
+    // directories are copied out of its scratch file system.
+    let Some(kept) = &rec.kept else { return };
+    let named = kept.skipped.iter().filter(|k| k.dir == "artifacts");
+    for k in named {
+        let _ = writeln!(
+            s,
+            "- {} ({}, not kept)",
+            mdsafe::code(&k.path),
+            mdsafe::text(&k.why)
+        );
+    }
+    let unnamed = kept.skipped_count.saturating_sub(kept.skipped.len() as u64);
+    if unnamed > 0 {
+        let _ = writeln!(s, "- … and {unnamed} more entries not kept");
+    }
+    if let Some(e) = &kept.error {
+        let _ = writeln!(s, "- keeping the artifacts failed: {}", mdsafe::text(e));
     }
 }
 

@@ -195,6 +195,37 @@ impl PrivateDir {
     }
 }
 
+impl PrivateDir {
+    /// The open directory.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+}
+
+/// Opens the absolute `path` as a private directory of ours: its first
+/// component (a system directory such as `/run`) is trusted, every one
+/// below it is made if missing (0700) and verified. Returns the opened
+/// directory.
+pub fn open_private_dir(path: &Path) -> Result<OwnedFd, SecureDirError> {
+    let owner = crate::paths::uid();
+    let mut names = path
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(n) => n.to_str().map(str::to_owned),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .into_iter();
+    let top = names
+        .next()
+        .ok_or_else(|| SecureDirError::BadName(path.display().to_string()))?;
+    let mut dir = PrivateDir::open_trusted(&Path::new("/").join(top))?;
+    for n in names {
+        dir = dir.ensure_child(&n, owner)?;
+    }
+    Ok(dir.into_fd())
+}
+
 /// Makes `<parent>/<name>` a private directory, creating it if needed,
 /// where `parent` itself is trusted. Returns its path.
 pub fn ensure_private_dir(parent: &Path, name: &str) -> Result<PathBuf, SecureDirError> {

@@ -374,3 +374,66 @@ pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     p
 }
+
+/// Host pids of the live processes whose command line contains `marker`.
+/// A run's processes have pids of their own inside the run (its PID
+/// namespace); from outside they are found by what they run.
+pub fn pids_with(marker: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me && alive(pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(marker)
+            })
+        })
+        .collect()
+}
+
+/// Host pids of the live `sleep <marker>` processes (exactly that argv).
+pub fn sleeping(marker: &str) -> Vec<i32> {
+    let argv = format!("sleep\0{marker}\0");
+    pids_with(marker)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == argv.as_bytes())
+        })
+        .collect()
+}
+
+/// A `sleep` duration no other process uses (300 s and a random fraction),
+/// to find that sleep from outside with [`pids_with`].
+pub fn sleep_marker() -> String {
+    let mut buf = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut buf)
+        .unwrap();
+    format!("300.{:09}", u32::from_le_bytes(buf) % 1_000_000_000)
+}
+
+/// Waits until the file at `path` (a run's child.log, say) contains
+/// `needle`.
+pub fn wait_for_text(path: &Path, needle: &str, what: &str) {
+    wait_until(Duration::from_secs(20), what, || {
+        std::fs::read_to_string(path).is_ok_and(|t| t.contains(needle))
+    });
+}
+
+/// A directory under /tmp the test and a run's child can both see while
+/// the run is alive (the child sees it read-only when its project is
+/// /tmp, as [`Conn::spawn`]'s default project is).
+pub fn channel() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix("sa-chan-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}

@@ -7,7 +7,9 @@ use serde_json::json;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use subagentd_e2e::{bin, session, unsafe_kill, wait_until, Daemon};
+use subagentd_e2e::{
+    alive, bin, session, sleep_marker, sleeping, unsafe_kill, wait_for_text, wait_until, Daemon,
+};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -148,23 +150,30 @@ fn runner_pid(state: &Path, task: &str) -> Option<(i32, std::path::PathBuf)> {
 }
 
 /// A run whose runner is killed ends `lost`, and `subagent run` exits 125.
-/// (The child itself cannot kill its runner: the sandbox scopes signals.)
+/// (The child itself cannot kill its runner: it is told the runner's pid
+/// and tries.)
 fn check_lost(socket: &Path, state_arg: Option<&Path>, state: &Path) {
     let task = format!("lost-{}", session("t"));
+    let (marker, chan) = (sleep_marker(), subagentd_e2e::channel());
+    let pid_file = chan.path().join("runner.pid");
     let mut cmd = Command::new(bin("subagent"));
     cmd.arg("--socket").arg(socket);
     if let Some(s) = state_arg {
         cmd.arg("--state-dir").arg(s);
     }
     let child = cmd
+        .args(["run", "--project-dir"])
+        .arg(chan.path())
         .args([
-            "run",
             "--task",
             &task,
             "--",
             "sh",
             "-c",
-            "A=$SUBAGENT_ARTIFACT_DIR; sleep 300 & S=$!; kill -KILL $PPID 2>/dev/null || echo refused > $A/kill.txt; echo $S > $A/p.tmp; mv $A/p.tmp $A/sleep.pid; wait",
+            &format!(
+                "sleep {marker} & while [ ! -s {p} ]; do sleep 0.02; done; kill -KILL $(cat {p}) 2>/dev/null || echo refused; wait",
+                p = pid_file.display()
+            ),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -173,16 +182,18 @@ fn check_lost(socket: &Path, state_arg: Option<&Path>, state: &Path) {
         .unwrap();
     let mut found = None;
     wait_until(Duration::from_secs(20), "the run to start", || {
-        found =
-            runner_pid(state, &task).filter(|(_, dir)| dir.join("artifacts/sleep.pid").exists());
+        found = runner_pid(state, &task).filter(|_| sleeping(&marker).len() == 1);
         found.is_some()
     });
     let (pid, dir) = found.unwrap();
-    let sleeper: i32 = std::fs::read_to_string(dir.join("artifacts/sleep.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let sleeper = sleeping(&marker)[0];
+    std::fs::write(&pid_file, pid.to_string()).unwrap();
+    wait_for_text(
+        &dir.join("child.log"),
+        "refused",
+        "the child's try at its runner",
+    );
+    assert!(alive(pid), "the child killed its runner");
     unsafe_kill(pid, libc::SIGKILL);
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
@@ -191,13 +202,8 @@ fn check_lost(socket: &Path, state_arg: Option<&Path>, state: &Path) {
         err.contains(" lost ") && err.contains("killed by signal 9"),
         "{err}"
     );
-    let refused = std::fs::read_to_string(dir.join("artifacts/kill.txt")).unwrap_or_default();
-    assert_eq!(
-        refused, "refused\n",
-        "the sandbox kept the child from killing its runner"
-    );
     assert!(
-        !subagentd_e2e::alive(sleeper),
+        !alive(sleeper),
         "the dead runner's grandchild {sleeper} was killed"
     );
 }

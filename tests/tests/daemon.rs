@@ -7,7 +7,10 @@ use serde_json::json;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use subagentd_e2e::{alive, bin, session, wait_until, Conn, Daemon, DaemonOpts};
+use subagentd_e2e::{
+    alive, bin, channel, session, sleep_marker, sleeping, wait_for_text, wait_until, Conn, Daemon,
+    DaemonOpts,
+};
 
 fn mode(p: &std::path::Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o777
@@ -114,36 +117,31 @@ fn shutdown_leaves_children_running_and_a_restart_picks_them_up() {
     let mut d = Daemon::start();
     let s = session("restart");
     let mut c = d.conn();
-    let marker = "echo $$ > \"$SUBAGENT_ARTIFACT_DIR/pid.tmp\"; mv \"$SUBAGENT_ARTIFACT_DIR/pid.tmp\" \"$SUBAGENT_ARTIFACT_DIR/pid\"";
+    let (marker, chan) = (sleep_marker(), channel());
+    let go = chan.path().join("go");
     let long = c.spawn(
         &s,
-        &["sh", "-c", &format!("{marker}; exec sleep 300")],
+        &["sh", "-c", &format!("exec sleep {marker}")],
         json!({}),
     );
-    let short = c.spawn(&s, &["sh", "-c", &format!("{marker}; while [ ! -e \"$SUBAGENT_ARTIFACT_DIR/go\" ]; do sleep 0.02; done; echo finished while away; exit 4")], json!({}));
-    let art = |run: &str, c: &mut Conn| {
-        std::path::PathBuf::from(
-            c.call("check_agent_run", json!({"run_id": run})).unwrap()["artifact_dir"]
-                .as_str()
-                .unwrap(),
-        )
-    };
-    let (long_art, short_art) = (art(&long, &mut c), art(&short, &mut c));
-    wait_until(Duration::from_secs(20), "both children to start", || {
-        long_art.join("pid").exists() && short_art.join("pid").exists()
+    let short = c.spawn(&s, &["sh", "-c", &format!("echo started; while [ ! -e {} ]; do sleep 0.02; done; echo finished while away; exit 4", go.display())], json!({}));
+    let short_log = std::path::PathBuf::from(
+        c.call("check_agent_run", json!({"run_id": short})).unwrap()["log_path"]
+            .as_str()
+            .unwrap(),
+    );
+    wait_for_text(&short_log, "started", "the short child to start");
+    wait_until(Duration::from_secs(20), "the long child to start", || {
+        sleeping(&marker).len() == 1
     });
-    let pid: i32 = std::fs::read_to_string(long_art.join("pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = sleeping(&marker)[0];
     drop(c);
     assert!(d.stop().success());
     assert!(!d.socket.exists());
     assert!(alive(pid), "a daemon shutdown does not kill children");
     // One run ends while no daemon is up.
-    std::fs::write(short_art.join("go"), "").unwrap();
-    let short_exit = short_art.parent().unwrap().join("exit.json");
+    std::fs::write(&go, "").unwrap();
+    let short_exit = short_log.parent().unwrap().join("exit.json");
     wait_until(Duration::from_secs(20), "the short run to end", || {
         short_exit.exists()
     });
@@ -171,23 +169,27 @@ fn a_killed_daemon_loses_nothing() {
     let mut d = Daemon::start();
     let s = session("kill9");
     let mut c = d.conn();
+    let chan = channel();
+    let go = chan.path().join("go");
     let run = c.spawn(
         &s,
-        &["sh", "-c", "while [ ! -e \"$SUBAGENT_ARTIFACT_DIR/go\" ]; do sleep 0.02; done; echo last line; exit 5"],
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "while [ ! -e {} ]; do sleep 0.02; done; echo last line; exit 5",
+                go.display()
+            ),
+        ],
         json!({}),
     );
     wait_until(Duration::from_secs(20), "the run to start", || {
         c.call("check_agent_run", json!({"run_id": run})).unwrap()["state"] == "running"
     });
-    let art = std::path::PathBuf::from(
-        c.call("check_agent_run", json!({"run_id": run})).unwrap()["artifact_dir"]
-            .as_str()
-            .unwrap(),
-    );
     drop(c);
     subagentd_e2e::unsafe_kill(d.pid(), libc::SIGKILL);
     d.child.wait().unwrap();
-    std::fs::write(art.join("go"), "").unwrap();
+    std::fs::write(&go, "").unwrap();
     // The stale socket left by the killed daemon is replaced on restart.
     d.restart();
     let mut c = d.conn();

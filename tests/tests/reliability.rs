@@ -233,14 +233,14 @@ impl<R: std::io::BufRead> ReadLineInto for R {
     }
 }
 
-/// The script of crash-test child `i`: records each start (a second start
-/// would be a duplicate), prints numbered lines, sleeps, writes a delta,
-/// exits with its code.
+/// The script of crash-test child `i`: records each start of its run in
+/// the project (a second start would be a duplicate), prints numbered lines, sleeps,
+/// writes a delta, exits with its code.
 fn crash_child(i: usize) -> (String, i32) {
     let code = if i % 5 == 4 { 3 } else { 0 };
     let sleep = ["0", "0.2", "1", "2", "3"][i % 5];
     let script = format!(
-        "echo $$ >> \"$SUBAGENT_ARTIFACT_DIR/starts\"; for n in 1 2 3 4 5; do echo child {i} line $n; done; sleep {sleep}; echo x > f{i}.txt; echo '{{\"written\": [\"f{i}.txt\"]}}' > \"$SUBAGENT_DELTA_PATH\"; exit {code}"
+        "echo start >> \"starts-$SUBAGENT_RUN_ID\"; for n in 1 2 3 4 5; do echo child {i} line $n; done; sleep {sleep}; echo x > f{i}.txt; echo '{{\"written\": [\"f{i}.txt\"]}}' > \"$SUBAGENT_DELTA_PATH\"; exit {code}"
     );
     (script, code)
 }
@@ -352,8 +352,7 @@ fn kill_9_of_the_daemon_at_several_points_loses_nothing() {
         let want = if code == 0 { "succeeded" } else { "failed" };
         assert_eq!(st["state"], want, "child {i}: {st}");
         assert_eq!(st["exit_code"], code, "child {i}");
-        let art = PathBuf::from(st["artifact_dir"].as_str().unwrap());
-        let starts = std::fs::read_to_string(art.join("starts")).unwrap();
+        let starts = std::fs::read_to_string(root.join(format!("starts-{run}"))).unwrap();
         assert_eq!(
             starts.lines().count(),
             1,
@@ -390,8 +389,10 @@ fn kill_9_of_the_daemon_at_several_points_loses_nothing() {
         } else {
             assert!(recent.is_empty(), "child {i} failed: nothing merged");
         }
-        let pid: i32 = starts.trim().parse().unwrap();
-        assert!(!alive(pid), "child {i} is gone");
+        assert!(
+            subagentd_e2e::pids_with(&format!("child {i} line $n")).is_empty(),
+            "child {i} is gone"
+        );
     }
     let again: BTreeMap<String, usize> = runs
         .iter()

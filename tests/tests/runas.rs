@@ -70,27 +70,116 @@ fn children_run_as_the_given_user_with_their_dirs() {
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
 }
 
+/// The children of a root daemon never walk the host's path to their run
+/// folder (their root is their own), so a state dir under a directory
+/// only root may enter works.
 #[test]
-fn run_as_with_an_unreachable_state_dir_refuses_to_start() {
-    if !runnable(is_root(), "run_as", "run_as needs a daemon running as root") {
+fn a_state_dir_under_a_closed_directory_works() {
+    if !runnable(
+        is_root(),
+        "run_as",
+        "a uid of the run's own needs a daemon running as root",
+    ) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let closed = dir.path().join("closed");
+    let base = tempfile::Builder::new()
+        .prefix("sa-closed-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let closed = base.path().join("closed");
     std::fs::create_dir(&closed).unwrap();
     std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let out = std::process::Command::new(subagentd_e2e::bin("subagentd"))
-        .args(["--run-as", "65534:65534", "--socket"])
-        .arg(dir.path().join("s.sock"))
-        .arg("--state-dir")
-        .arg(closed.join("state"))
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("cannot be traversed by the run_as user") && err.contains("closed"),
-        "{err}"
+    let d = Daemon::start_with(DaemonOpts {
+        base_dir: Some(closed.clone()),
+        ..Default::default()
+    });
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("closed"),
+        &["sh", "-c", "cat \"$SUBAGENT_CONTEXT_DIR/first_message.md\" && echo x > \"$SUBAGENT_ARTIFACT_DIR/a\" && id -u"],
+        json!({}),
     );
+    let st = c.wait(&run);
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}\n{log}");
+    assert!(log.contains("Task: test task"), "{log}");
+    assert!(
+        !log.lines().any(|l| l == "0"),
+        "the child ran as root:\n{log}"
+    );
+    let art = std::path::Path::new(st["artifact_dir"].as_str().unwrap());
+    assert_eq!(std::fs::read_to_string(art.join("a")).unwrap(), "x\n");
+}
+
+/// Without `run_as`, each run of a root daemon has a uid of its own: two
+/// runs at once never share one, neither is root, and files a child
+/// writes into the project belong to the project's owner on disk.
+#[test]
+fn each_run_has_a_uid_of_its_own() {
+    if !runnable(
+        is_root(),
+        "run_as",
+        "a uid of the run's own needs a daemon running as root",
+    ) {
+        return;
+    }
+    let d = Daemon::start();
+    let project = tempfile::Builder::new()
+        .prefix("sa-uid-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    // The project is in the children's view live: the signal to end.
+    let go = project.path().join("go");
+    let mut c = d.conn();
+    let s = session("uid");
+    let script = format!(
+        "id -u > \"made-$(id -u)\"; id -u; while [ ! -e {} ]; do sleep 0.02; done",
+        go.display()
+    );
+    let runs: Vec<String> = (0..2)
+        .map(|_| {
+            c.spawn(
+                &s,
+                &["sh", "-c", &script],
+                json!({"session": {"id": s, "audience": "personal", "project_dir": project.path()},
+                       "sandbox": {"write_project": true}}),
+            )
+        })
+        .collect();
+    let logs: Vec<std::path::PathBuf> = runs
+        .iter()
+        .map(|r| {
+            let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
+            std::path::PathBuf::from(st["log_path"].as_str().unwrap())
+        })
+        .collect();
+    subagentd_e2e::wait_until(
+        std::time::Duration::from_secs(20),
+        "both runs to start",
+        || {
+            logs.iter()
+                .all(|l| std::fs::read_to_string(l).is_ok_and(|t| t.ends_with('\n')))
+        },
+    );
+    std::fs::write(&go, "").unwrap();
+    let uids: Vec<u32> = runs
+        .iter()
+        .zip(&logs)
+        .map(|(r, l)| {
+            assert_eq!(c.wait(r)["state"], "succeeded");
+            std::fs::read_to_string(l).unwrap().trim().parse().unwrap()
+        })
+        .collect();
+    assert_ne!(uids[0], uids[1], "two runs at once share a uid");
+    for uid in &uids {
+        assert!(*uid != 0 && *uid != 65534, "uid {uid}");
+        let made = project.path().join(format!("made-{uid}"));
+        let meta = std::fs::metadata(&made).unwrap();
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            0,
+            "{} belongs to the project's owner on disk",
+            made.display()
+        );
+    }
 }

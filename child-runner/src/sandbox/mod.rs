@@ -1,26 +1,40 @@
 //! Applying a run's [`SandboxSpec`] to the agent process.
 //!
-//! [`prepare`] runs in the runner before fork: it probes the kernel,
-//! compiles the seccomp filters, makes the cgroups, and refuses the run
-//! when a required mechanism cannot be enforced. [`Prepared::apply`] runs in
-//! the child between fork and exec, in a fixed order: rlimits → cgroup →
-//! namespaces → capabilities → no_new_privs → Landlock → seccomp. (The
-//! runner is single-threaded, so the child may allocate.)
+//! [`prepare`] runs in the runner before each attempt: it probes the
+//! kernel, compiles the seccomp filters, makes the cgroups and the user
+//! namespaces of idmapped mounts, and refuses the run when a required
+//! mechanism cannot be enforced. The attempt's process is then cloned
+//! into new namespaces ([`namespaces`]) as the run's init, which joins the
+//! cgroups and builds the run's root ([`root`], [`Prepared::setup_in_init`]);
+//! the agent it forks applies the rest in a fixed order
+//! ([`Prepared::apply_in_agent`]): rlimits → Landlock rules opened →
+//! bounding set → user → capabilities → no_new_privs → Landlock → seccomp.
 //!
-//! - [`landlock`], [`seccomp`], [`caps`], [`rlimits`], [`cgroup`]: one file
-//!   per kernel concern.
+//! - [`landlock`], [`seccomp`], [`caps`], [`rlimits`], [`cgroup`],
+//!   [`namespaces`], [`mountapi`]: one file per kernel concern.
+//! - [`root`]: the run's root file system; [`idmap`]: the user namespaces
+//!   of its idmapped mounts; [`scratch`]: its size-bounded scratch tmpfs.
 //! - [`report`]: what was enforced, recorded with every run.
 
 pub mod caps;
 pub mod cgroup;
+pub mod idmap;
 pub mod landlock;
+pub mod mountapi;
+pub mod namespaces;
 pub mod report;
 pub mod rlimits;
+pub mod root;
+pub mod scratch;
 pub mod seccomp;
 
 use policy::sandbox::cgroup::{CgroupPlan, Via};
+use policy::sandbox::mounts::Source;
 use policy::sandbox::{Mechanism, RlimitSpec, SandboxSpec};
 use report::{Enforcement, IsolationReport};
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 
 /// The sandbox cannot be set up as required.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +46,38 @@ pub struct SandboxError {
     pub why: String,
 }
 
-/// Everything decided before fork.
+/// A step of the sandbox failed in the run's init or agent process.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// A resource limit.
+    #[error(transparent)]
+    Rlimit(#[from] rlimits::RlimitError),
+    /// Joining a cgroup.
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    /// Building the root file system.
+    #[error("root file system: {0}")]
+    Mount(#[from] mountapi::MountError),
+    /// Landlock.
+    #[error(transparent)]
+    Landlock(#[from] landlock::LandlockError),
+    /// Capabilities, the user switch, no_new_privs.
+    #[error(transparent)]
+    Caps(#[from] caps::CapsError),
+    /// seccomp.
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
+    /// A sysctl of the run's namespaces.
+    #[error("{name}: {source}")]
+    Sysctl {
+        /// The sysctl.
+        name: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Everything decided before the clone.
 pub struct Prepared {
     spec: SandboxSpec,
     rlimits: Vec<RlimitSpec>,
@@ -41,9 +86,17 @@ pub struct Prepared {
     landlock_abi: i32,
     privileged: bool,
     last_cap: u32,
-    netns: bool,
+    namespaces: namespaces::RunNamespaces,
+    /// The runner holds its capabilities in the host's user namespace
+    /// (not one of its own): host-wide sysctls of the run's namespaces can
+    /// be set.
+    host_privileged: bool,
     run_as: Option<(u32, u32)>,
-    /// What will be enforced once [`Prepared::apply`] succeeds.
+    /// The user namespaces of the idmapped mounts, and which target uses
+    /// which.
+    _userns: Vec<OwnedFd>,
+    owners: BTreeMap<PathBuf, RawFd>,
+    /// What will be enforced once the agent has started.
     pub report: IsolationReport,
 }
 
@@ -59,7 +112,195 @@ fn via_text(via: &Via) -> String {
     }
 }
 
-/// Probes, compiles and creates what the child will apply; fails when a
+/// The user namespaces for the mounts of `spec` reached as their owner by
+/// the run's uid `run_as`: one per distinct owner.
+fn idmaps(
+    spec: &SandboxSpec,
+    run_as: Option<(u32, u32)>,
+) -> Result<(Vec<OwnedFd>, BTreeMap<PathBuf, RawFd>), idmap::IdmapError> {
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut by_mapping: BTreeMap<idmap::Mapping, RawFd> = BTreeMap::new();
+    let mut owners = BTreeMap::new();
+    let Some((uid, gid)) = run_as else {
+        return Ok((fds, owners));
+    };
+    for m in &spec.mounts.mounts {
+        let Source::Host { as_owner: true, .. } = m.source else {
+            continue;
+        };
+        let Ok(meta) = std::fs::metadata(&m.target) else {
+            continue;
+        };
+        let mapping = idmap::Mapping {
+            owner_uid: std::os::unix::fs::MetadataExt::uid(&meta),
+            owner_gid: std::os::unix::fs::MetadataExt::gid(&meta),
+            uid,
+            gid,
+        };
+        let fd = match by_mapping.get(&mapping) {
+            Some(fd) => *fd,
+            None => {
+                let ns = idmap::userns(mapping)?;
+                let raw = ns.as_raw_fd();
+                fds.push(ns);
+                by_mapping.insert(mapping, raw);
+                raw
+            }
+        };
+        owners.insert(m.target.clone(), fd);
+    }
+    Ok((fds, owners))
+}
+
+fn landlock_report(spec: &SandboxSpec, abi: i32) -> Enforcement {
+    if abi <= 0 {
+        return Enforcement::off("the kernel has no Landlock");
+    }
+    let known = landlock::NEWEST_KNOWN_ABI;
+    let mut parts = vec![if abi >= known {
+        format!("ABI {abi}, fully enforced: every file-system right")
+    } else {
+        format!(
+            "ABI {abi}, fully enforced: every file-system right of ABI {abi} (rights added in ABI {}..={known} are not available on this kernel)",
+            abi + 1
+        )
+    }];
+    if !spec.network && abi >= 4 {
+        parts.push("TCP bind and connect denied".into());
+    }
+    if abi >= 6 {
+        parts.push("abstract Unix sockets and signals scoped to the run".into());
+    }
+    Enforcement::on(parts.join("; "))
+}
+
+fn seccomp_report(spec: &SandboxSpec, compiled: Option<&seccomp::Compiled>) -> Enforcement {
+    match compiled {
+        Some(c) => Enforcement::on(c.describe(&spec.seccomp)),
+        None => Enforcement::off("the filter could not be built"),
+    }
+}
+
+fn network_report(spec: &SandboxSpec, seccomp: bool, landlock_abi: i32) -> Enforcement {
+    if spec.network {
+        return Enforcement::off("granted to this run");
+    }
+    let mut how = vec!["a network namespace of its own with no interfaces up"];
+    if seccomp {
+        how.push("seccomp (AF_UNIX sockets only)");
+    }
+    if landlock_abi >= 4 {
+        how.push("Landlock (TCP)");
+    }
+    Enforcement::on(format!("isolated by {}", how.join(", ")))
+}
+
+fn cgroup_report(
+    spec: &SandboxSpec,
+    plan: &CgroupPlan,
+    cgroups: &cgroup::RunCgroups,
+    rlimits: &[RlimitSpec],
+) -> Enforcement {
+    let memory_via = if cgroups.memory.is_some() {
+        via_text(&plan.memory)
+    } else {
+        "rlimit".into()
+    };
+    let pids_via = if cgroups.pids.is_some() {
+        via_text(&plan.pids)
+    } else if rlimits.iter().any(|r| r.resource == "nproc") {
+        "RLIMIT_NPROC (a uid or user namespace of the run's own)".into()
+    } else {
+        "not limited (no pids cgroup)".into()
+    };
+    Enforcement {
+        enforced: cgroups.memory.is_some() || cgroups.pids.is_some(),
+        detail: format!(
+            "memory {} MiB via {memory_via}; pids {} via {pids_via}",
+            spec.memory_bytes >> 20,
+            spec.pids_max,
+        ),
+    }
+}
+
+fn user_report(run_as: Option<(u32, u32)>) -> String {
+    match run_as {
+        Some((uid, gid)) => {
+            format!("uid {uid}, gid {gid}, no supplementary groups")
+        }
+        None => {
+            let uid = nix::unistd::geteuid().as_raw();
+            format!("uid {uid} (the daemon's)")
+        }
+    }
+}
+
+fn root_report(spec: &SandboxSpec, owners: usize) -> Enforcement {
+    Enforcement::on(format!(
+        "a root file system of its own: {} mounts from the file rules, a new /proc, nothing else of the host; writable places noexec{}",
+        spec.mounts.mounts.len(),
+        if owners > 0 {
+            format!("; {owners} reached as their owner (idmapped)")
+        } else {
+            String::new()
+        }
+    ))
+}
+
+fn disk_report(spec: &SandboxSpec) -> Enforcement {
+    Enforcement::on(format!(
+        "temp, artifact and delta dirs on a {} MiB tmpfs of the run's own (noexec); artifacts and delta are copied to the run folder at the end",
+        spec.mounts.scratch_bytes >> 20
+    ))
+}
+
+/// The run's cgroups and rlimits: RLIMIT_AS stands in for a memory
+/// cgroup the host cannot give (noted), unless `cgroup` is required.
+fn limits(
+    spec: &SandboxSpec,
+    plan: &CgroupPlan,
+    run_id: &str,
+    notes: &mut Vec<String>,
+) -> Result<(cgroup::RunCgroups, Vec<RlimitSpec>), SandboxError> {
+    let cgroups = match cgroup::RunCgroups::create(plan, run_id, spec.memory_bytes, spec.pids_max) {
+        Ok(c) => c,
+        Err(e) if required(spec, Mechanism::Cgroup) => {
+            return Err(SandboxError {
+                mechanism: Mechanism::Cgroup.as_str(),
+                why: e.to_string(),
+            })
+        }
+        Err(e) => {
+            notes.push(format!(
+                "cgroups unavailable ({e}); memory limited by RLIMIT_AS"
+            ));
+            cgroup::RunCgroups::default()
+        }
+    };
+    let mut rlimits = spec.rlimits.clone();
+    // In a user namespace of the runner's own, the uid's processes there
+    // are the run's alone.
+    if cgroups.pids.is_none()
+        && !namespaces::in_init_user_ns()
+        && !rlimits.iter().any(|r| r.resource == "nproc")
+    {
+        rlimits.push(RlimitSpec {
+            resource: "nproc".into(),
+            value: spec.pids_max,
+            reason: "the process limit, counted in the run's user namespace".into(),
+        });
+    }
+    if cgroups.memory.is_none() {
+        rlimits.push(RlimitSpec {
+            resource: "as".into(),
+            value: spec.memory_bytes,
+            reason: "memory limit without a memory cgroup".into(),
+        });
+    }
+    Ok((cgroups, rlimits))
+}
+
+/// Probes, compiles and creates what the attempt will apply; fails when a
 /// required mechanism is unavailable.
 pub fn prepare(
     spec: &SandboxSpec,
@@ -71,13 +312,20 @@ pub fn prepare(
         mechanism: m.as_str(),
         why,
     };
-    let mut report = IsolationReport::default();
-    // Decided by capabilities, not by uid: a root process in a container
-    // may lack CAP_SYS_ADMIN or CAP_SETPCAP.
-    let privileged = caps::effective_has(caps::CAP_SETPCAP);
-    let can_netns = caps::effective_has(caps::CAP_SYS_ADMIN);
-    let can_switch = caps::effective_has(caps::CAP_SETUID) && caps::effective_has(caps::CAP_SETGID);
-
+    if !caps::effective_has(caps::CAP_SYS_ADMIN) {
+        return Err(fail(
+            Mechanism::Namespaces,
+            "the runner holds no CAP_SYS_ADMIN for the run's namespaces".into(),
+        ));
+    }
+    if run_as.is_some()
+        && !(caps::effective_has(caps::CAP_SETUID) && caps::effective_has(caps::CAP_SETGID))
+    {
+        return Err(fail(
+            Mechanism::CapabilityDrop,
+            "the run's own uid needs CAP_SETUID and CAP_SETGID".into(),
+        ));
+    }
     let landlock_abi = landlock::kernel_abi();
     if landlock_abi <= 0 && required(spec, Mechanism::Landlock) {
         return Err(fail(
@@ -85,27 +333,6 @@ pub fn prepare(
             "the kernel has no Landlock".into(),
         ));
     }
-    report.landlock = if landlock_abi > 0 {
-        let known = landlock::NEWEST_KNOWN_ABI;
-        let mut parts = vec![if landlock_abi >= known {
-            format!("ABI {landlock_abi}, fully enforced: every file-system right")
-        } else {
-            format!(
-                "ABI {landlock_abi}, fully enforced: every file-system right of ABI {landlock_abi} (rights added in ABI {}..={known} are not available on this kernel)",
-                landlock_abi + 1
-            )
-        }];
-        if !spec.network && landlock_abi >= 4 {
-            parts.push("TCP bind and connect denied".into());
-        }
-        if landlock_abi >= 6 {
-            parts.push("abstract Unix sockets and signals scoped to the run".into());
-        }
-        Enforcement::on(parts.join("; "))
-    } else {
-        Enforcement::off("the kernel has no Landlock")
-    };
-
     let seccomp = match seccomp::compile(&spec.seccomp) {
         Ok(c) => Some(c),
         Err(e) if required(spec, Mechanism::Seccomp) => {
@@ -113,116 +340,36 @@ pub fn prepare(
         }
         Err(_) => None,
     };
-    report.seccomp = match &seccomp {
-        Some(c) => Enforcement::on(c.describe(&spec.seccomp)),
-        None => Enforcement::off("the filter could not be built"),
-    };
-
-    let netns = can_netns && !spec.network;
-    report.network = if spec.network {
-        Enforcement::off("granted to this run")
-    } else {
-        let mut how = Vec::new();
-        if netns {
-            how.push("a network namespace with no interfaces up");
-        }
-        if seccomp.is_some() {
-            how.push("seccomp (AF_UNIX sockets only)");
-        }
-        if landlock_abi >= 4 {
-            how.push("Landlock (TCP)");
-        }
-        if how.is_empty() && required(spec, Mechanism::NetworkIsolation) {
-            return Err(fail(
-                Mechanism::NetworkIsolation,
-                "no namespace, seccomp or Landlock network support".into(),
-            ));
-        }
-        Enforcement::on(format!("isolated by {}", how.join(", ")))
-    };
-
-    let cgroups = match cgroup::RunCgroups::create(plan, run_id, spec.memory_bytes, spec.pids_max) {
-        Ok(c) => c,
-        Err(e) if required(spec, Mechanism::Cgroup) => {
-            return Err(fail(Mechanism::Cgroup, e.to_string()))
-        }
-        Err(e) => {
-            report.notes.push(format!(
-                "cgroups unavailable ({e}); memory limited by RLIMIT_AS"
-            ));
-            cgroup::RunCgroups::default()
-        }
-    };
-    let mut rlimits = spec.rlimits.clone();
-    let memory_via = if cgroups.memory.is_some() {
-        via_text(&plan.memory)
-    } else {
-        "rlimit".into()
-    };
-    if cgroups.memory.is_none() {
-        rlimits.push(RlimitSpec {
-            resource: "as".into(),
-            value: spec.memory_bytes,
-            reason: "memory limit without a memory cgroup".into(),
-        });
+    let (userns, owners) =
+        idmaps(spec, run_as).map_err(|e| fail(Mechanism::Namespaces, e.to_string()))?;
+    let mut notes = Vec::new();
+    let (cgroups, rlimits) = limits(spec, plan, run_id, &mut notes)?;
+    let namespaces = namespaces::RunNamespaces { net: !spec.network };
+    let host_privileged = namespaces::in_init_user_ns();
+    if !host_privileged {
+        notes.push("memfds can be made executable (vm.memfd_noexec cannot be set from a user namespace); seccomp refuses memfd_create without the exec right".into());
     }
-    let pids_via = if cgroups.pids.is_some() {
-        via_text(&plan.pids)
-    } else {
-        "not limited (no pids cgroup)".into()
-    };
-    report.cgroup = Enforcement {
-        enforced: cgroups.memory.is_some() || cgroups.pids.is_some(),
-        detail: format!(
-            "memory {} MiB via {memory_via}; pids {} via {pids_via}; whole-tree kill via {}",
-            spec.memory_bytes >> 20,
-            spec.pids_max,
-            match (
-                &cgroups.v2,
-                cgroups
-                    .pids
-                    .as_ref()
-                    .or(cgroups.memory.as_ref().map(|(d, _)| d))
-            ) {
-                (Some(d), _) => format!("cgroup.kill ({})", d.display()),
-                (None, Some(d)) => format!(
-                    "the cgroup's process list ({}) and a /proc walk",
-                    d.display()
-                ),
-                (None, None) => "a /proc walk (no cgroup)".to_owned(),
-            }
-        ),
-    };
-    report.rlimits = rlimits
-        .iter()
-        .map(|r| format!("{}={}", r.resource, r.value))
-        .collect();
-    report.capabilities = if privileged {
-        Enforcement::on(
-            "effective, permitted, inheritable, ambient and bounding sets empty; securebits locked",
-        )
-    } else {
-        Enforcement::on("effective, permitted, inheritable and ambient sets empty; bounding set kept (no CAP_SETPCAP), no_new_privs stops any gain")
-    };
-    report.no_new_privs = true;
-    report.user = match run_as {
-        Some((uid, gid)) if can_switch => {
-            format!("uid {uid}, gid {gid} (run_as), no supplementary groups")
-        }
-        Some(_) => {
-            return Err(fail(
-                Mechanism::CapabilityDrop,
-                "run_as needs CAP_SETUID and CAP_SETGID".into(),
-            ))
-        }
-        None => {
-            let uid = nix::unistd::geteuid().as_raw();
-            if uid == 0 {
-                "uid 0 without capabilities (no run_as; chmod refused by seccomp)".to_owned()
-            } else {
-                format!("uid {uid} (the daemon's)")
-            }
-        }
+    let privileged = caps::effective_has(caps::CAP_SETPCAP);
+    let report = IsolationReport {
+        landlock: landlock_report(spec, landlock_abi),
+        seccomp: seccomp_report(spec, seccomp.as_ref()),
+        network: network_report(spec, seccomp.is_some(), landlock_abi),
+        cgroup: cgroup_report(spec, plan, &cgroups, &rlimits),
+        capabilities: if privileged {
+            Enforcement::on("effective, permitted, inheritable, ambient and bounding sets empty; securebits locked")
+        } else {
+            Enforcement::on("effective, permitted, inheritable and ambient sets empty; bounding set kept (no CAP_SETPCAP), no_new_privs stops any gain")
+        },
+        no_new_privs: true,
+        user: user_report(run_as),
+        rlimits: rlimits.iter().map(|r| format!("{}={}", r.resource, r.value)).collect(),
+        namespaces: Enforcement::on(format!(
+            "{}; the run's processes see no other process; its init ends them all when the agent ends",
+            namespaces.describe()
+        )),
+        root: root_report(spec, owners.len()),
+        disk: disk_report(spec),
+        notes,
     };
     Ok(Prepared {
         spec: spec.clone(),
@@ -232,65 +379,79 @@ pub fn prepare(
         landlock_abi,
         privileged,
         last_cap: caps::last_cap(),
-        netns,
+        namespaces,
+        host_privileged,
         run_as,
+        _userns: userns,
+        owners,
         report,
     })
 }
 
 impl Prepared {
-    /// Applies the sandbox to the calling process, in order. Runs in the
-    /// child between fork and exec; the error names the step.
-    pub fn apply(&self) -> Result<String, String> {
-        // Each step's duration, reported as "name=µs ..." (the isolation
-        // cost the benchmark harness shows).
-        let mut times = String::new();
-        let mut t = std::time::Instant::now();
-        let mut lap = |name: &str, times: &mut String| {
-            times.push_str(&format!("{name}={} ", t.elapsed().as_micros()));
-            t = std::time::Instant::now();
-        };
-        rlimits::apply(&self.rlimits).map_err(|e| e.to_string())?;
-        lap("rlimits", &mut times);
-        self.cgroups.join_self().map_err(|e| e.to_string())?;
-        lap("cgroup_join", &mut times);
-        if self.netns {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| format!("network namespace: unshare: {e}"))?;
-        }
-        lap("namespaces", &mut times);
-        // Landlock's rule paths are opened now, while the process may still
-        // reach them; the rules are enforced after the user switch.
-        let ruleset = if self.landlock_abi > 0 {
-            Some(
-                landlock::build(&self.spec.fs, !self.spec.network, self.landlock_abi)
-                    .map_err(|e| e.to_string())?,
-            )
-        } else {
-            None
-        };
-        lap("landlock_build", &mut times);
-        caps::drop_bounding(self.privileged, self.last_cap).map_err(|e| e.to_string())?;
-        if let Some((uid, gid)) = self.run_as {
-            caps::switch_user(uid, gid).map_err(|e| e.to_string())?;
-        }
-        caps::clear_sets().map_err(|e| e.to_string())?;
-        lap("capabilities", &mut times);
-        caps::no_new_privs().map_err(|e| e.to_string())?;
-        lap("no_new_privs", &mut times);
-        if let Some(r) = ruleset {
-            landlock::enforce(r).map_err(|e| e.to_string())?;
-        }
-        lap("landlock_enforce", &mut times);
-        if let Some(s) = &self.seccomp {
-            seccomp::install(s).map_err(|e| e.to_string())?;
-        }
-        lap("seccomp", &mut times);
-        Ok(times)
+    /// The namespaces the attempt is cloned into.
+    pub fn namespaces(&self) -> namespaces::RunNamespaces {
+        self.namespaces
     }
 
     /// The run's cgroups.
     pub fn cgroups(&self) -> &cgroup::RunCgroups {
         &self.cgroups
+    }
+
+    /// In the run's init: joins the cgroups (children inherit them),
+    /// builds the run's root, and keeps memfds from ever being executed.
+    pub fn setup_in_init(&self, scratch: &scratch::Scratch) -> Result<(), ApplyError> {
+        self.cgroups.join_self()?;
+        root::build(&self.spec.mounts, scratch.root(), &self.owners)?;
+        if !self.host_privileged {
+            return Ok(());
+        }
+        // Per PID namespace: no memfd of the run can be made executable.
+        std::fs::write("/proc/sys/vm/memfd_noexec", "2").map_err(|source| ApplyError::Sysctl {
+            name: "vm.memfd_noexec",
+            source,
+        })
+    }
+
+    /// In the run's init, once the agent is started: init keeps no
+    /// privilege (it only reaps and passes a cancel on).
+    pub fn drop_init_privileges(&self) -> Result<(), ApplyError> {
+        if let Some((uid, gid)) = self.run_as {
+            caps::switch_user(uid, gid)?;
+        }
+        caps::clear_sets()?;
+        caps::no_new_privs()?;
+        Ok(())
+    }
+
+    /// In the agent, between fork and exec, in order; the error names the
+    /// step.
+    pub fn apply_in_agent(&self) -> Result<(), ApplyError> {
+        rlimits::apply(&self.rlimits)?;
+        // Landlock's rule paths are opened now, while the process may still
+        // reach them; the rules are enforced after the user switch.
+        let ruleset = if self.landlock_abi > 0 {
+            Some(landlock::build(
+                &self.spec.fs,
+                !self.spec.network,
+                self.landlock_abi,
+            )?)
+        } else {
+            None
+        };
+        caps::drop_bounding(self.privileged, self.last_cap)?;
+        if let Some((uid, gid)) = self.run_as {
+            caps::switch_user(uid, gid)?;
+        }
+        caps::clear_sets()?;
+        caps::no_new_privs()?;
+        if let Some(r) = ruleset {
+            landlock::enforce(r)?;
+        }
+        if let Some(s) = &self.seccomp {
+            seccomp::install(s)?;
+        }
+        Ok(())
     }
 }

@@ -49,6 +49,15 @@ pub struct IsolationReport {
     pub user: String,
     /// rlimits set (resource=value).
     pub rlimits: Vec<String>,
+    /// The run's namespaces.
+    #[serde(default)]
+    pub namespaces: Enforcement,
+    /// The run's own root file system.
+    #[serde(default)]
+    pub root: Enforcement,
+    /// The bound on what the run may write to its own dirs.
+    #[serde(default)]
+    pub disk: Enforcement,
     /// Anything else worth knowing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,

@@ -133,21 +133,6 @@ pub fn plan(mountinfo: &str, self_cgroup: &str, v2_controllers: Option<&str>) ->
     CgroupPlan { memory, pids, v2 }
 }
 
-impl CgroupPlan {
-    /// How the whole tree of a run is killed: `cgroup.kill` in v2, else the
-    /// process list of a cgroup the run has, else only the runner's own
-    /// /proc walk.
-    pub fn kill_via(&self) -> &'static str {
-        if self.v2.is_some() {
-            "cgroup.kill"
-        } else if matches!(self.pids, Via::V1(_)) || matches!(self.memory, Via::V1(_)) {
-            "the cgroup's process list"
-        } else {
-            "a /proc walk"
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,7 +155,6 @@ mod tests {
             Via::V1("/sys/fs/cgroup/memory/job/42/subagentd".into())
         );
         assert_eq!(p.pids, Via::V1("/sys/fs/cgroup/pids/subagentd".into()));
-        assert_eq!(p.kill_via(), "the cgroup's process list");
     }
 
     #[test]
@@ -186,7 +170,6 @@ mod tests {
             Some(PathBuf::from("/sys/fs/cgroup/unified/subagentd"))
         );
         assert_eq!(p.pids, Via::Rlimit);
-        assert_eq!(p.kill_via(), "cgroup.kill");
     }
 
     #[test]

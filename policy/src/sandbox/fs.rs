@@ -115,6 +115,12 @@ pub fn rules(paths: &RunPaths, grants: &Grants, request: &SandboxRequest) -> FsR
         ));
     }
     rules.push(rule(
+        Path::new("/dev/shm"),
+        Access::ReadWrite,
+        true,
+        "POSIX shared memory (the run's own)",
+    ));
+    rules.push(rule(
         Path::new("/proc"),
         Access::Read,
         false,

@@ -6,10 +6,12 @@
 //!
 //! - [`fs`]: which paths the child may read, execute and write (Landlock).
 //! - [`seccomp`]: the syscalls an agent never needs, each with its reason.
+//! - [`mounts`]: the child's own root file system, what exists at all.
 //! - [`cgroup`]: where memory and process limits come from on this host.
 
 pub mod cgroup;
 pub mod fs;
+pub mod mounts;
 pub mod seccomp;
 
 use serde::{Deserialize, Serialize};
@@ -50,6 +52,9 @@ pub enum Mechanism {
     NetworkIsolation,
     /// Memory and process limits through a cgroup.
     Cgroup,
+    /// The run's own PID, mount, IPC and cgroup namespaces and root file
+    /// system (always required: there is no run without them).
+    Namespaces,
 }
 
 impl Mechanism {
@@ -61,6 +66,7 @@ impl Mechanism {
             Mechanism::CapabilityDrop => "capability_drop",
             Mechanism::NetworkIsolation => "network_isolation",
             Mechanism::Cgroup => "cgroup",
+            Mechanism::Namespaces => "namespaces",
         }
     }
 }
@@ -95,6 +101,10 @@ pub struct RlimitSpec {
 pub struct SandboxSpec {
     /// The file-system rules.
     pub fs: fs::FsRules,
+    /// The child's root file system (absent in a runner.json written
+    /// before it existed: such a run is refused).
+    #[serde(default)]
+    pub mounts: mounts::MountPlan,
     /// Whether the child may use the network.
     pub network: bool,
     /// The seccomp deny-list.
@@ -174,11 +184,16 @@ pub struct SandboxInputs {
     pub pids: u64,
     /// Largest file the child may write, in bytes.
     pub fsize_bytes: u64,
+    /// Size of the run's scratch file system, in bytes.
+    pub disk_bytes: u64,
     /// Mechanisms required (from config, else [`default_require`]).
     pub require: Option<Vec<Mechanism>>,
     /// The child runs as the daemon's own uid (no run_as): it owns the
     /// daemon's files (and the system's, for a root daemon).
     pub shares_daemon_uid: bool,
+    /// The child runs as a uid no other process has (a root daemon's
+    /// per-run uid): RLIMIT_NPROC then counts the run's processes alone.
+    pub own_uid: bool,
 }
 
 /// Default memory limit in MiB.
@@ -193,7 +208,7 @@ pub const NOFILE: u64 = 4096;
 /// Computes the sandbox spec of one run.
 pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
     let network = input.grants.network;
-    let rlimits = vec![
+    let mut rlimits = vec![
         RlimitSpec {
             resource: "core".into(),
             value: 0,
@@ -210,8 +225,31 @@ pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
             reason: "bounded descriptors".into(),
         },
     ];
+    if input.own_uid {
+        rlimits.push(RlimitSpec {
+            resource: "nproc".into(),
+            value: input.pids,
+            reason: "the process limit, counted for the run's own uid".into(),
+        });
+    }
+    let fs = fs::rules(&input.paths, &input.grants, &input.request);
+    let p = &input.paths;
+    let mounts = mounts::plan(
+        &fs,
+        &mounts::RootPaths {
+            temp: &p.temp_dir,
+            artifacts: &p.artifact_dir,
+            delta: &p.delta_dir,
+            context: &p.context_dir,
+            project: &p.project_dir,
+            programs: &p.programs,
+        },
+        &input.grants,
+        input.disk_bytes,
+    );
     SandboxSpec {
-        fs: fs::rules(&input.paths, &input.grants, &input.request),
+        fs,
+        mounts,
         network,
         seccomp: seccomp::spec(network, input.shares_daemon_uid, input.grants.exec),
         rlimits,
@@ -247,8 +285,10 @@ mod tests {
             memory_mb: 64,
             pids: 32,
             fsize_bytes: 1 << 20,
+            disk_bytes: 8 << 20,
             require: None,
             shares_daemon_uid: false,
+            own_uid: true,
         }
     }
 

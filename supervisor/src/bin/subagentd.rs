@@ -38,9 +38,9 @@ struct Args {
     /// The subagent-runner binary (default: next to this executable).
     #[arg(long, env = "SUBAGENTD_RUNNER", value_name = "PATH")]
     runner: Option<PathBuf>,
-    /// Run children as this unprivileged user (`USER` or `UID:GID`); the
-    /// daemon must run as root. Their temp, artifact and delta dirs are
-    /// then that user's.
+    /// Run every child as this one unprivileged user (`USER` or
+    /// `UID:GID`) instead of a uid of its own per run; the daemon must run
+    /// as root.
     #[arg(long, env = "SUBAGENTD_RUN_AS", value_name = "USER")]
     run_as: Option<String>,
     /// Log format on stderr.

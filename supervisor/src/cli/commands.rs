@@ -81,6 +81,7 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
             output_mb: args.output_mb,
             memory_mb: args.memory_mb,
             pids: args.pids,
+            disk_mb: args.disk_mb,
         },
         keep_temp: args.keep_temp,
         agent: args.agent.clone(),

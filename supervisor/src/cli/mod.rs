@@ -73,6 +73,10 @@ pub struct RunArgs {
     /// Process limit (default 512).
     #[arg(long, value_name = "N")]
     pub pids: Option<u64>,
+    /// Size of the run's temp, artifact and delta dirs together, in MiB
+    /// (default 1024).
+    #[arg(long, value_name = "MB")]
+    pub disk_mb: Option<u64>,
     /// Let the child write the project dir (default: read only).
     #[arg(long)]
     pub write_project: bool,

@@ -119,6 +119,7 @@ fn merge_limits(first: policy::Limits, then: policy::Limits) -> policy::Limits {
         memory_mb: first.memory_mb.or(then.memory_mb),
         pids: first.pids.or(then.pids),
         output_mb: first.output_mb.or(then.output_mb),
+        disk_mb: first.disk_mb.or(then.disk_mb),
     }
 }
 
@@ -203,10 +204,13 @@ pub fn plan(
         ));
     };
     check_command(&command, "command")?;
+    // The parent's own limits win; a definition only lowers the defaults.
     let from_def = agent.as_ref().map(|d| d.limits).unwrap_or_default();
     let limits = merge_limits(
-        merge_limits(p.limits, from_def),
-        settings.audience_limits(p.session.audience),
+        p.limits,
+        settings
+            .audience_limits(p.session.audience)
+            .lowered_by(&from_def),
     );
     Ok(Plan {
         command,
@@ -328,33 +332,6 @@ fn mkdir_private(path: &Path, recursive: bool) -> Result<(), EngineError> {
         .map_err(|e| storage("create", path, e))
 }
 
-fn share_with_group(path: &Path, gid: u32, mode: u32) -> Result<(), EngineError> {
-    std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| storage("chown", path, e))?;
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-        .map_err(|e| storage("chmod", path, e))
-}
-
-/// For a `run_as` child: the path down to its run folder becomes
-/// traversable (0711, not listable); artifacts/ and delta/ become the
-/// child's; context/ is readable through the child's group, never
-/// writable.
-fn give_dirs_to_child(
-    runs_dir: &Path,
-    files: &RunFiles,
-    uid: u32,
-    gid: u32,
-) -> Result<(), EngineError> {
-    let traverse = [runs_dir.parent(), Some(runs_dir), Some(files.dir.as_path())];
-    for d in traverse.into_iter().flatten() {
-        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o711))
-            .map_err(|e| storage("chmod", d, e))?;
-    }
-    for d in [files.artifacts(), files.delta_dir()] {
-        std::os::unix::fs::chown(&d, Some(uid), Some(gid)).map_err(|e| storage("chown", &d, e))?;
-    }
-    share_with_group(&files.context(), gid, 0o750)
-}
-
 /// The first of `.subagents/AGENTS.md`, `AGENTS.md`, `CLAUDE.md`,
 /// `CONTEXT.md` in `dir` (at most 1 MiB of it is read).
 pub fn project_instructions(dir: &Path) -> Option<policy::compose::Sourced> {
@@ -444,15 +421,15 @@ pub fn first_message(context: Option<&str>, task: &str) -> String {
     format!("Context: {context}\nTask: {task}\n")
 }
 
-/// Records a new run: fills a spare run folder (see [`super::spare`]) with
-/// its context files, runner.json and run.json, makes its
-/// temp dir, and publishes the folder under its run id, durably.
-/// Blocking.
+/// Records a new run: leases its uid (root daemons), fills a spare run
+/// folder (see [`super::spare`]) with its context files, runner.json and
+/// run.json, makes its temp dir, and publishes the folder under its run
+/// id, durably. Blocking.
 pub(crate) fn create_run(
     inner: &Inner,
     p: &SpawnParams,
     plan: &Plan,
-) -> Result<RunRecord, EngineError> {
+) -> Result<(RunRecord, Option<crate::uids::UidLease>), EngineError> {
     let id = RunId::new();
     let session = &p.session.id;
     let runs_dir = inner.layout.runs_dir(session);
@@ -473,15 +450,26 @@ pub(crate) fn create_run(
     };
     let mut temp_dir = None;
     let mut made_worktree: Option<super::workctx::Worktree> = None;
+    let lease = match &inner.uids {
+        Some(pool) => Some(pool.lease().map_err(|e| EngineError::Sandbox {
+            mechanism: "per_run_uid",
+            why: e.to_string(),
+        })?),
+        None => None,
+    };
     let result = (|| {
-        let child = inner.cfg.run_as.map(|r| (r.uid, r.gid));
-        if let Some((uid, gid)) = child {
-            give_dirs_to_child(&runs_dir, &stage, uid, gid)?;
-        }
+        // The child's uid: its own, or the one `run_as` user. Its files
+        // (project, context) are reached through idmapped mounts and its
+        // own dirs live in its scratch file system: nothing on disk needs
+        // to become its.
+        let child = match &lease {
+            Some(l) => Some((l.uid, l.uid)),
+            None => inner.cfg.run_as.map(|r| (r.uid, r.gid)),
+        };
         let t = crate::securedir::make_temp_dir(
             &inner.cfg.temp_base,
             session,
-            child,
+            None,
             inner.spare.take_temp(),
         )
         .map_err(|e| EngineError::Workspace(e.to_string()))?;
@@ -496,9 +484,6 @@ pub(crate) fn create_run(
                     id.as_str(),
                 )?;
                 made_worktree = Some(w.clone());
-                if let Some((uid, gid)) = child {
-                    super::workctx::give_to(&w.dir, uid, gid)?;
-                }
                 Some(w)
             }
             _ => None,
@@ -543,9 +528,6 @@ pub(crate) fn create_run(
             // Derived from the inputs in runner.json, which is durable: not
             // fsynced.
             fill(&path, bytes, false)?;
-            if let Some((_, gid)) = child {
-                share_with_group(&path, gid, 0o640)?;
-            }
         }
         // The first attempt's plan: a second name for plan.json's file, no
         // new inode (a restart replaces plan.json and leaves this one).
@@ -598,8 +580,10 @@ pub(crate) fn create_run(
                 .unwrap_or(policy::sandbox::DEFAULT_MEMORY_MB),
             pids: plan.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
             fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
+            disk_bytes: plan.limits.disk_bytes(),
             require: Some(inner.cfg.required(plan.grants.network)),
             shares_daemon_uid: child.is_none(),
+            own_uid: lease.is_some(),
         });
         let spec = RunnerSpec {
             run_id: id.to_string(),
@@ -614,6 +598,7 @@ pub(crate) fn create_run(
             sandbox,
             cgroup_plan: inner.probe.cgroups.clone(),
             run_as: child,
+            keep_temp: p.keep_temp,
             restart: Some(subagent_runner::spec::RestartSpec {
                 max_attempts: input.max_attempts,
                 // The inputs stay with the run (not in the child's context
@@ -623,7 +608,7 @@ pub(crate) fn create_run(
                 context_dir: files.context(),
                 artifact_dir: files.artifacts(),
                 attempt_file: files.dir.join("attempt.json"),
-                share_gid: child.map(|(_, gid)| gid),
+                share_gid: None,
             }),
         };
         // Compact: only the runner reads it (about 15 KB pretty-printed).
@@ -667,6 +652,8 @@ pub(crate) fn create_run(
             delta: None,
             max_attempts: input.max_attempts,
             attempts: None,
+            kept: None,
+            uid: lease.as_ref().map(|l| l.uid),
         };
         fill(&stage.record(), &rec.to_bytes(), true)?;
         // Published whole: the folder's files and their names are durable
@@ -687,7 +674,7 @@ pub(crate) fn create_run(
             crate::securedir::remove_empty_session_dir(&t);
         }
     }
-    result
+    result.map(|rec| (rec, lease))
 }
 
 #[cfg(test)]

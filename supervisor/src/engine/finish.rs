@@ -31,6 +31,7 @@ pub fn apply_exit(
             rec.isolation = x.isolation.clone();
             rec.attempts = Some(x.attempts);
             rec.resources = Some(x.resources.clone());
+            rec.kept = x.kept.clone();
             let mut reason = x.reason.clone();
             if let Some(e) = &x.log_error {
                 reason.push_str(&format!("; {e}"));
@@ -199,6 +200,10 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
     if rec.finalized || !rec.state.is_terminal() {
         return;
     }
+    // A run that never started lets its uid go here.
+    if let Some(id) = rec.id() {
+        drop(sup.take_lease(&id));
+    }
     // Every file step of the end in one blocking task (one hand-off to the
     // blocking pool rather than one per step), in this order.
     let (start, sup2) = (rec.clone(), sup.clone());
@@ -333,6 +338,7 @@ mod tests {
             isolation: None,
             resources: Default::default(),
             attempts: 1,
+            kept: None,
             setup_us: Default::default(),
         }
     }

@@ -7,7 +7,7 @@
 use super::{finish, pidfd, Slot, Supervisor};
 use crate::paths::RunFiles;
 use crate::record::RunState;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -27,10 +27,12 @@ pub struct Launched {
 
 /// Starts the runner for the run in `files`: hands it to a warm runner when
 /// one waits (see [`super::warm`]), else starts one. Blocking.
+/// With `uid_lock` (the run's uid lease), the runner holds that too.
 pub fn start_runner(
     runner: &Path,
     warm: &super::warm::WarmRunners,
     files: &RunFiles,
+    uid_lock: Option<BorrowedFd<'_>>,
 ) -> Result<Launched, String> {
     let lock_path = files.runner_lock();
     let lock = super::lockfile::open(&lock_path).map_err(|e| e.to_string())?;
@@ -45,14 +47,17 @@ pub fn start_runner(
         .mode(0o600)
         .open(files.runner_log())
         .map_err(|e| format!("open {}: {e}", files.runner_log().display()))?;
-    if let Some(l) = warm.hand_over(&files.runner_spec(), lock.as_fd(), log.as_fd()) {
+    if let Some(l) = warm.hand_over(&files.runner_spec(), lock.as_fd(), log.as_fd(), uid_lock) {
         return Ok(l);
     }
-    let args = [
-        "--lock-fd".to_owned(),
-        super::spawn::LOCK_FD.to_string(),
-        files.runner_spec().display().to_string(),
-    ];
+    let mut args = vec!["--lock-fd".to_owned(), super::spawn::LOCK_FD.to_string()];
+    if uid_lock.is_some() {
+        args.extend([
+            "--uid-lock-fd".to_owned(),
+            super::spawn::UID_LOCK_FD.to_string(),
+        ]);
+    }
+    args.push(files.runner_spec().display().to_string());
     // The runner reads its signals through a signalfd, so they are blocked
     // from its first instruction and an early cancel is never lost. It gets
     // runner.lock as fd 3 and holds it until it dies.
@@ -62,6 +67,7 @@ pub fn start_runner(
         stdin: None,
         output: Some(log.as_fd()),
         lock: Some(lock.as_fd()),
+        uid_lock,
         blocked: subagent_runner::supervise::handled_signals(),
     })
     .map_err(|e| e.to_string())?;
@@ -75,7 +81,7 @@ impl Launched {
     /// time).
     pub fn of(pid: i32) -> Result<Launched, String> {
         let pidfd = pidfd::open(pid).map_err(|e| e.to_string())?;
-        let start_ticks = subagent_runner::tree::read_stat(pid)
+        let start_ticks = subagent_runner::procstat::read_stat(pid)
             .map(|s| s.start_ticks)
             .unwrap_or(0);
         Ok(Launched {
@@ -97,10 +103,13 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     let runner = sup.inner.cfg.runner.clone();
     let warm = sup.inner.warm.clone();
     let accepted = rec.clone();
+    let lease = rec.id().and_then(|id| sup.take_lease(&id));
     // The runner is started and the running state recorded (durably) in
     // one blocking task: one hand-off to the blocking pool less per run.
     let launched = tokio::task::spawn_blocking(move || {
-        let l = start_runner(&runner, &warm, &files)?;
+        // The runner holds the uid lease from here on; ours goes with
+        // this task.
+        let l = start_runner(&runner, &warm, &files, lease.as_ref().map(|l| l.lock()))?;
         let mut next = accepted;
         next.state = RunState::Running;
         next.started_at_ms = Some(crate::timefmt::now_ms());

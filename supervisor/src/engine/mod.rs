@@ -53,8 +53,13 @@ pub struct Config {
     pub max_concurrent: usize,
     /// Milliseconds between SIGTERM and SIGKILL on cancel.
     pub kill_grace_ms: u64,
-    /// Run children as this user (root daemons only).
+    /// Run every child as this one user (root daemons only); without it a
+    /// root daemon gives each run a uid of its own from the config's
+    /// `uid_range`.
     pub run_as: Option<crate::runas::RunAs>,
+    /// Where per-run uids are leased (shared by every supervisor on the
+    /// host).
+    pub uid_lock_dir: PathBuf,
     /// The config file's settings (require, tools, audiences, limits, ...).
     pub settings: policy::config::Config,
     /// The git snapshot's time budget (2 s; zero simulates a slow repo).
@@ -81,6 +86,7 @@ impl Config {
             max_concurrent: default_max_concurrent(),
             kill_grace_ms: subagent_runner::spec::DEFAULT_KILL_GRACE_MS,
             run_as: None,
+            uid_lock_dir: PathBuf::from(crate::uids::LOCK_DIR),
             settings: Default::default(),
             git_budget: crate::gitsnap::BUDGET,
             warm_runners: WARM_RUNNERS,
@@ -131,6 +137,10 @@ pub(crate) struct Inner {
     tools: policy::toolpolicy::ToolPolicy,
     spare: Arc<spare::SparePool>,
     warm: Arc<warm::WarmRunners>,
+    /// Per-run uids (a root daemon without `run_as`).
+    uids: Option<crate::uids::UidPool>,
+    /// The uid leases of runs not started yet.
+    leases: Mutex<BTreeMap<RunId, crate::uids::UidLease>>,
     _state_lock: std::fs::File,
 }
 
@@ -174,28 +184,33 @@ impl Supervisor {
         }
         let lock = {
             let layout = layout.clone();
-            let traversable = cfg.run_as.is_some();
-            blocking(move || recover::open_state_dir(&layout, traversable)).await?
+            blocking(move || recover::open_state_dir(&layout)).await?
         };
         let tools = cfg
             .settings
             .tool_policy()
             .map_err(|e| EngineError::Internal(format!("config: {e}")))?;
-        if let Some(r) = &cfg.run_as {
-            let state = layout.root.clone();
-            let temp_parent = cfg.temp_base.parent().map(std::path::Path::to_path_buf);
-            let r = *r;
-            blocking(move || {
-                for d in std::iter::once(state).chain(temp_parent) {
-                    crate::runas::check_reachable(&d, &r).map_err(|why| EngineError::Sandbox {
-                        mechanism: "run_as",
-                        why,
-                    })?;
-                }
-                Ok(())
+        let uids = if cfg.run_as.is_none() && nix::unistd::geteuid().is_root() {
+            let sandbox = |why: String| EngineError::Sandbox {
+                mechanism: "per_run_uid",
+                why,
+            };
+            let (first, count) = match &cfg.settings.uid_range {
+                Some(r) => crate::uids::parse_range(r).map_err(|e| sandbox(e.to_string()))?,
+                None => (crate::uids::DEFAULT_FIRST, crate::uids::DEFAULT_COUNT),
+            };
+            let dir = cfg.uid_lock_dir.clone();
+            let pool = blocking(move || {
+                crate::uids::UidPool::open(first, count, &dir).map_err(|e| EngineError::Sandbox {
+                    mechanism: "per_run_uid",
+                    why: e.to_string(),
+                })
             })
             .await?;
-        }
+            Some(pool)
+        } else {
+            None
+        };
         let spare = {
             let dir = layout.spare();
             let temp_base = cfg.temp_base.clone();
@@ -225,6 +240,8 @@ impl Supervisor {
             tools,
             spare: spare.clone(),
             warm: warm.clone(),
+            uids,
+            leases: Mutex::new(BTreeMap::new()),
             _state_lock: lock,
         });
         spare::SparePool::start_maker(&spare)
@@ -282,9 +299,13 @@ impl Supervisor {
             accept::create_run(&inner, &params, &plan)
         })
         .await?;
+        let (rec, lease) = rec;
         let id = rec
             .id()
             .ok_or_else(|| EngineError::Internal("bad run id".into()))?;
+        if let Some(l) = lease {
+            self.hold_lease(&id, l);
+        }
         self.insert(rec);
         self.inner
             .queue
@@ -292,6 +313,20 @@ impl Supervisor {
             .map_err(|_| EngineError::ShuttingDown)?;
         tracing::info!(run_id = %id, "run accepted");
         Ok(id)
+    }
+
+    /// Keeps a run's uid lease until its runner has it.
+    pub(crate) fn hold_lease(&self, id: &RunId, lease: crate::uids::UidLease) {
+        self.leases().insert(id.clone(), lease);
+    }
+
+    /// Takes a run's uid lease (to hand to its runner, or to let it go).
+    pub(crate) fn take_lease(&self, id: &RunId) -> Option<crate::uids::UidLease> {
+        self.leases().remove(id)
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, BTreeMap<RunId, crate::uids::UidLease>> {
+        self.inner.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A run's current status.

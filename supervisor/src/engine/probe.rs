@@ -79,14 +79,13 @@ impl HostProbe {
             Via::Rlimit => "rlimit only",
         };
         format!(
-            "landlock {}; seccomp {}; network namespace {}; capability drop {}; memory limits via {}; pids limits via {}; whole-tree kill via {}",
+            "landlock {}; seccomp {}; network namespace {}; capability drop {}; memory limits via {}; pids limits via {}; whole-run kill via the run's PID namespace",
             if self.landlock_abi > 0 { format!("ABI {}", self.landlock_abi) } else { "unavailable".into() },
             if self.seccomp { "on" } else { "unavailable" },
             if self.net_namespace { "yes" } else { "no (no CAP_SYS_ADMIN)" },
             if self.full_cap_drop { "full (bounding set too)" } else { "effective/permitted/ambient (the bounding set needs CAP_SETPCAP)" },
             via(&self.cgroups.memory),
             via(&self.cgroups.pids),
-            self.cgroups.kill_via(),
         )
     }
 }

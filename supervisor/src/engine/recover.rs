@@ -11,14 +11,8 @@ use crate::record::{RunRecord, RunState};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 
-/// Creates the state dir (0700) and takes its lock. With `traversable`
-/// (children run as another user), the state dir and sessions/ become 0711:
-/// a child may pass through to its own run's dirs, never list anything.
-/// Blocking.
-pub fn open_state_dir(
-    layout: &StateLayout,
-    traversable: bool,
-) -> Result<std::fs::File, EngineError> {
+/// Creates the state dir (0700) and takes its lock. Blocking.
+pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -26,9 +20,8 @@ pub fn open_state_dir(
         .map_err(|e| {
             EngineError::Storage(format!("create {}: {e}", layout.sessions().display()))
         })?;
-    let mode = if traversable { 0o711 } else { 0o700 };
     for d in [layout.root.clone(), layout.sessions()] {
-        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(mode))
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(|e| EngineError::Storage(format!("chmod {}: {e}", d.display())))?;
     }
     lockfile::acquire(&layout.root.join("daemon.lock")).map_err(|e| match e {
@@ -122,6 +115,8 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
         delta: None,
         max_attempts: 1,
         attempts: None,
+        kept: None,
+        uid: None,
     };
     rec.save().ok()?;
     Some(rec)
@@ -129,7 +124,7 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
 
 /// Whether the runner recorded in `rec` is alive (pid and start time match).
 fn runner_alive(pid: i32, start_ticks: Option<u64>) -> bool {
-    match subagent_runner::tree::read_stat(pid) {
+    match subagent_runner::procstat::read_stat(pid) {
         Some(st) => st.state != 'Z' && start_ticks.is_none_or(|t| t == st.start_ticks),
         None => false,
     }
@@ -219,10 +214,20 @@ pub async fn recover(sup: &Supervisor) {
                 }
             },
             (RunState::Accepted, None) if never_started(&files) => {
-                queued += 1;
-                if let Some(id) = rec.id() {
-                    let _ = sup.inner.queue.send(id);
+                let Some(id) = rec.id() else { continue };
+                // A queued run keeps the uid it was given.
+                if let (Some(pool), Some(uid)) = (&sup.inner.uids, rec.uid) {
+                    match pool.relock(uid) {
+                        Ok(lease) => sup.hold_lease(&id, lease),
+                        Err(e) => {
+                            fail_queued(sup, &slot, e.to_string()).await;
+                            ended += 1;
+                            continue;
+                        }
+                    }
                 }
+                queued += 1;
+                let _ = sup.inner.queue.send(id);
             }
             _ => {
                 ended += 1;
@@ -239,4 +244,18 @@ pub async fn recover(sup: &Supervisor) {
             "recovered runs from the state dir"
         );
     }
+}
+
+/// Ends a queued run that cannot start again after a restart.
+async fn fail_queued(sup: &Supervisor, slot: &Arc<super::Slot>, why: String) {
+    let mut r = slot.rec.lock().await;
+    let mut next = r.clone();
+    next.state = RunState::Failed;
+    next.reason = Some(format!("could not be started after a restart: {why}"));
+    next.ended_at_ms = Some(crate::timefmt::now_ms());
+    if let Err(e) = sup.persist(slot, &mut r, next).await {
+        tracing::error!("{e}");
+    }
+    drop(r);
+    finish::finalize(sup, slot).await;
 }

@@ -9,8 +9,9 @@
 //! set up before its first instruction is expressed as spawn attributes:
 //! a new session, the blocked signal mask, SIGPIPE back to its default,
 //! cwd `/`, stdin (`/dev/null`, or a warm runner's socket), stdout and
-//! stderr (runner.log, or `/dev/null` for a warm runner), and runner.lock
-//! as fd 3 (without close-on-exec) when there is one.
+//! stderr (runner.log, or `/dev/null` for a warm runner), runner.lock as
+//! fd 3 and the run's uid lease as fd 4 (both without close-on-exec) when
+//! there are.
 
 use nix::sys::signal::SigSet;
 use std::ffi::{CString, NulError};
@@ -20,6 +21,10 @@ use std::path::Path;
 
 /// The fd number the runner finds runner.lock on.
 pub const LOCK_FD: RawFd = 3;
+
+/// The fd number the runner finds its uid lease on (with
+/// `--uid-lock-fd 4`).
+pub const UID_LOCK_FD: RawFd = 4;
 
 /// Why a runner could not be spawned.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +61,8 @@ pub struct RunnerSpawn<'a> {
     pub output: Option<BorrowedFd<'a>>,
     /// The descriptor handed over as fd [`LOCK_FD`], if any.
     pub lock: Option<BorrowedFd<'a>>,
+    /// The descriptor handed over as fd [`UID_LOCK_FD`], if any.
+    pub uid_lock: Option<BorrowedFd<'a>>,
     /// The signals blocked from its first instruction.
     pub blocked: SigSet,
 }
@@ -111,10 +118,11 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
     let dev_null = cstr("/dev/null", b"/dev/null")?;
     let root = cstr("/", b"/")?;
 
-    // dup2(fd, fd) would keep close-on-exec: move the lock off fd 3 first.
+    // dup2(fd, fd) would keep close-on-exec, and one dup2 could overwrite
+    // the other's source: move both off fds 3 and 4 first.
     let off_low =
         |fd: Option<BorrowedFd<'_>>, what: &'static str| -> Result<Option<OwnedFd>, SpawnError> {
-            let Some(fd) = fd.filter(|f| f.as_raw_fd() == LOCK_FD) else {
+            let Some(fd) = fd.filter(|f| [LOCK_FD, UID_LOCK_FD].contains(&f.as_raw_fd())) else {
                 return Ok(None);
             };
             // SAFETY: F_DUPFD_CLOEXEC on a descriptor we borrow returns a new
@@ -131,6 +139,11 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
             Ok(Some(unsafe { OwnedFd::from_raw_fd(new) }))
         };
     let moved_lock = off_low(s.lock, "fcntl(F_DUPFD_CLOEXEC) runner.lock for")?;
+    let moved_uid = off_low(s.uid_lock, "fcntl(F_DUPFD_CLOEXEC) the uid lease for")?;
+    let uid_fd = match &moved_uid {
+        Some(f) => Some(f.as_raw_fd()),
+        None => s.uid_lock.map(|l| l.as_raw_fd()),
+    };
     let lock_fd = match &moved_lock {
         Some(f) => Some(f.as_raw_fd()),
         None => s.lock.map(|l| l.as_raw_fd()),
@@ -193,6 +206,12 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
                 libc::posix_spawn_file_actions_adddup2(&mut fa.0, lock_fd, LOCK_FD),
             )?;
         }
+        if let Some(uid_fd) = uid_fd {
+            check(
+                "posix_spawn_file_actions_adddup2 the uid lease for",
+                libc::posix_spawn_file_actions_adddup2(&mut fa.0, uid_fd, UID_LOCK_FD),
+            )?;
+        }
         check(
             "posix_spawn_file_actions_addchdir_np / for",
             libc::posix_spawn_file_actions_addchdir_np(&mut fa.0, root.as_ptr()),
@@ -243,6 +262,7 @@ pub fn spawn(s: &RunnerSpawn<'_>) -> Result<i32, SpawnError> {
         )
     };
     drop(moved_lock);
+    drop(moved_uid);
     check("posix_spawn", rc)?;
     Ok(pid)
 }

@@ -5,8 +5,8 @@
 //!
 //! Each waits on a SOCK_SEQPACKET socket whose other end the daemon keeps.
 //! A hand-over is one message: runner.json's path, with runner.lock
-//! (already flock'ed by the daemon) and runner.log as SCM_RIGHTS. A warm
-//! runner that died meanwhile is noticed when the message cannot be sent;
+//! (already flock'ed by the daemon), runner.log and, for a run with a uid
+//! of its own, its uid lease as SCM_RIGHTS. A warm runner that died meanwhile is noticed when the message cannot be sent;
 //! the spawn then starts a runner as before. A warm runner that is let go
 //! (the pool dropped, the daemon gone) reads end of file and exits.
 //!
@@ -123,6 +123,7 @@ impl WarmRunners {
             stdin: Some(theirs.as_fd()),
             output: None,
             lock: None,
+            uid_lock: None,
             blocked: subagent_runner::supervise::handled_signals(),
         })
         .map_err(|e| e.to_string())?;
@@ -137,13 +138,15 @@ impl WarmRunners {
     }
 
     /// Hands the run whose runner.json is `spec` to a waiting warm runner,
-    /// with its (locked) runner.lock and its runner.log. None when no warm runner could take
+    /// with its (locked) runner.lock, its runner.log and its uid lease, if
+    /// any. None when no warm runner could take
     /// it (none waits, or those that did were dead). Blocking.
     pub fn hand_over(
         &self,
         spec: &Path,
         lock: BorrowedFd<'_>,
         log: BorrowedFd<'_>,
+        uid_lock: Option<BorrowedFd<'_>>,
     ) -> Option<Launched> {
         loop {
             let mut idle = self.idle().pop()?;
@@ -152,7 +155,7 @@ impl WarmRunners {
             let Some(pidfd) = idle.pidfd.take() else {
                 continue;
             };
-            match send(&idle, spec, lock, log) {
+            match send(&idle, spec, lock, log, uid_lock) {
                 Ok(()) => {
                     // Our end is not needed any more; the runner has its run.
                     drop(idle.sock.take());
@@ -176,9 +179,16 @@ impl WarmRunners {
     }
 }
 
-fn send(idle: &Idle, spec: &Path, lock: BorrowedFd<'_>, log: BorrowedFd<'_>) -> Result<(), String> {
+fn send(
+    idle: &Idle,
+    spec: &Path,
+    lock: BorrowedFd<'_>,
+    log: BorrowedFd<'_>,
+    uid_lock: Option<BorrowedFd<'_>>,
+) -> Result<(), String> {
     let sock = idle.sock.as_ref().ok_or("no socket")?;
-    let fds = [lock.as_raw_fd(), log.as_raw_fd()];
+    let mut fds = vec![lock.as_raw_fd(), log.as_raw_fd()];
+    fds.extend(uid_lock.map(|u| u.as_raw_fd()));
     let bytes = spec.as_os_str().as_bytes();
     let sent = sendmsg::<()>(
         sock.as_raw_fd(),

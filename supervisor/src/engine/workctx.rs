@@ -132,7 +132,16 @@ pub(crate) fn merge_delta(inner: &Inner, rec: &RunRecord) -> DeltaReport {
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(_) => {
-            report.note = Some("no delta was written".into());
+            // The runner keeps a delta only when it is a file within bounds.
+            let left = rec.kept.as_ref().and_then(|k| {
+                k.skipped
+                    .iter()
+                    .find(|s| s.dir == policy::sandbox::mounts::SCRATCH_DELTA)
+            });
+            report.note = Some(match left {
+                Some(s) => format!("nothing merged: delta.json is {}", s.why),
+                None => "no delta was written".into(),
+            });
             return report;
         }
     };

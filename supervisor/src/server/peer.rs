@@ -19,7 +19,7 @@ pub fn in_run_cgroup(cgroup_text: &str) -> bool {
 }
 
 fn parent_of(pid: i32) -> Option<i32> {
-    subagent_runner::tree::read_stat(pid).map(|s| s.ppid)
+    subagent_runner::procstat::read_stat(pid).map(|s| s.ppid)
 }
 
 fn comm(pid: i32) -> String {

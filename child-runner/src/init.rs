@@ -1,0 +1,223 @@
+//! The run's init: pid 1 of the run's PID namespace, the runner's only
+//! child. It joins the run's cgroups, builds the run's root, starts the
+//! agent (pid 2), then only reaps: orphans of the run are re-parented to
+//! it. When the agent ends it tells the runner how (on the status pipe)
+//! and exits, and the kernel ends every other process of the run. A
+//! cancel from the runner (SIGTERM, SIGINT, SIGHUP or SIGQUIT, from
+//! outside the namespace) is passed on as SIGTERM to every process of the
+//! run; signals sent from inside the run are ignored.
+
+use crate::sandbox::scratch::Scratch;
+use crate::sandbox::Prepared;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use std::os::fd::{OwnedFd, RawFd};
+
+/// What init writes on the status pipe when the agent has ended: its raw
+/// wait status and how many other processes of the run were still alive.
+pub const STATUS_LEN: usize = 8;
+
+/// Encodes a status record.
+pub fn encode(wait_status: i32, leftovers: u32) -> [u8; STATUS_LEN] {
+    let mut b = [0u8; STATUS_LEN];
+    b[..4].copy_from_slice(&wait_status.to_le_bytes());
+    b[4..].copy_from_slice(&leftovers.to_le_bytes());
+    b
+}
+
+/// Decodes a status record.
+pub fn decode(b: &[u8]) -> Option<(i32, u32)> {
+    let s = i32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+    let n = u32::from_le_bytes(b.get(4..STATUS_LEN)?.try_into().ok()?);
+    Some((s, n))
+}
+
+/// Everything init needs, made by the runner before the clone.
+pub struct InitArgs<'a> {
+    /// The sandbox of the attempt.
+    pub sandbox: &'a Prepared,
+    /// The run's scratch file system.
+    pub scratch: &'a Scratch,
+    /// Where a failure before exec is told (`code reason`).
+    pub why: RawFd,
+    /// Where the agent's status goes.
+    pub status: OwnedFd,
+    /// Starts the agent; runs in the forked agent and never returns.
+    pub agent: &'a dyn Fn() -> std::convert::Infallible,
+}
+
+/// Writes `code reason` on the failure pipe and exits with `code`.
+pub fn fail(why: RawFd, code: i32, reason: &str) -> ! {
+    let text = format!("{code} {reason}");
+    // SAFETY: writes our own buffer to a pipe we hold open; _exit ends the
+    // process without unwinding or running destructors twice.
+    unsafe {
+        let _ = libc::write(why, text.as_ptr().cast(), text.len());
+        libc::_exit(code)
+    }
+}
+
+/// Runs init; never returns.
+pub fn run(a: InitArgs<'_>) -> ! {
+    let why = a.why;
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        fail(why, 126, &format!("sandbox: prctl(PR_SET_PDEATHSIG): {e}"));
+    }
+    // The runner died before the death signal was armed: its end of the
+    // failure pipe is closed.
+    if runner_gone(why) {
+        // SAFETY: _exit ends the process at once.
+        unsafe { libc::_exit(1) }
+    }
+    if let Err(e) = a.sandbox.setup_in_init(a.scratch) {
+        fail(why, 126, &format!("sandbox: {e}"));
+    }
+    // SAFETY: init is single-threaded (a copy of the single-threaded
+    // runner), so the agent may run Rust code until it execs.
+    let agent = match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => match (a.agent)() {},
+        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+        Err(e) => fail(why, 126, &format!("sandbox: fork the agent: {e}")),
+    };
+    // Init keeps nothing but its status pipe: the runner sees end of file
+    // on the failure pipe once the agent has exec'd, and on the output pipe
+    // once the agent's processes have closed it.
+    let status = a.status;
+    let _ = crate::sys::close_all_except(std::os::fd::AsRawFd::as_raw_fd(&status));
+    let _ = a.sandbox.drop_init_privileges();
+    let code = reap_until(agent);
+    let leftovers = count_others();
+    let _ = nix::unistd::write(&status, &encode(code, leftovers));
+    // SAFETY: _exit ends init; the kernel then ends the rest of the run.
+    unsafe { libc::_exit(0) }
+}
+
+fn runner_gone(why: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: why,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: poll reads and writes one pollfd we own.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLERR != 0
+}
+
+/// Reaps every child until `agent` has ended; returns its raw wait status.
+/// A cancel from outside is passed on to the whole run.
+fn reap_until(agent: Pid) -> i32 {
+    let Ok(sfd) = SignalFd::with_flags(&crate::supervise::handled_signals(), SfdFlags::SFD_CLOEXEC)
+    else {
+        // Without the signalfd: reap blocking, still ending with the agent.
+        return reap_blocking(agent);
+    };
+    loop {
+        match sfd.read_signal() {
+            Ok(Some(info)) if info.ssi_signo as i32 == libc::SIGCHLD => {
+                if let Some(code) = reap_ready(agent) {
+                    return code;
+                }
+            }
+            // From outside the namespace (the runner): sender pid 0.
+            Ok(Some(info)) if info.ssi_pid == 0 => {
+                // SAFETY: kill(-1) signals every process of the namespace
+                // but init itself.
+                unsafe { libc::kill(-1, libc::SIGTERM) };
+            }
+            _ => {
+                if let Some(code) = reap_ready(agent) {
+                    return code;
+                }
+            }
+        }
+    }
+}
+
+fn raw_status(st: WaitStatus) -> Option<i32> {
+    match st {
+        WaitStatus::Exited(_, code) => Some((code & 0xff) << 8),
+        WaitStatus::Signaled(_, sig, core) => Some(sig as i32 | if core { 0x80 } else { 0 }),
+        _ => None,
+    }
+}
+
+fn reap_ready(agent: Pid) -> Option<i32> {
+    let mut found = None;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return found,
+            Ok(st) if st.pid() == Some(agent) => found = found.or(raw_status(st)),
+            Ok(_) => {}
+        }
+    }
+}
+
+fn reap_blocking(agent: Pid) -> i32 {
+    loop {
+        match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            Ok(st) if st.pid() == Some(agent) => {
+                if let Some(code) = raw_status(st) {
+                    return code;
+                }
+            }
+            Ok(_) => {}
+            Err(_) => return 0x7f00,
+        }
+    }
+}
+
+/// How many processes of the run other than init are alive.
+fn count_others() -> u32 {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|&pid| pid != 1)
+                .count() as u32
+        })
+        .unwrap_or(0)
+}
+
+/// Blocks the signals init handles, so that none is lost between the
+/// clone and its signalfd (the runner's mask is inherited already; this
+/// keeps init correct on its own).
+pub fn block_signals() {
+    let _ = nix::sys::signal::sigprocmask(
+        SigmaskHow::SIG_BLOCK,
+        Some(&crate::supervise::handled_signals()),
+        None,
+    );
+}
+
+/// Unblocks every signal (for the agent).
+pub fn unblock_all() {
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_records_round_trip() {
+        for (s, n) in [(0, 0), (0x0100, 3), (9, 0), (0x7f00, u32::MAX)] {
+            assert_eq!(decode(&encode(s, n)), Some((s, n)));
+        }
+        assert_eq!(decode(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn raw_statuses_read_back_as_the_wait_macros_do() {
+        let exited = raw_status(WaitStatus::Exited(Pid::from_raw(2), 3)).unwrap();
+        assert!(libc::WIFEXITED(exited) && libc::WEXITSTATUS(exited) == 3);
+        let killed = raw_status(WaitStatus::Signaled(
+            Pid::from_raw(2),
+            Signal::SIGKILL,
+            false,
+        ))
+        .unwrap();
+        assert!(libc::WIFSIGNALED(killed) && libc::WTERMSIG(killed) == 9);
+    }
+}
