@@ -24,6 +24,8 @@
 //! - [`init`]: pid 1 of the run's PID namespace: builds the root, reaps.
 //! - [`warm`]: a runner started before its run, waiting for it on a socket.
 //! - [`restart`]: restarting a child that exits 75, with its handoff note.
+//! - [`safefile`]: reading a file a child controls (no links, no FIFOs,
+//!   a size bound).
 //! - [`lockfd`]: runner.lock and the run's uid lease, held for the
 //!   runner's whole life.
 //! - [`supervise`]: the runner's event loop.
@@ -37,6 +39,7 @@ pub mod lockfd;
 pub mod logsink;
 pub mod procstat;
 pub mod restart;
+pub mod safefile;
 pub mod sandbox;
 pub mod spec;
 pub mod supervise;

@@ -192,12 +192,14 @@ pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, Runne
 /// Composes attempt `next`'s context with the child's handoff note, read
 /// from its scratch file system.
 fn restart(r: &crate::spec::RestartSpec, scratch: &Scratch, next: u32) -> Result<(), String> {
-    let handoff = scratch.read_file(
-        policy::sandbox::mounts::SCRATCH_ARTIFACTS,
-        "handoff.md",
-        crate::restart::MAX_HANDOFF_BYTES,
-    );
-    let handoff = handoff.map(|b| String::from_utf8_lossy(&b).into_owned());
+    let handoff = scratch
+        .head(
+            policy::sandbox::mounts::SCRATCH_ARTIFACTS,
+            "handoff.md",
+            crate::restart::MAX_HANDOFF_BYTES,
+        )
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).into_owned());
     crate::restart::prepare_next(r, next, handoff.as_deref())
 }
 

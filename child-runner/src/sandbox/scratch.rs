@@ -97,6 +97,22 @@ impl Scratch {
 
     /// As [`Scratch::read_file`], saying why a file was not read.
     pub fn file(&self, dir: &str, name: &str, max: u64) -> Result<Vec<u8>, NotRead> {
+        let (f, size) = self.open_regular(dir, name)?;
+        if size > max {
+            return Err(NotRead::TooLarge(size));
+        }
+        read_at_most(f, max)
+    }
+
+    /// At most the first `max` bytes of the regular file `dir/name`.
+    pub fn head(&self, dir: &str, name: &str, max: u64) -> Result<Vec<u8>, NotRead> {
+        let (f, _) = self.open_regular(dir, name)?;
+        read_at_most(f, max)
+    }
+
+    /// Opens the regular file `dir/name` (no link followed, no blocking);
+    /// returns it with its size.
+    fn open_regular(&self, dir: &str, name: &str) -> Result<(OwnedFd, u64), NotRead> {
         let d = open_dir_at(self.root.as_fd(), OsStr::new(dir)).map_err(|_| NotRead::Absent)?;
         let f = match open_file_at(d.as_fd(), OsStr::new(name)) {
             Ok(f) => f,
@@ -107,15 +123,7 @@ impl Scratch {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(NotRead::NotRegular);
         }
-        if st.st_size as u64 > max {
-            return Err(NotRead::TooLarge(st.st_size as u64));
-        }
-        let mut buf = Vec::new();
-        std::fs::File::from(f)
-            .take(max)
-            .read_to_end(&mut buf)
-            .map_err(|_| NotRead::Absent)?;
-        Ok(buf)
+        Ok((f, st.st_size as u64))
     }
 
     /// Copies the scratch directory `dir` into `dest` (an existing
@@ -150,6 +158,15 @@ impl Scratch {
         copy_dir(src, dst, "", 0, &mut report)?;
         Ok(report)
     }
+}
+
+fn read_at_most(f: OwnedFd, max: u64) -> Result<Vec<u8>, NotRead> {
+    let mut buf = Vec::new();
+    std::fs::File::from(f)
+        .take(max)
+        .read_to_end(&mut buf)
+        .map_err(|_| NotRead::Absent)?;
+    Ok(buf)
 }
 
 /// Why a file of the scratch was not read.
@@ -401,8 +418,19 @@ mod tests {
                 .map_or(0, |b| b.len())
                 <= 1 << 20
         );
-        // A FIFO is never opened for reading.
+        // A FIFO is never waited on; a long file's head is read.
         nix::unistd::mkfifo(&at(&s, "handoff.md"), nix::sys::stat::Mode::S_IRWXU).unwrap();
         assert!(s.read_file("artifacts", "handoff.md", 1024).is_none());
+        assert_eq!(
+            s.head("artifacts", "handoff.md", 1024),
+            Err(NotRead::NotRegular)
+        );
+        std::fs::remove_file(at(&s, "big")).unwrap();
+        std::fs::write(at(&s, "long"), vec![b'x'; 5000]).unwrap();
+        assert_eq!(s.head("artifacts", "long", 1024).map(|b| b.len()), Ok(1024));
+        assert_eq!(
+            s.file("artifacts", "long", 1024),
+            Err(NotRead::TooLarge(5000))
+        );
     }
 }

@@ -332,32 +332,6 @@ fn mkdir_private(path: &Path, recursive: bool) -> Result<(), EngineError> {
         .map_err(|e| storage("create", path, e))
 }
 
-/// The first of `.subagents/AGENTS.md`, `AGENTS.md`, `CLAUDE.md`,
-/// `CONTEXT.md` in `dir` (at most 1 MiB of it is read).
-pub fn project_instructions(dir: &Path) -> Option<policy::compose::Sourced> {
-    for name in [
-        ".subagents/AGENTS.md",
-        "AGENTS.md",
-        "CLAUDE.md",
-        "CONTEXT.md",
-    ] {
-        let path = dir.join(name);
-        if path.is_file() {
-            let mut buf = Vec::new();
-            let read = std::fs::File::open(&path).and_then(|f| {
-                std::io::Read::read_to_end(&mut std::io::Read::take(f, 1 << 20), &mut buf)
-            });
-            if read.is_ok() {
-                return Some(policy::compose::Sourced {
-                    path,
-                    text: String::from_utf8_lossy(&buf).into_owned(),
-                });
-            }
-        }
-    }
-    None
-}
-
 /// What the composition of this run depends on.
 #[allow(clippy::too_many_arguments)]
 fn compose_input(
@@ -392,7 +366,7 @@ fn compose_input(
         .unwrap_or(policy::DEFAULT_MAX_RESTARTS);
     policy::compose::ComposeInput {
         playbook,
-        project_instructions: project_instructions(workdir),
+        project_instructions: super::instructions::project_instructions(workdir),
         agent: plan.agent.as_ref().map(|d| policy::compose::Sourced {
             path: d.source.clone(),
             text: d.body.clone(),

@@ -11,10 +11,12 @@
 //! - [`recover`]: picking up the state dir's runs when the engine starts.
 //! - [`spare`]: run folders made ahead of need, off the spawn path.
 //! - [`warm`]: runners started before they have a run.
+//! - [`instructions`]: the project's instructions file.
 
 pub mod accept;
 pub mod error;
 pub mod finish;
+pub mod instructions;
 pub mod launch;
 pub mod lockfile;
 pub mod pidfd;
