@@ -31,32 +31,56 @@ pub enum What {
     Symlink(PathBuf),
 }
 
-/// Lists the artifact dir recursively, without following symlinks; returns
-/// the entries (sorted) and how many more were not listed.
+/// At most this many entries of the artifact dir are looked at (listed or
+/// counted as not listed); the rest are not walked.
+pub const MAX_ARTIFACTS_WALKED: usize = 10_000;
+
+/// Lists the artifact dir recursively (the child wrote it): each directory
+/// opened beneath the artifact dir with no link on the way (one at a
+/// time), each entry looked at without following it and never opened, so
+/// a FIFO, a device or a link to a host file is only named. Returns the
+/// entries (sorted) and how many more were not listed (a lower bound once
+/// [`MAX_ARTIFACTS_WALKED`] entries were looked at).
 pub fn list_artifacts(dir: &Path) -> (Vec<Artifact>, usize) {
-    let mut out = Vec::new();
-    let mut more = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
+    use nix::fcntl::AtFlags;
+    use nix::sys::stat::{fstatat, SFlag};
+    use std::os::fd::AsFd;
+    use subagent_runner::safefile;
+    let (mut out, mut more, mut walked) = (Vec::new(), 0, 0);
+    let Ok(root) = safefile::open_dir(dir) else {
+        return (out, more);
+    };
+    let mut stack = vec![std::path::PathBuf::new()];
+    while let Some(rel_dir) = stack.pop() {
+        let opened = if rel_dir.as_os_str().is_empty() {
+            root.try_clone()
+        } else {
+            safefile::open_dir_beneath(root.as_fd(), &rel_dir).map_err(std::io::Error::other)
+        };
+        let Ok(fd) = opened else {
             continue;
         };
-        for e in rd.flatten() {
-            let path = e.path();
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        let budget = MAX_ARTIFACTS_WALKED.saturating_sub(walked);
+        let Ok((names, cut)) = safefile::names(fd.as_fd(), budget) else {
+            continue;
+        };
+        walked += names.len();
+        more += usize::from(cut);
+        for name in names {
+            let Ok(st) = fstatat(fd.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
                 continue;
             };
-            let rel = path
-                .strip_prefix(dir)
-                .map(Path::to_path_buf)
-                .unwrap_or_default();
-            let what = if meta.is_dir() {
-                stack.push(path.clone());
+            let rel = rel_dir.join(&name);
+            let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+            let what = if kind == SFlag::S_IFDIR {
+                stack.push(rel);
                 continue;
-            } else if meta.file_type().is_symlink() {
-                What::Symlink(std::fs::read_link(&path).unwrap_or_default())
+            } else if kind == SFlag::S_IFLNK {
+                let target =
+                    nix::fcntl::readlinkat(fd.as_fd(), name.as_os_str()).unwrap_or_default();
+                What::Symlink(PathBuf::from(target))
             } else {
-                What::Bytes(meta.len())
+                What::Bytes(st.st_size as u64)
             };
             if out.len() < MAX_ARTIFACTS_LISTED {
                 out.push(Artifact { rel, what });
@@ -399,6 +423,40 @@ mod tests {
         let (t, cut) = tail_chars(&one_line, 10);
         assert!(cut);
         assert_eq!(t.len(), 10);
+    }
+
+    #[test]
+    fn artifacts_are_listed_without_following_or_opening_anything() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path();
+        std::fs::create_dir_all(a.join("sub/deeper")).unwrap();
+        std::fs::write(a.join("sub/deeper/f.txt"), "12345").unwrap();
+        nix::unistd::mkfifo(&a.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::os::unix::fs::symlink("/", a.join("root-link")).unwrap();
+        std::os::unix::fs::symlink("/etc", a.join("sub/etc-link")).unwrap();
+        let (arts, more) = list_artifacts(a);
+        let got: Vec<(String, What)> = arts
+            .iter()
+            .map(|x| (x.rel.display().to_string(), x.what.clone()))
+            .collect();
+        let s = |t: &str| What::Symlink(t.into());
+        assert_eq!(
+            got,
+            [
+                ("pipe".into(), What::Bytes(0)),
+                ("root-link".into(), s("/")),
+                ("sub/deeper/f.txt".into(), What::Bytes(5)),
+                ("sub/etc-link".into(), s("/etc")),
+            ]
+        );
+        assert_eq!(more, 0);
+        // Past the walk's bound the rest is only counted as "more".
+        let many = tempfile::tempdir().unwrap();
+        for i in 0..MAX_ARTIFACTS_LISTED + 5 {
+            std::fs::write(many.path().join(format!("f{i}")), "").unwrap();
+        }
+        let (arts, more) = list_artifacts(many.path());
+        assert_eq!((arts.len(), more), (MAX_ARTIFACTS_LISTED, 5));
     }
 
     #[test]

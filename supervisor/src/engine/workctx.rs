@@ -4,7 +4,9 @@
 
 use super::{EngineError, Inner};
 use crate::record::RunRecord;
-use policy::workctx::{claims, judge, parse_delta, FileFacts, GitSnapshot, Outcome, Verdict};
+use policy::workctx::{
+    claims, judge, parse_delta, FileFacts, GitSnapshot, Outcome, Verdict, DELTA_MAX_BYTES,
+};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -124,14 +126,28 @@ fn facts(claimed: &str, base: &Path) -> FileFacts {
     }
 }
 
+/// Why delta.json was not read, named as the child knows it.
+fn delta_error(e: &subagent_runner::safefile::SafeFileError) -> String {
+    use subagent_runner::safefile::SafeFileError as E;
+    match e {
+        E::Symlink { .. } => "delta.json is a symbolic link, not a regular file".into(),
+        E::NotRegular { kind, .. } => format!("delta.json is {kind}, not a regular file"),
+        E::TooLarge { limit, .. } => {
+            format!("delta.json is over the limit of {limit} bytes")
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Verifies the delta of a run that succeeded and merges what holds into
 /// its session's recent files. Blocking.
 pub(crate) fn merge_delta(inner: &Inner, rec: &RunRecord) -> DeltaReport {
     let mut report = DeltaReport::default();
+    // The child wrote it: a regular file (no link, no FIFO), bounded.
     let path = rec.files().delta();
-    let bytes = match std::fs::read(&path) {
+    let bytes = match subagent_runner::safefile::read(&path, DELTA_MAX_BYTES as u64) {
         Ok(b) => b,
-        Err(_) => {
+        Err(e) if e.is_missing() => {
             // The runner keeps a delta only when it is a file within bounds.
             let left = rec.kept.as_ref().and_then(|k| {
                 k.skipped
@@ -142,6 +158,10 @@ pub(crate) fn merge_delta(inner: &Inner, rec: &RunRecord) -> DeltaReport {
                 Some(s) => format!("nothing merged: delta.json is {}", s.why),
                 None => "no delta was written".into(),
             });
+            return report;
+        }
+        Err(e) => {
+            report.note = Some(format!("nothing merged: {}", delta_error(&e)));
             return report;
         }
     };
