@@ -4,8 +4,8 @@
 //! fully is an error, never a silent fallback.
 
 use landlock::{
-    Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use policy::sandbox::fs::{Access as Want, FsRules};
 
@@ -106,41 +106,72 @@ pub fn build(
         ruleset = ruleset.scope(Scope::from_all(abi)).map_err(ruleset_err)?;
     }
     let mut beneath = Vec::new();
-    let mut add =
-        |path: &std::path::Path, want: Want, must_exist: bool| -> Result<(), LandlockError> {
-            let bad = |reason: String| LandlockError::Path {
-                path: path.display().to_string(),
-                reason,
-            };
-            let meta = match std::fs::metadata(path) {
-                Ok(m) => m,
-                Err(_) if !must_exist => return Ok(()),
-                Err(e) => return Err(bad(e.to_string())),
-            };
-            let mut access = match want {
-                Want::Read => read,
-                Want::ReadExec => read_exec,
-                Want::ReadWrite => read_write,
-            };
-            if !meta.is_dir() {
-                access &= AccessFs::from_file(abi);
-            }
-            let fd = PathFd::new(path).map_err(|e| bad(e.to_string()))?;
-            beneath.push(PathBeneath::new(fd, access));
-            Ok(())
+    let mut add = |path: &std::path::Path,
+                   want: Want,
+                   must_exist: bool,
+                   file_only: bool|
+     -> Result<(), LandlockError> {
+        let bad = |reason: String| LandlockError::Path {
+            path: path.display().to_string(),
+            reason,
         };
+        // The rule is on what was opened; its kind comes from that same
+        // descriptor.
+        let (fd, is_dir) = match open_rule_path(path, file_only) {
+            Ok(opened) => opened,
+            Err(_) if !must_exist => return Ok(()),
+            Err(e) => return Err(bad(e)),
+        };
+        let mut access = match want {
+            Want::Read => read,
+            Want::ReadExec => read_exec,
+            Want::ReadWrite => read_write,
+        };
+        if !is_dir {
+            access &= AccessFs::from_file(abi);
+        }
+        beneath.push(PathBeneath::new(fd, access));
+        Ok(())
+    };
     for r in &rules.rules {
-        add(&r.path, r.access, r.must_exist)?;
+        add(&r.path, r.access, r.must_exist, r.file_only)?;
     }
     if rules.proc_self {
         // Resolved now, in the child: its own /proc/<pid>, nobody else's.
-        add(std::path::Path::new("/proc/self"), Want::Read, true)?;
+        add(std::path::Path::new("/proc/self"), Want::Read, true, false)?;
     }
     ruleset
         .create()
         .map_err(ruleset_err)?
         .add_rules(beneath.into_iter().map(Ok::<_, landlock::RulesetError>))
         .map_err(ruleset_err)
+}
+
+/// Opens a rule's path with `O_PATH` and says whether it is a directory.
+/// A `file_only` path must be a regular file reached with no symlink on
+/// the way (the daemon resolved it to a canonical path).
+fn open_rule_path(
+    path: &std::path::Path,
+    file_only: bool,
+) -> Result<(std::os::fd::OwnedFd, bool), String> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    let flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
+    let fd = if file_only {
+        let how = OpenHow::new()
+            .flags(flags)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how)
+    } else {
+        nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
+    }
+    .map_err(|e| e.to_string())?;
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| e.to_string())?;
+    let kind =
+        nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
+    if file_only && kind != nix::sys::stat::SFlag::S_IFREG {
+        return Err("not a regular file (an agent program is granted as one file)".into());
+    }
+    Ok((fd, kind == nix::sys::stat::SFlag::S_IFDIR))
 }
 
 /// Restricts the calling process with a built ruleset; anything short of

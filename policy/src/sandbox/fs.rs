@@ -31,6 +31,12 @@ pub struct FsRule {
     pub must_exist: bool,
     /// Why the child gets it.
     pub reason: String,
+    /// The path must be a regular file reached with no symlink on the way
+    /// (a program of the chain, resolved to a canonical path by the
+    /// daemon): a link or a directory there now was put there since, and
+    /// the rule fails rather than follow it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub file_only: bool,
 }
 
 /// The file-system rules of a run.
@@ -56,8 +62,9 @@ pub struct RunPaths {
     pub delta_dir: PathBuf,
     /// The project dir (the child's working directory).
     pub project_dir: PathBuf,
-    /// The agent program, resolved to an absolute path, and the
-    /// interpreter its `#!` line names (what it needs to start).
+    /// The agent program and what it needs to start (its `#!`
+    /// interpreter, the program `env` runs, the dynamic loaders), each a
+    /// regular file at a canonical path (see [`super::program`]).
     pub programs: Vec<PathBuf>,
 }
 
@@ -82,6 +89,7 @@ fn rule(path: &Path, access: Access, must_exist: bool, reason: &str) -> FsRule {
         access,
         must_exist,
         reason: reason.to_owned(),
+        file_only: false,
     }
 }
 
@@ -127,7 +135,10 @@ pub fn rules(paths: &RunPaths, grants: &Grants, request: &SandboxRequest) -> FsR
         "process information (environ and mem of processes outside the run stay closed: Landlock scopes ptrace access)",
     ));
     for program in &paths.programs {
-        rules.push(rule(program, Access::ReadExec, true, "the agent program"));
+        rules.push(FsRule {
+            file_only: true,
+            ..rule(program, Access::ReadExec, true, "the agent program")
+        });
     }
     if grants.write_project {
         rules.push(rule(
@@ -178,56 +189,6 @@ pub fn rules(paths: &RunPaths, grants: &Grants, request: &SandboxRequest) -> FsR
         rules,
         proc_self: false,
     }
-}
-
-/// What a `#!` line asks to run: the interpreter path and, when the
-/// interpreter is `env`, the program `env` will look up in PATH.
-pub fn shebang(head: &[u8]) -> Option<(PathBuf, Option<String>)> {
-    let line = head.strip_prefix(b"#!")?;
-    let end = line.iter().position(|&b| b == b'\n').unwrap_or(line.len());
-    let text = std::str::from_utf8(&line[..end]).ok()?;
-    let mut words = text.split_whitespace();
-    let interp = PathBuf::from(words.next()?);
-    let target = if interp.file_name().is_some_and(|n| n == "env") {
-        words.find(|w| !w.starts_with('-')).map(str::to_owned)
-    } else {
-        None
-    };
-    Some((interp, target))
-}
-
-/// The program interpreter (PT_INTERP, the dynamic loader) an ELF file
-/// names, from its first bytes (64-bit little-endian ELF only; the
-/// interpreter's path must lie within `head`).
-pub fn elf_interpreter(head: &[u8]) -> Option<PathBuf> {
-    let u16_at = |o: usize| {
-        head.get(o..o + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
-    };
-    let u32_at = |o: usize| {
-        head.get(o..o + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let u64_at = |o: usize| {
-        head.get(o..o + 8)
-            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as usize)
-    };
-    // \x7fELF, 64-bit, little-endian.
-    if head.get(0..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) {
-        return None;
-    }
-    let (phoff, phentsize, phnum) = (u64_at(0x20)?, u16_at(0x36)?, u16_at(0x38)?);
-    for i in 0..phnum.min(64) {
-        let ph = phoff.checked_add(i.checked_mul(phentsize)?)?;
-        const PT_INTERP: u32 = 3;
-        if u32_at(ph)? == PT_INTERP {
-            let (off, size) = (u64_at(ph + 8)?, u64_at(ph + 32)?);
-            let bytes = head.get(off..off.checked_add(size)?)?;
-            let text = std::str::from_utf8(bytes.split(|&b| b == 0).next()?).ok()?;
-            return Some(PathBuf::from(text));
-        }
-    }
-    None
 }
 
 /// The strongest access `rules` grant on `path` (the union of every rule
@@ -308,28 +269,6 @@ mod tests {
             Some(Access::ReadWrite)
         );
         assert_eq!(access_to(&r, Path::new("/data")), None);
-    }
-
-    #[test]
-    fn elf_interpreter_of_a_real_binary() {
-        let head = std::fs::read("/bin/sh").unwrap_or_default();
-        let head = &head[..head.len().min(4096)];
-        // Every dynamically linked system binary names a loader.
-        if let Some(i) = elf_interpreter(head) {
-            assert!(i.to_string_lossy().contains("ld-linux"), "{}", i.display());
-        }
-        assert_eq!(elf_interpreter(b"#!/bin/sh\n"), None);
-        assert_eq!(elf_interpreter(&[0x7f, b'E', b'L', b'F', 2, 1, 0, 0]), None);
-    }
-
-    #[test]
-    fn shebang_lines() {
-        assert_eq!(shebang(b"#!/bin/sh\necho"), Some(("/bin/sh".into(), None)));
-        assert_eq!(
-            shebang(b"#! /usr/bin/env -S python3 -u\n"),
-            Some(("/usr/bin/env".into(), Some("python3".into())))
-        );
-        assert_eq!(shebang(b"\x7fELF"), None);
     }
 
     #[test]

@@ -8,10 +8,13 @@
 //! - [`seccomp`]: the syscalls an agent never needs, each with its reason.
 //! - [`mounts`]: the child's own root file system, what exists at all.
 //! - [`cgroup`]: where memory and process limits come from on this host.
+//! - [`program`]: what the agent program needs to start (`#!`, `env`,
+//!   the ELF loader), read from its first bytes.
 
 pub mod cgroup;
 pub mod fs;
 pub mod mounts;
+pub mod program;
 pub mod seccomp;
 
 use serde::{Deserialize, Serialize};

@@ -9,7 +9,7 @@ use crate::paths::RunFiles;
 use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
 use std::os::unix::fs::DirBuilderExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use subagent_runner::atomic::fsync_dir;
 use subagent_runner::spec::RunnerSpec;
 
@@ -27,57 +27,6 @@ pub fn check_required(
         }
     }
     Ok(())
-}
-
-/// The agent program as the child's PATH resolves it (absolute,
-/// symlinks resolved), for its Landlock execute rule.
-pub fn resolve_program(argv0: &str, path_var: Option<&str>, cwd: &Path) -> Option<PathBuf> {
-    let candidate = if argv0.contains('/') {
-        Some(cwd.join(argv0))
-    } else {
-        path_var?
-            .split(':')
-            .filter(|d| !d.is_empty())
-            .map(|d| Path::new(d).join(argv0))
-            .find(|p| p.is_file())
-    };
-    candidate.and_then(|p| p.canonicalize().ok())
-}
-
-/// The agent program and what it needs to start, for their Landlock
-/// execute rules: its `#!` interpreter (and the program `env` would find),
-/// and the dynamic loader (PT_INTERP) of each ELF among them.
-pub fn program_chain(argv0: &str, path_var: Option<&str>, cwd: &Path) -> Vec<PathBuf> {
-    let head = |p: &Path| {
-        let mut buf = vec![0u8; 4096];
-        let n = std::fs::File::open(p)
-            .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
-            .unwrap_or(0);
-        buf.truncate(n);
-        buf
-    };
-    let mut out: Vec<PathBuf> = Vec::new();
-    let Some(program) = resolve_program(argv0, path_var, cwd) else {
-        return out;
-    };
-    let mut todo = vec![program];
-    if let Some((interp, target)) = policy::sandbox::fs::shebang(&head(&todo[0])) {
-        todo.extend(interp.canonicalize().ok());
-        todo.extend(target.and_then(|t| resolve_program(&t, path_var, cwd)));
-    }
-    for p in todo {
-        if let Some(loader) = policy::sandbox::fs::elf_interpreter(&head(&p)) {
-            if let Ok(l) = loader.canonicalize() {
-                if !out.contains(&l) {
-                    out.push(l);
-                }
-            }
-        }
-        if !out.contains(&p) {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// Checks an argv (empty is allowed here: it is resolved later).
@@ -525,11 +474,8 @@ pub(crate) fn create_run(
             &paths,
         )
         .map_err(|e| EngineError::invalid("env", e.to_string()))?;
-        let programs = program_chain(
-            &plan.command[0],
-            env.get("PATH").map(String::as_str),
-            &workdir,
-        );
+        let programs =
+            super::program::for_run(inner, p, &plan.command[0], &env, &workdir, &t, &files);
         let mut roots = p.sandbox.clone();
         roots
             .read_paths

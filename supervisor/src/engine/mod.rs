@@ -11,7 +11,8 @@
 //! - [`recover`]: picking up the state dir's runs when the engine starts.
 //! - [`spare`]: run folders made ahead of need, off the spawn path.
 //! - [`warm`]: runners started before they have a run.
-//! - [`instructions`]: the project's instructions file.
+//! - [`program`]: the agent program's chain, for its execute rules;
+//!   [`instructions`]: the project's instructions file.
 
 pub mod accept;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod launch;
 pub mod lockfile;
 pub mod pidfd;
 pub mod probe;
+pub mod program;
 pub mod recover;
 pub mod spare;
 pub mod spawn;
