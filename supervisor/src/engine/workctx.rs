@@ -19,15 +19,59 @@ pub struct Worktree {
     pub branch: String,
 }
 
+/// How long creating a worktree may take (a checkout of a large tree).
+pub const WORKTREE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Creates the worktree of run `run_id` for the repository holding
-/// `project_dir`, on a new branch from HEAD. Blocking.
+/// `project_dir`, on a new branch from HEAD. The repository is checked
+/// first (a child may have written it: see [`crate::gitsnap::precheck`]);
+/// libgit2 then works on a thread of its own, under [`WORKTREE_LIMIT`]
+/// (what it makes after that is removed). Blocking.
 pub fn create_worktree(
     project_dir: &Path,
     session_dir: &Path,
     run_id: &str,
 ) -> Result<Worktree, EngineError> {
+    let found = crate::gitsnap::precheck::check(project_dir).map_err(|e| {
+        EngineError::invalid(
+            "isolation",
+            format!("worktree needs project_dir in a git repository: {e}"),
+        )
+    })?;
+    let parent = session_dir.join("worktrees");
+    std::fs::create_dir_all(&parent)
+        .map_err(|e| EngineError::Storage(format!("create {}: {e}", parent.display())))?;
+    let repo = found.common_dir.clone();
+    let (project, id) = (project_dir.to_path_buf(), run_id.to_owned());
+    let late_id = id.clone();
+    let work = move || add_worktree(&found, &parent, &id);
+    let undo = move |made: Result<Worktree, EngineError>| {
+        if let Ok(w) = made {
+            let _ = remove_worktree(&project, &w, &late_id);
+        }
+    };
+    use crate::gitsnap::guard::{bounded, GuardError};
+    match bounded(repo, WORKTREE_LIMIT, "git-worktree", work, undo) {
+        Ok(made) => made,
+        Err(GuardError::Busy) => Err(EngineError::Workspace(
+            "git worktree add: earlier git work on the repository is still running".into(),
+        )),
+        Err(GuardError::TimedOut) => Err(EngineError::Workspace(format!(
+            "git worktree add: not done after {} s",
+            WORKTREE_LIMIT.as_secs()
+        ))),
+        Err(GuardError::Spawn(e)) => Err(EngineError::Workspace(format!("git worktree add: {e}"))),
+    }
+}
+
+/// The libgit2 part of [`create_worktree`].
+fn add_worktree(
+    found: &crate::gitsnap::precheck::Found,
+    parent: &Path,
+    run_id: &str,
+) -> Result<Worktree, EngineError> {
     let invalid = |why: String| EngineError::invalid("isolation", why);
-    let repo = crate::gitsnap::open(project_dir).map_err(|why| {
+    let repo = crate::gitsnap::open_found(found).map_err(|why| {
         invalid(format!(
             "worktree needs project_dir in a git repository: {why}"
         ))
@@ -40,9 +84,6 @@ pub fn create_worktree(
     let b = repo
         .branch(&branch, &head, false)
         .map_err(|e| EngineError::Workspace(format!("create branch {branch}: {}", e.message())))?;
-    let parent = session_dir.join("worktrees");
-    std::fs::create_dir_all(&parent)
-        .map_err(|e| EngineError::Storage(format!("create {}: {e}", parent.display())))?;
     let dir = parent.join(run_id);
     let mut opts = git2::WorktreeAddOptions::new();
     opts.reference(Some(b.get()));
@@ -75,7 +116,8 @@ pub fn give_to(dir: &Path, uid: u32, gid: u32) -> Result<(), EngineError> {
 
 /// Removes a run's worktree and its branch. Blocking.
 pub fn remove_worktree(project_dir: &Path, wt: &Worktree, run_id: &str) -> Result<(), String> {
-    let repo = crate::gitsnap::open(project_dir)?;
+    let found = crate::gitsnap::precheck::check(project_dir).map_err(|e| e.to_string())?;
+    let repo = crate::gitsnap::open_found(&found)?;
     let name = run_id.replace('.', "-");
     if let Ok(w) = repo.find_worktree(&name) {
         let mut opts = git2::WorktreePruneOptions::new();

@@ -140,19 +140,24 @@ fn staged(repo: &Repository, cached_root: Option<[u8; 20]>) -> Result<usize, Str
     Ok(paths_in(&diff))
 }
 
+/// The largest index file read (an index of some millions of entries);
+/// a larger one falls back to libgit2.
+pub const INDEX_MAX: u64 = 512 << 20;
+
 /// The index file's content and its mtime, taken from the same open file
-/// before reading it (an entry at least this new is racily clean).
+/// before reading it (an entry at least this new is racily clean). The
+/// file is the child's to write: a regular file, not a link, at most
+/// [`INDEX_MAX`] bytes.
 fn read_index(path: &std::path::Path) -> Result<(Vec<u8>, (i64, i64)), String> {
-    use std::io::Read;
-    let what = |e: std::io::Error| format!("reading {}: {e}", path.display());
-    let mut f = std::fs::File::open(path).map_err(what)?;
-    let m = f.metadata().map_err(what)?;
+    let f = subagent_runner::safefile::open(path).map_err(|e| format!("reading the index: {e}"))?;
+    let m = f.metadata();
     let mtime = (
-        std::os::unix::fs::MetadataExt::mtime(&m),
-        std::os::unix::fs::MetadataExt::mtime_nsec(&m),
+        std::os::unix::fs::MetadataExt::mtime(m),
+        std::os::unix::fs::MetadataExt::mtime_nsec(m),
     );
-    let mut buf = Vec::with_capacity(usize::try_from(m.len()).unwrap_or(0));
-    f.read_to_end(&mut buf).map_err(what)?;
+    let buf = f
+        .read_all(INDEX_MAX)
+        .map_err(|e| format!("reading the index: {e}"))?;
     Ok((buf, mtime))
 }
 

@@ -1,19 +1,25 @@
 //! The git snapshot taken at spawn (git2, no network), under a hard time
 //! budget: a repository too large to finish in time, a missing or broken
 //! repository gives an `unavailable` snapshot with the reason, and the
-//! spawn goes on.
+//! spawn goes on. A child may have written the repository: it is checked
+//! before libgit2 opens it, and libgit2 works on it on one thread at a
+//! time.
 //!
 //! Layout: this file takes the branch, HEAD and upstream; `counts` the
 //! staged, modified and untracked counts; `index` the index file
 //! reader, `scan` the threaded work tree scan behind them and `listing`
-//! the directory listings the scan keeps between snapshots.
+//! the directory listings the scan keeps between snapshots; `precheck`
+//! the repository's files before libgit2 reads them, `guard` the one
+//! bounded libgit2 thread per repository.
 
 pub mod counts;
+pub mod guard;
 pub mod index;
 pub mod listing;
+pub mod precheck;
 pub mod scan;
 
-use git2::{BranchType, ErrorCode, Repository};
+use git2::{BranchType, ErrorCode, Repository, RepositoryOpenFlags};
 use policy::workctx::GitSnapshot;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,36 +48,45 @@ fn budget_text(b: Duration) -> String {
 /// Takes the snapshot of the repository containing `dir` within `budget`
 /// (a zero budget always times out: it simulates a slow repository).
 pub fn snapshot(dir: &Path, budget: Duration) -> GitSnapshot {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let dir = dir.to_path_buf();
-    let spawned = std::thread::Builder::new()
-        .name("git-snapshot".into())
-        .spawn(move || {
-            let _ = tx.send(compute(&dir));
-        });
-    if spawned.is_err() {
-        return unavailable("could not start the snapshot thread");
-    }
     if budget.is_zero() {
         return unavailable(format!("timed out after {}", budget_text(budget)));
     }
-    match rx.recv_timeout(budget) {
+    let found = match precheck::check(dir) {
+        Ok(f) => f,
+        Err(e) => return unavailable(e.to_string()),
+    };
+    let repo = found.common_dir.clone();
+    match guard::bounded(repo, budget, "git-snapshot", move || compute(&found), drop) {
         Ok(s) => s,
+        Err(guard::GuardError::Busy) => unavailable("a previous snapshot is still running"),
         // The thread finishes on its own; its result is dropped.
-        Err(_) => unavailable(format!("timed out after {}", budget_text(budget))),
+        Err(guard::GuardError::TimedOut) => {
+            unavailable(format!("timed out after {}", budget_text(budget)))
+        }
+        Err(guard::GuardError::Spawn(_)) => unavailable("could not start the snapshot thread"),
     }
 }
 
-/// Opens the repository that contains `dir`.
-pub fn open(dir: &Path) -> Result<Repository, String> {
-    Repository::discover(dir).map_err(|e| match e.code() {
-        ErrorCode::NotFound => "not a git repository".to_owned(),
-        _ => format!("broken repository: {}", e.message()),
-    })
+/// Opens the repository [`precheck::check`] found, and no other: its work
+/// tree must be where its `.git` is (no `core.worktree` elsewhere).
+pub fn open_found(found: &precheck::Found) -> Result<Repository, String> {
+    let repo = Repository::open_ext(
+        &found.root,
+        RepositoryOpenFlags::NO_SEARCH,
+        std::iter::empty::<&std::ffi::OsStr>(),
+    )
+    .map_err(|e| format!("broken repository: {}", e.message()))?;
+    match repo.workdir().map(clean) {
+        Some(w) if w != found.root => Err(format!(
+            "the work tree is set elsewhere ({}): not followed",
+            w.display()
+        )),
+        _ => Ok(repo),
+    }
 }
 
-fn compute(dir: &Path) -> GitSnapshot {
-    let repo = match open(dir) {
+fn compute(found: &precheck::Found) -> GitSnapshot {
+    let repo = match open_found(found) {
         Ok(r) => r,
         Err(why) => return unavailable(why),
     };
