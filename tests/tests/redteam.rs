@@ -1326,3 +1326,1063 @@ fn a_host_pathname_unix_socket_cannot_be_reached() {
         other => panic!("the listener got a connection ({other:?}):\n{log}"),
     }
 }
+
+// ---------------------------------------------------------------------------
+// Own attacks: files the root daemon reads, renders, lists or removes
+// ---------------------------------------------------------------------------
+
+/// Lines of /etc/shadow found in `text`.
+fn shadow_lines_in(text: &str) -> Vec<String> {
+    std::fs::read_to_string("/etc/shadow")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.is_empty() && text.contains(l))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A child plants `handoff.md -> /etc/shadow` in its artifact dir and
+/// exits 75, asking to be continued: the runner reads the note as root
+/// for the next attempt's `first_message.md`. Judged by the absence of
+/// every line of /etc/shadow from the next attempt's context and log.
+#[test]
+fn a_handoff_symlink_to_etc_shadow_does_not_reach_the_next_attempt() {
+    if !need_root() {
+        return;
+    }
+    let Some(e) = env() else { return };
+    let script = "h=\"$SUBAGENT_ARTIFACT_DIR/handoff.md\"; \
+        if [ -L \"$h\" ]; then cat \"$SUBAGENT_CONTEXT_DIR/first_message.md\"; echo second attempt; exit 0; fi; \
+        ln -s /etc/shadow \"$h\" && echo planted; exit 75";
+    let (st, log) = e.sh(script, json!({"max_restarts": 1}));
+    assert!(log.contains("planted"), "{st} {log}");
+    let leaked = shadow_lines_in(&(context_text(&st) + &log));
+    assert!(
+        leaked.is_empty(),
+        "/etc/shadow reached the next attempt: {leaked:?}"
+    );
+}
+
+/// A child makes `handoff.md` a FIFO nobody writes and exits 75: reading
+/// the note for the next attempt must not hang the run, which must be
+/// final within 20 s, nor the daemon.
+#[test]
+fn a_handoff_fifo_does_not_hang_the_restart() {
+    let Some(e) = env() else { return };
+    let script = "h=\"$SUBAGENT_ARTIFACT_DIR/handoff.md\"; \
+        if [ -p \"$h\" ]; then echo second attempt; exit 0; fi; mkfifo \"$h\" && echo planted; exit 75";
+    let run = e.spawn(json!(["sh", "-c", script]), json!({"max_restarts": 1}));
+    let st = poll_final(&e.d.socket, &run, Duration::from_secs(20))
+        .expect("the daemon stopped answering");
+    assert!(is_final(&st), "the run is still {} after 20 s", st["state"]);
+    e.healthy();
+}
+
+/// A child with the write right claims in its delta files outside the
+/// project that it did modify during the run (in its temp and artifact
+/// dirs, through `..`, absolute paths and symlinks in the project), and
+/// host files (/etc/passwd, /proc/self/environ, the delta itself). Judged
+/// by the session's recent files (`working_context`): all inside the
+/// project.
+#[test]
+fn a_delta_cannot_put_paths_outside_the_project_into_recent_files() {
+    let Some(e) = env() else { return };
+    let code = r#"
+import os, json
+t = os.environ['TMPDIR'] + '/t.txt'; a = os.environ['SUBAGENT_ARTIFACT_DIR'] + '/a.txt'
+for p in (t, a, 'in.txt'):
+    open(p, 'w').write('x')
+os.symlink(t, 'link-out'); os.symlink(os.environ['SUBAGENT_ARTIFACT_DIR'], 'dir-out')
+up = '../' * 12
+claims = [up + 'etc/passwd', '/etc/passwd', t, a, up + t.lstrip('/'), 'link-out', 'dir-out/a.txt',
+          '/proc/self/environ', os.environ['SUBAGENT_DELTA_PATH'], '/dev/null', 'in.txt']
+json.dump({'written': claims, 'edited': claims}, open(os.environ['SUBAGENT_DELTA_PATH'], 'w'))
+print('claimed')
+"#;
+    let s = session("rt-delta");
+    let run = e.spawn_in(
+        &s,
+        json!([PY, "-c", code]),
+        json!({"sandbox": {"write_project": true}}),
+    );
+    let st = e.wait_final(&run, RUN_LIMIT, "the claimer");
+    assert!(log_of(&st).contains("claimed"), "{st}");
+    let wc =
+        e.d.conn()
+            .call("working_context", json!({"session_id": s}))
+            .unwrap();
+    let root = e.project.path().canonicalize().unwrap();
+    let files: Vec<&str> = wc["recent_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        files.contains(&root.join("in.txt").to_str().unwrap()),
+        "the project file was not merged: {files:?} {st}"
+    );
+    let outside: Vec<&&str> = files
+        .iter()
+        .filter(|f| !Path::new(f).starts_with(&root))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "recent files outside the project: {outside:?}"
+    );
+}
+
+/// Spawns `script`, watching the daemon's memory until the run is final
+/// (or `limit` passes); returns (peak KiB, last status seen).
+fn watched_run(e: &Env, command: Value, extra: Value, limit: Duration) -> (u64, Option<Value>) {
+    let watch = RssWatch::start(e.d.pid(), 1024 * 1024);
+    let run = e.spawn(command, extra);
+    let st = poll_final(&e.d.socket, &run, limit);
+    (watch.finish(), st)
+}
+
+fn assert_bounded(what: &str, peak: u64, st: Option<Value>, limit: Duration) -> Value {
+    assert!(
+        peak < RSS_BOUND_KIB,
+        "{what}: the daemon's resident memory reached {peak} KiB (bound {RSS_BOUND_KIB} KiB)"
+    );
+    let st = st.unwrap_or_else(|| panic!("{what}: the daemon stopped answering"));
+    assert!(
+        is_final(&st),
+        "{what}: the run is still {} after {limit:?}",
+        st["state"]
+    );
+    st
+}
+
+/// A child that succeeds leaves a 900 MiB sparse `delta.json` (no disk
+/// used, under the 1 GiB file size limit): the daemon must not read it
+/// whole. Judged by the daemon's resident memory (under 200 MiB) and the
+/// run being final within 20 s.
+#[test]
+fn a_huge_sparse_delta_is_not_read_whole() {
+    let Some(e) = env() else { return };
+    let limit = Duration::from_secs(20);
+    let (peak, st) = watched_run(
+        &e,
+        json!([
+            "sh",
+            "-c",
+            "truncate -s 900M \"$SUBAGENT_DELTA_PATH\" && echo planted"
+        ]),
+        json!({}),
+        limit,
+    );
+    assert_bounded("a 900 MiB delta", peak, st, limit);
+    e.healthy();
+}
+
+/// Two successful children leave a delta of 100 000 entries and one of
+/// 500 000 nested arrays: the daemon must stay under 200 MiB, answer, and
+/// finish each run within 20 s.
+#[test]
+fn a_delta_with_100k_entries_or_deep_nesting_stays_bounded() {
+    let Some(e) = env() else { return };
+    let limit = Duration::from_secs(20);
+    for (what, code) in [
+        (
+            "100 000 entries",
+            "import json, os\njson.dump({'written': ['f%d' % i for i in range(100000)]}, open(os.environ['SUBAGENT_DELTA_PATH'], 'w'))",
+        ),
+        (
+            "500 000 nested arrays",
+            "import os\nopen(os.environ['SUBAGENT_DELTA_PATH'], 'w').write('{\"written\": ' + '[' * 500000 + ']' * 500000 + '}')",
+        ),
+    ] {
+        let (peak, st) = watched_run(&e, json!([PY, "-c", code]), json!({}), limit);
+        assert_bounded(what, peak, st, limit);
+    }
+    e.healthy();
+}
+
+/// A child leaves 100 000 empty files in its artifact dir and 100 000 in
+/// its temp dir: listing them for result.md and removing the temp dir
+/// must stay bounded (the run final within 40 s, the daemon under
+/// 200 MiB, result.md under 256 KiB) and the daemon keeps answering.
+#[test]
+fn a_hundred_thousand_files_keep_finalizing_bounded() {
+    let Some(e) = env() else { return };
+    let code = "import os\n\
+        for d in (os.environ['SUBAGENT_ARTIFACT_DIR'], os.environ['TMPDIR']):\n\
+        \tfor i in range(100000):\n\
+        \t\tos.close(os.open(os.path.join(d, 'f%06d' % i), os.O_CREAT | os.O_WRONLY, 0o644))\n\
+        print('made')\n";
+    let limit = Duration::from_secs(40);
+    let (peak, st) = watched_run(&e, json!([PY, "-c", code]), json!({}), limit);
+    let st = assert_bounded("200 000 files", peak, st, limit);
+    let md = std::fs::metadata(st["result_path"].as_str().unwrap()).unwrap();
+    assert!(md.len() < 256 * 1024, "result.md is {} bytes", md.len());
+    e.healthy();
+}
+
+/// A child builds a directory tree 10 000 levels deep in its temp dir
+/// and in its artifact dir, with a 10 MiB file at the bottom of each: the
+/// run must be final within 40 s, the daemon must keep answering, and
+/// the temp dir (with the file) must be gone when the run is final.
+#[test]
+fn a_ten_thousand_deep_tree_is_listed_and_removed() {
+    let Some(e) = env() else { return };
+    // Built bottom-up by renames at the top, so each step is cheap (a
+    // mkdir at depth n costs the child's Landlock an n-step walk).
+    let code = "import os\n\
+        for d in (os.environ['TMPDIR'], os.environ['SUBAGENT_ARTIFACT_DIR']):\n\
+        \tos.chdir(d)\n\
+        \tos.mkdir('t'); open('t/bottom', 'wb').write(os.urandom(10 << 20))\n\
+        \tfor i in range(10000):\n\
+        \t\tos.mkdir('x'); os.rename('t', 'x/d'); os.rename('x', 't')\n\
+        print('built')\n";
+    let limit = Duration::from_secs(40);
+    let (peak, st) = watched_run(&e, json!([PY, "-c", code]), json!({}), limit);
+    let st = assert_bounded("a 10 000-deep tree", peak, st, limit);
+    assert!(log_of(&st).contains("built"), "{st}");
+    e.healthy();
+    let temp = PathBuf::from(st["temp_dir"].as_str().unwrap());
+    assert!(
+        !temp.exists(),
+        "the temp dir {} was left behind ({} bytes on disk)",
+        temp.display(),
+        disk_usage(&temp)
+    );
+}
+
+/// Artifact names that are invalid UTF-8 or hold terminal controls (OSC
+/// title, screen clear, C1 CSI): result.md must be valid UTF-8 and hold
+/// no ESC, BEL or CSI byte, and still list the plain artifact.
+#[test]
+fn artifact_names_with_invalid_utf8_and_controls_are_escaped_in_result_md() {
+    let Some(e) = env() else { return };
+    let code = "import os\n\
+        a = os.environ['SUBAGENT_ARTIFACT_DIR'].encode()\n\
+        for n in (b'bad-\\xff\\xfe', b'title-\\x1b]0;pwned\\x07', b'clear-\\x1b[2J', b'csi-\\xc2\\x9b2J', b'raw-\\x9b2J', b'plain-artifact'):\n\
+        \topen(a + b'/' + n, 'w').close()\n\
+        print('planted')\n";
+    let (st, log) = e.py(code, json!({}));
+    assert!(log.contains("planted"), "{st} {log}");
+    let md = std::fs::read(st["result_path"].as_str().unwrap()).unwrap();
+    let text = String::from_utf8_lossy(&md);
+    assert!(text.contains("plain-artifact"), "{text}");
+    assert!(
+        std::str::from_utf8(&md).is_ok(),
+        "result.md is not valid UTF-8:\n{text}"
+    );
+    let found = terminal_controls(&md);
+    assert!(
+        found.is_empty(),
+        "terminal controls in result.md: {found:?}"
+    );
+}
+
+/// Symlink loops, a symlink to `.` and to `/` and a `..` link in the
+/// artifact dir: result.md must be written within 20 s, list nothing
+/// through the links (no `root/etc`), and the daemon keeps answering.
+#[test]
+fn symlink_loops_in_artifacts_are_not_followed() {
+    let Some(e) = env() else { return };
+    let script = "cd \"$SUBAGENT_ARTIFACT_DIR\" && ln -s loop1 loop2 && ln -s loop2 loop1 && ln -s . self \
+                  && ln -s / root && mkdir d && ln -s .. d/up && echo x > plain-artifact && echo planted";
+    let run = e.spawn(json!(["sh", "-c", script]), json!({}));
+    let st = poll_final(&e.d.socket, &run, Duration::from_secs(20)).expect("the daemon answers");
+    assert!(is_final(&st), "the run is still {} after 20 s", st["state"]);
+    let md = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
+    assert!(md.contains("plain-artifact"), "{md}");
+    assert!(
+        !md.contains("root/etc") && !md.contains("self/self") && !md.contains("d/up/"),
+        "result.md lists through a symlink:\n{md}"
+    );
+    e.healthy();
+}
+
+/// A child hard-links /etc/shadow and a root-only secret (0600 in a 0700
+/// dir outside the project) into its artifact dir, once as `handoff.md`,
+/// and exits 75. Judged by inode (no artifact is either file) and by the
+/// next attempt's context and log holding neither.
+#[test]
+fn hard_links_to_root_files_do_not_land_in_artifacts_or_the_handoff() {
+    if !need_root() {
+        return;
+    }
+    let Some(e) = env() else { return };
+    let vault = tempfile::Builder::new()
+        .prefix("sa-rt-vault-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let secret = vault.path().join("secret");
+    let text = marker("RT-HARDLINK");
+    std::fs::write(&secret, &text).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let script = "a=\"$SUBAGENT_ARTIFACT_DIR\"; \
+        if [ -e \"$a/attempted\" ]; then cat \"$SUBAGENT_CONTEXT_DIR/first_message.md\"; exit 0; fi; \
+        touch \"$a/attempted\"; ln /etc/shadow \"$a/shadow\"; ln \"$SECRET\" \"$a/secret\"; \
+        ln \"$SECRET\" \"$a/handoff.md\" || ln /etc/shadow \"$a/handoff.md\"; echo tried; exit 75";
+    let (st, log) = e.sh(
+        script,
+        json!({"max_restarts": 1, "env": {"SECRET": secret}}),
+    );
+    assert!(log.contains("tried"), "{st} {log}");
+    let victims: Vec<(u64, u64)> = [Path::new("/etc/shadow"), secret.as_path()]
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.dev(), m.ino())
+        })
+        .collect();
+    let art = PathBuf::from(st["artifact_dir"].as_str().unwrap());
+    for entry in std::fs::read_dir(&art).unwrap().flatten() {
+        let m = std::fs::symlink_metadata(entry.path()).unwrap();
+        assert!(
+            !victims.contains(&(m.dev(), m.ino())),
+            "{} is a hard link to a root-only file",
+            entry.path().display()
+        );
+    }
+    let seen = context_text(&st) + &log;
+    assert!(!seen.contains(&text), "the secret reached the next attempt");
+    let leaked = shadow_lines_in(&seen);
+    assert!(
+        leaked.is_empty(),
+        "/etc/shadow reached the next attempt: {leaked:?}"
+    );
+}
+
+/// A child plants symlinks in its temp dir to a directory outside (to
+/// the dir and to a file in it, at two depths): removing the temp dir at
+/// the end of the run must not delete anything through them.
+#[test]
+fn removing_the_temp_dir_does_not_follow_planted_symlinks() {
+    let Some(e) = env() else { return };
+    let victim = public_dir("sa-rt-victim-");
+    let keep = victim.path().join("keep");
+    std::fs::write(&keep, "keep me\n").unwrap();
+    let script = "t=\"$TMPDIR\"; ln -s \"$V\" \"$t/link\" && mkdir \"$t/sub\" && ln -s \"$V/keep\" \"$t/sub/keep\" \
+                  && ln -s \"$V\" \"$t/sub/dir\" && echo planted";
+    let (st, log) = e.sh(script, json!({"env": {"V": victim.path()}}));
+    assert!(log.contains("planted"), "{st} {log}");
+    assert_eq!(
+        std::fs::read_to_string(&keep).ok().as_deref(),
+        Some("keep me\n"),
+        "the victim file was removed through a planted symlink"
+    );
+    assert!(victim.path().is_dir(), "the victim dir was removed");
+}
+
+/// A child appends to its own `context/system.md`, removes `plan.json`,
+/// adds a file to `context/`, forges its run's `exit.json`, `run.json`,
+/// `attempt.json` and `result.md`, writes a handoff note and exits 3 on
+/// the first attempt. Judged by the run's outcome (failed, exit code 3)
+/// and by the context files and result.md afterwards.
+#[test]
+fn a_child_cannot_forge_its_own_runs_records() {
+    let Some(e) = env() else { return };
+    let script = "c=\"$SUBAGENT_CONTEXT_DIR\"; r=\"${c%/context}\"; \
+        echo FORGED-RULE >> \"$c/system.md\"; rm -f \"$c/plan.json\"; echo FORGED > \"$c/new.md\"; \
+        for f in exit.json run.json attempt.json result.md; do \
+          printf '{\"exit_code\":0,\"state\":\"succeeded\",\"note\":\"FORGED\"}' > \"$r/$f\" && echo WROTE $f; done; \
+        echo done > \"$SUBAGENT_ARTIFACT_DIR/handoff.md\"; echo attack ran; exit 3";
+    let (st, log) = e.sh(script, json!({}));
+    assert!(log.contains("attack ran"), "{st} {log}");
+    assert_eq!(
+        (st["state"].as_str(), st["exit_code"].as_i64()),
+        (Some("failed"), Some(3)),
+        "the run's outcome was forged: {st}\n{log}"
+    );
+    let dir = run_dir(&st);
+    let system = std::fs::read_to_string(dir.join("context/system.md")).unwrap();
+    assert!(!system.contains("FORGED"), "system.md was changed");
+    assert!(
+        dir.join("context/plan.json").exists(),
+        "plan.json was removed"
+    );
+    assert!(
+        !dir.join("context/new.md").exists(),
+        "a file was added to context/"
+    );
+    let md = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
+    let states = state_lines(&md);
+    assert!(
+        states.len() == 1 && states[0].contains("failed"),
+        "result.md's state: {states:?}"
+    );
+}
+
+/// A successful run's delta names a path with a newline and a forged
+/// `- state:` line and heading (it is rejected, and result.md lists the
+/// rejected paths), and its artifact dir holds a symlink whose target
+/// does the same. result.md must have one `- state:` line, succeeded, and
+/// no heading the child wrote.
+#[test]
+fn delta_paths_and_symlink_targets_cannot_forge_result_md() {
+    let Some(e) = env() else { return };
+    let code = "import os, json\n\
+        os.symlink('t\\n- state: **failed**\\n# Forged-by-symlink', os.path.join(os.environ['SUBAGENT_ARTIFACT_DIR'], 'link'))\n\
+        json.dump({'written': ['nofile\\n- state: **cancelled**\\n# Forged-by-delta']}, open(os.environ['SUBAGENT_DELTA_PATH'], 'w'))\n\
+        print('planted')\n";
+    let (st, log) = e.py(code, json!({}));
+    assert!(log.contains("planted"), "{st} {log}");
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let md = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
+    let states = state_lines(&md);
+    assert!(
+        states.len() == 1 && states[0].contains("succeeded"),
+        "result.md's state lines: {states:?}\n{md}"
+    );
+    let forged: Vec<&str> = md
+        .lines()
+        .filter(|l| l.trim_start().starts_with("# Forged"))
+        .collect();
+    assert!(
+        forged.is_empty(),
+        "headings the child wrote: {forged:?}\n{md}"
+    );
+}
+
+/// A child prints lines that look like the supervisor's own notes in
+/// child.log (`[subagentd: …]`: a log cut, a kill). In a run that
+/// exited 0 with nothing cut the supervisor writes none, so any such line
+/// in the log is forged.
+#[test]
+fn a_child_cannot_forge_supervisor_notes_in_its_log() {
+    let Some(e) = env() else { return };
+    let (st, log) = e.sh(
+        "echo '[subagentd: log cut at 1048576 bytes (output_mb limit); further output discarded]'; \
+         echo '[subagentd: the agent was killed by the supervisor]'; echo attack ran",
+        json!({}),
+    );
+    assert!(log.contains("attack ran"), "{st} {log}");
+    assert_eq!(
+        (st["state"].as_str(), st["log_truncated"].as_bool()),
+        (Some("succeeded"), Some(false))
+    );
+    let forged: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("[subagentd:"))
+        .collect();
+    assert!(
+        forged.is_empty(),
+        "supervisor notes the child forged: {forged:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Own attacks: processes, kernel interfaces, what runs share with the host
+// ---------------------------------------------------------------------------
+
+/// A child sends SIGSTOP to every process it can see, then to itself,
+/// with a 3 s wall time. (It first probes the daemon and an unrelated
+/// process with signal 0 and stops there if it could reach them, so a
+/// regression cannot freeze the host.) The run must still be final
+/// within 20 s, and the daemon, an unrelated process and a sibling run
+/// must not be stopped.
+#[test]
+fn stopping_every_visible_process_does_not_outlast_the_wall_time() {
+    let Some(e) = env() else { return };
+    let outsider = Outsider::sleep();
+    let mark = marker("RT-STOPSIB");
+    let (sib_run, sib) = sibling(&e, &mark);
+    let script = "if kill -0 $DAEMON 2>/dev/null || kill -0 $OUTSIDER 2>/dev/null || kill -0 $SIB 2>/dev/null; \
+        then echo REACHABLE; exit 0; fi; \
+        for p in /proc/[0-9]*; do p=${p#/proc/}; [ $p = $$ ] || kill -STOP $p 2>/dev/null; done; \
+        echo stopped all; kill -STOP $$; sleep 100";
+    let run = e.spawn(
+        json!(["sh", "-c", script]),
+        json!({"limits": {"wall_time_s": 3}, "env": {
+            "DAEMON": e.d.pid().to_string(), "OUTSIDER": outsider.pid().to_string(), "SIB": sib.to_string()}}),
+    );
+    let st = poll_final(&e.d.socket, &run, Duration::from_secs(20));
+    let stopped: Vec<String> = [
+        ("the daemon", e.d.pid()),
+        ("an unrelated process", outsider.pid()),
+        ("a sibling run", sib),
+    ]
+    .iter()
+    .filter(|(_, p)| proc_state(*p).as_deref() == Some("T"))
+    .map(|(w, p)| format!("{w} ({p})"))
+    .collect();
+    for (_, p) in [("", e.d.pid()), ("", outsider.pid()), ("", sib)] {
+        unsafe_kill(p, libc::SIGCONT);
+    }
+    let st = st.expect("the daemon stopped answering");
+    let log = log_of(&st);
+    assert!(
+        !log.contains("REACHABLE"),
+        "the child can signal processes outside its run:\n{log}"
+    );
+    assert!(stopped.is_empty(), "stopped from inside a run: {stopped:?}");
+    assert!(
+        is_final(&st),
+        "the run is still {} 20 s after a 3 s wall time",
+        st["state"]
+    );
+    e.cancel(&sib_run);
+}
+
+/// A child sends SIGKILL to every process it may signal (`kill -9 -1`),
+/// after the same signal-0 probe as above. The daemon, an unrelated
+/// process and a sibling run must survive.
+#[test]
+fn kill_minus_one_from_a_child_kills_nothing_outside_its_run() {
+    let Some(e) = env() else { return };
+    let outsider = Outsider::sleep();
+    let mark = marker("RT-KILLSIB");
+    let (sib_run, sib) = sibling(&e, &mark);
+    let script = "if kill -0 $DAEMON 2>/dev/null || kill -0 $OUTSIDER 2>/dev/null || kill -0 $SIB 2>/dev/null; \
+        then echo REACHABLE; exit 0; fi; echo killing; kill -9 -1; echo survived";
+    let run = e.spawn(
+        json!(["sh", "-c", script]),
+        json!({"env": {"DAEMON": e.d.pid().to_string(), "OUTSIDER": outsider.pid().to_string(), "SIB": sib.to_string()}}),
+    );
+    let st = e.wait_final(&run, RUN_LIMIT, "the killer");
+    let log = log_of(&st);
+    assert!(
+        !log.contains("REACHABLE"),
+        "the child can signal processes outside its run:\n{log}"
+    );
+    assert!(log.contains("killing"), "{st} {log}");
+    assert!(alive(e.d.pid()), "the daemon was killed");
+    assert!(alive(outsider.pid()), "an unrelated process was killed");
+    assert!(alive(sib), "the sibling run's process was killed");
+    assert_eq!(
+        e.status(&sib_run)["state"],
+        "running",
+        "the sibling run ended"
+    );
+    e.healthy();
+    e.cancel(&sib_run);
+}
+
+/// A sibling run (another session) was started with a secret in its
+/// argv; a child reads every /proc/PID/cmdline it can. Judged by the
+/// secret's absence from the child's log.
+#[test]
+fn a_sibling_runs_command_line_is_not_readable() {
+    let Some(e) = env() else { return };
+    let secret = marker("RT-ARGV-TOKEN");
+    let run = e.spawn(
+        json!([
+            PY,
+            "-c",
+            "import time; time.sleep(60)",
+            format!("--token={secret}")
+        ]),
+        json!({}),
+    );
+    find_pid(&secret);
+    let (st, log) = e.sh(
+        "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done; echo attack ran",
+        json!({}),
+    );
+    e.cancel(&run);
+    assert!(log.contains("attack ran"), "{st} {log}");
+    let leaked: Vec<&str> = log.lines().filter(|l| l.contains(&secret)).collect();
+    assert!(leaked.is_empty(), "another run's argv leaked: {leaked:?}");
+}
+
+/// Two concurrent runs of different sessions: A listens on an abstract
+/// Unix socket and on pathname sockets in its temp and artifact dirs,
+/// and greets whoever connects with a marker; B connects to each and
+/// prints what it gets. Judged by the greeting's absence from B's log
+/// and by A never accepting.
+#[test]
+fn concurrent_runs_of_different_sessions_cannot_reach_each_others_sockets() {
+    let Some(e) = env() else { return };
+    let abs = marker("rt-abs").to_lowercase();
+    let hello = marker("RT-HELLO");
+    let listener = r#"
+import os, select, socket, time
+socks = []
+for name in ('\0' + os.environ['ABS'], os.environ['TMPDIR'] + '/a.sock', os.environ['SUBAGENT_ARTIFACT_DIR'] + '/a.sock'):
+    s = socket.socket(socket.AF_UNIX); s.bind(name); s.listen(8); socks.append(s)
+print('listening', flush=True)
+end = time.time() + 60
+while time.time() < end:
+    r, _, _ = select.select(socks, [], [], 0.2)
+    for s in r:
+        c, _ = s.accept(); print('ACCEPTED on', repr(s.getsockname()), flush=True)
+        c.sendall(os.environ['HELLO'].encode()); c.close()
+"#;
+    let a = e.spawn(
+        json!([PY, "-c", listener]),
+        json!({"env": {"ABS": &abs, "HELLO": &hello}}),
+    );
+    let a_st = e.status(&a);
+    wait_until(Duration::from_secs(20), "A to listen", || {
+        log_of(&a_st).contains("listening")
+    });
+    let targets = format!(
+        "@{abs}\n{}/a.sock\n{}/a.sock",
+        a_st["temp_dir"].as_str().unwrap(),
+        a_st["artifact_dir"].as_str().unwrap()
+    );
+    let connector = r#"
+import os, socket
+for name in os.environ['TARGETS'].split('\n'):
+    name = '\0' + name[1:] if name.startswith('@') else name
+    s = socket.socket(socket.AF_UNIX); s.settimeout(5)
+    try:
+        s.connect(name); print('connected', repr(name), 'got', s.recv(100), flush=True)
+    except OSError as e:
+        print('refused', repr(name), e.errno)
+print('attack ran')
+"#;
+    let (b_st, b_log) = e.py(connector, json!({"env": {"TARGETS": targets}}));
+    e.cancel(&a);
+    let a_log = log_of(&e.wait_final(&a, RUN_LIMIT, "the listener"));
+    assert!(b_log.contains("attack ran"), "{b_st} {b_log}");
+    assert!(
+        !b_log.contains(&hello) && !a_log.contains("ACCEPTED"),
+        "the runs reached each other:\nB: {b_log}\nA: {a_log}"
+    );
+}
+
+/// A child leaves 20 daemonized descendants (double fork, setsid, a
+/// marker in their command line) and forks and reaps 2000 short-lived
+/// children, then exits 0. Judged from outside: once the run is final,
+/// no process with the marker is left.
+#[test]
+fn nothing_a_run_forked_survives_it() {
+    let Some(e) = env() else { return };
+    let mark = marker("RT-SURVIVOR");
+    let code = r#"
+import os
+mark = os.environ['MARK']
+for i in range(20):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv('/usr/bin/python3', ['python3', '-c', 'import time; time.sleep(120)', mark])
+        os._exit(0)
+    os.wait()
+n = 0
+for i in range(2000):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0); n += 1
+print('forked', n, 'and left 20 behind', flush=True)
+"#;
+    let run = e.spawn(
+        json!([PY, "-c", code]),
+        json!({"env": {"MARK": &mark}, "limits": {"wall_time_s": 30}}),
+    );
+    let st = e.wait_final(&run, Duration::from_secs(45), "the forker");
+    let left = pids_with(&mark);
+    for p in &left {
+        unsafe_kill(*p, libc::SIGKILL);
+    }
+    assert!(
+        left.is_empty(),
+        "{} processes of the run survive it (state {}): {left:?}",
+        left.len(),
+        st["state"]
+    );
+}
+
+/// A child starts a daemonized grandchild that keeps the run's stdout
+/// open for 120 s and exits 0 at once. The run must be final within 10 s
+/// (wall time 60 s), and the grandchild gone.
+#[test]
+fn a_grandchild_holding_the_log_open_does_not_keep_the_run_going() {
+    let Some(e) = env() else { return };
+    let mark = marker("RT-HOLDER");
+    let script = format!("setsid {PY} -c 'import time; time.sleep(120)' {mark} & echo bye; exit 0");
+    let run = e.spawn(
+        json!(["sh", "-c", script]),
+        json!({"limits": {"wall_time_s": 60}}),
+    );
+    let st = e.wait_for(&run, Duration::from_secs(10));
+    let left = pids_with(&mark);
+    for p in &left {
+        unsafe_kill(*p, libc::SIGKILL);
+    }
+    assert!(
+        is_final(&st),
+        "the run is still {} 10 s after its agent exited",
+        st["state"]
+    );
+    assert!(left.is_empty(), "the grandchild survives the run: {left:?}");
+}
+
+/// A child of a root daemon writes host sysctls: a piped core_pattern
+/// (code execution as root on the next crash) and the domain name.
+/// Judged by both values afterwards (restored if changed).
+#[test]
+fn a_child_cannot_write_host_sysctls() {
+    if !need_root() {
+        return;
+    }
+    let Some(e) = env() else { return };
+    let files = [
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/kernel/domainname",
+    ];
+    let before: Vec<String> = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect();
+    let (st, log) = e.sh(
+        "echo '|/tmp/rt-core-handler %p' > /proc/sys/kernel/core_pattern && echo DID core_pattern; \
+         echo rt-domain > /proc/sys/kernel/domainname && echo DID domainname; echo attack ran",
+        json!({}),
+    );
+    let mut changed = Vec::new();
+    for (f, b) in files.iter().zip(&before) {
+        let now = std::fs::read_to_string(f).unwrap();
+        if &now != b {
+            std::fs::write(f, b.trim_end()).unwrap();
+            changed.push(format!("{f}: {:?} -> {:?}", b.trim_end(), now.trim_end()));
+        }
+    }
+    assert!(log.contains("attack ran"), "{st} {log}");
+    assert!(
+        changed.is_empty(),
+        "host sysctls changed (restored): {changed:?}"
+    );
+}
+
+/// The child of `kernel_interfaces_are_refused`: each call that returns
+/// success prints `OK <name>`.
+const KERNEL_ATTACK: &str = r#"
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+sc = libc.syscall
+sc.restype = ctypes.c_long
+buf = ctypes.create_string_buffer(256)
+def bpf_attr():
+    b = ctypes.create_string_buffer(128)
+    for i, v in enumerate((2, 4, 4, 1)):  # array map, key 4, value 4, one entry
+        ctypes.memmove(ctypes.addressof(b) + 4 * i, ctypes.byref(ctypes.c_uint32(v)), 4)
+    return b
+def perf_attr():
+    b = ctypes.create_string_buffer(128)
+    ctypes.memmove(b, ctypes.byref(ctypes.c_uint32(1)), 4)              # PERF_TYPE_SOFTWARE
+    ctypes.memmove(ctypes.addressof(b) + 4, ctypes.byref(ctypes.c_uint32(128)), 4)
+    return b
+tmp = os.environ['TMPDIR'].encode()
+own_ns = os.open('/proc/self/ns/mnt', os.O_RDONLY)
+calls = [
+    ('unshare user', lambda: sc(272, 0x10000000)),
+    ('unshare mount', lambda: sc(272, 0x20000)),
+    ('unshare pid', lambda: sc(272, 0x20000000)),
+    ('setns mount', lambda: sc(308, own_ns, 0)),
+    ('mount tmpfs', lambda: sc(165, b'none', tmp, b'tmpfs', 0, None)),
+    ('fsopen', lambda: sc(430, b'tmpfs', 0)),
+    ('open_tree', lambda: sc(428, -100, b'/', 1)),
+    ('bpf map', lambda: sc(321, 0, bpf_attr(), 72)),
+    ('keyctl join', lambda: sc(250, 1, None)),
+    ('add_key', lambda: sc(248, b'user', b'rt', b'x', 1, -2)),
+    ('io_uring_setup', lambda: sc(425, 4, buf)),
+    ('userfaultfd', lambda: sc(323, 0)),
+    ('perf_event_open', lambda: sc(298, perf_attr(), 0, -1, -1, 0)),
+    ('x32 unshare', lambda: sc(0x40000000 | 272, 0x10000000)),
+    ('chroot', lambda: sc(161, tmp)),
+    ('ptrace traceme', lambda: sc(101, 0, 0, 0, 0)),
+    ('personality', lambda: sc(135, 0x0040000)),
+]
+for name, f in calls:
+    r = f()
+    print(('OK %s %d' % (name, r)) if r >= 0 else 'refused %s %d' % (name, ctypes.get_errno()), flush=True)
+for fam, name in ((socket.AF_NETLINK, 'netlink'), (socket.AF_PACKET, 'packet'), (40, 'vsock'), (38, 'alg'), (socket.AF_INET, 'inet')):
+    try:
+        socket.socket(fam, socket.SOCK_RAW if fam != 38 else socket.SOCK_SEQPACKET); print('OK socket', name)
+    except OSError as e:
+        print('refused socket', name, e.errno)
+print('attack ran')
+"#;
+
+/// Namespace, mount, bpf, keyring, io_uring, userfaultfd, perf, chroot,
+/// ptrace, personality and x32 calls, and sockets of other families: each
+/// must fail (any errno). Judged by no `OK` line in the child's log.
+#[test]
+fn kernel_interfaces_are_refused() {
+    if !runnable(
+        cfg!(target_arch = "x86_64"),
+        "x86_64",
+        "the attack uses x86_64 syscall numbers",
+    ) {
+        return;
+    }
+    let Some(e) = env() else { return };
+    let (st, log) = e.py(KERNEL_ATTACK, json!({}));
+    assert!(log.contains("attack ran"), "{st} {log}");
+    let ok: Vec<&str> = log.lines().filter(|l| l.starts_with("OK ")).collect();
+    assert!(ok.is_empty(), "calls that succeeded: {ok:?}");
+}
+
+/// Run A forks sleepers until fork fails (its pids limit) and holds them;
+/// meanwhile run B (another session) must start and succeed within 20 s.
+#[test]
+fn a_run_at_its_process_limit_does_not_stop_other_runs() {
+    let Some(e) = env() else { return };
+    let code = r#"
+import os, time
+n = 0
+while n < 5000:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print('fork failed after', n, e.errno, flush=True); break
+    if pid == 0:
+        try:
+            os.execv('/bin/sleep', ['sleep', '60'])
+        finally:
+            os._exit(0)
+    n += 1
+print('holding', n, flush=True)
+time.sleep(60)
+"#;
+    let a = e.spawn(json!([PY, "-c", code]), json!({}));
+    let a_st = e.status(&a);
+    wait_until(Duration::from_secs(30), "A to hold its processes", || {
+        log_of(&a_st).contains("holding")
+    });
+    let b = e.spawn(json!(["sh", "-c", "echo B ran"]), json!({}));
+    let st = e.wait_for(&b, Duration::from_secs(20));
+    e.cancel(&a);
+    assert!(
+        st["state"] == "succeeded" && log_of(&st).contains("B ran"),
+        "another run did not start or succeed while A held {}: {} {}",
+        log_of(&a_st).trim(),
+        st["state"],
+        st["reason"]
+    );
+}
+
+/// A child creates files in shared host places (/dev/shm, /tmp,
+/// /var/tmp, /run, /run/lock, /dev/mqueue), a POSIX message queue and a
+/// POSIX shared memory object. Judged from outside: none exists on the
+/// host afterwards (removed if found).
+#[test]
+fn a_child_leaves_nothing_in_shared_host_places() {
+    let Some(e) = env() else { return };
+    let name = marker("rt-shared").to_lowercase();
+    let code = r#"
+import ctypes, os
+name = os.environ['NAME']
+for d in ('/dev/shm', '/tmp', '/var/tmp', '/run', '/run/lock', '/dev/mqueue'):
+    p = os.path.join(d, name)
+    try:
+        open(p, 'w').write('x'); print('WROTE', p)
+    except OSError as e:
+        print('refused', p, e.errno)
+libc = ctypes.CDLL(None, use_errno=True)
+print('mq_open', libc.mq_open(('/' + name + '-mq').encode(), os.O_CREAT | os.O_RDWR, 0o600, None), ctypes.get_errno())
+print('shm_open', libc.shm_open(('/' + name + '-shm').encode(), os.O_CREAT | os.O_RDWR, 0o600), ctypes.get_errno())
+print('attack ran')
+"#;
+    let (st, log) = e.py(code, json!({"env": {"NAME": &name}}));
+    let mut left = Vec::new();
+    for d in [
+        "/dev/shm",
+        "/tmp",
+        "/var/tmp",
+        "/run",
+        "/run/lock",
+        "/dev/mqueue",
+    ] {
+        for n in [name.clone(), format!("{name}-shm")] {
+            let p = Path::new(d).join(&n);
+            if p.exists() {
+                let _ = std::fs::remove_file(&p);
+                left.push(p.display().to_string());
+            }
+        }
+    }
+    let mq = std::ffi::CString::new(format!("/{name}-mq")).unwrap();
+    // SAFETY: mq_open with a valid C string and no O_CREAT; the queue is
+    // closed and removed if it exists.
+    unsafe {
+        let q = libc::mq_open(mq.as_ptr(), libc::O_RDONLY);
+        if q >= 0 {
+            libc::mq_close(q);
+            libc::mq_unlink(mq.as_ptr());
+            left.push(format!("POSIX queue /{name}-mq"));
+        }
+    }
+    assert!(log.contains("attack ran"), "{st} {log}");
+    assert!(
+        left.is_empty(),
+        "left on the host (removed): {left:?}\n{log}"
+    );
+}
+
+/// A child with a 64 MiB memory limit raises its own cgroup limits and
+/// moves itself to the root cgroups (v1 and v2), then touches 256 MiB.
+/// Judged by the allocation not completing.
+#[test]
+fn a_child_cannot_lift_its_memory_limit_through_cgroupfs() {
+    let Some(e) = env() else { return };
+    let code = r#"
+import os
+for l in open('/proc/self/cgroup').read().splitlines():
+    _, ctrl, path = l.split(':', 2)
+    bases = ['/sys/fs/cgroup/' + c for c in ctrl.split(',') if c] if ctrl else ['/sys/fs/cgroup/unified', '/sys/fs/cgroup']
+    for base in bases:
+        for f, v in (('memory.limit_in_bytes', '-1'), ('memory.memsw.limit_in_bytes', '-1'), ('memory.max', 'max'), ('pids.max', 'max')):
+            p = base + path + '/' + f
+            if os.path.exists(p):
+                try:
+                    open(p, 'w').write(v); print('WROTE', p)
+                except OSError as e:
+                    print('refused', p, e.errno)
+        for p in (base + '/cgroup.procs', base + '/tasks'):
+            if os.path.exists(p):
+                try:
+                    open(p, 'w').write(str(os.getpid())); print('MOVED', p)
+                except OSError as e:
+                    print('refused', p, e.errno)
+print('allocating', flush=True)
+b = bytearray(256 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+print('ALLOCATED', flush=True)
+"#;
+    let (st, log) = e.py(code, json!({"limits": {"memory_mb": 64}}));
+    assert!(log.contains("allocating"), "{st} {log}");
+    assert!(
+        !log.contains("ALLOCATED"),
+        "the child used 256 MiB under a 64 MiB limit:\n{log}"
+    );
+}
+
+/// The I/O priority of each thread of a process, read from outside.
+fn ioprio_of(pid: i32) -> std::collections::BTreeMap<i32, i64> {
+    let mut out = std::collections::BTreeMap::new();
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in rd.flatten() {
+            if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
+                // SAFETY: ioprio_get(IOPRIO_WHO_PROCESS, tid) reads a value.
+                let v = unsafe { libc::syscall(libc::SYS_ioprio_get, 1, tid) };
+                if v >= 0 {
+                    out.insert(tid, v);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// ioprio_set(IOPRIO_CLASS_IDLE) against every thread of the daemon, an
+/// unrelated root process and a sibling run. Judged by each thread's I/O
+/// priority read from outside (ioprio_get).
+#[test]
+fn io_priorities_outside_the_run_are_out_of_reach() {
+    let Some(e) = env() else { return };
+    let outsider = Outsider::sleep();
+    let mark = marker("RT-IOSIB");
+    let (sib_run, sib) = sibling(&e, &mark);
+    let victims = [
+        ("the daemon", e.d.pid()),
+        ("an unrelated process", outsider.pid()),
+        ("a sibling run", sib),
+    ];
+    let before: Vec<_> = victims.iter().map(|(_, p)| ioprio_of(*p)).collect();
+    let code = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for pid in os.environ['TARGETS'].split(','):
+    try:
+        tids = os.listdir('/proc/%s/task' % pid)
+    except OSError:
+        tids = [pid]
+    for t in set(tids) | {pid}:
+        r = libc.syscall(251, 1, int(t), 3 << 13)
+        print(('DID %s' % t) if r == 0 else 'refused %s %d' % (t, ctypes.get_errno()))
+print('attack ran')
+"#;
+    let targets = victims
+        .iter()
+        .map(|(_, p)| p.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let (st, log) = e.py(code, json!({"env": {"TARGETS": targets}}));
+    e.cancel(&sib_run);
+    assert!(log.contains("attack ran"), "{st} {log}");
+    let mut changed = Vec::new();
+    for ((who, pid), b) in victims.iter().zip(&before) {
+        let a = ioprio_of(*pid);
+        for (tid, v) in b {
+            if a.get(tid).is_some_and(|n| n != v) {
+                changed.push(format!(
+                    "{who}: thread {tid} ioprio {v:#x} -> {:#x}",
+                    a[tid]
+                ));
+            }
+        }
+    }
+    assert!(changed.is_empty(), "{changed:?}");
+}
+
+/// `subagent run` without a daemon (the agent is then a descendant of the
+/// CLI) on a terminal: the child tries TIOCSTI with `echo RT-INJECTED` on
+/// its own descriptors, /dev/tty, /dev/console, every /dev/pts entry and
+/// its ancestors' descriptors. Judged by the injected text appearing
+/// neither in the terminal's input queue nor in its echo.
+#[test]
+fn a_child_cannot_inject_input_into_the_parents_terminal() {
+    let code = r#"
+import fcntl, glob, os, termios
+payload = ('ec' + 'ho RT-' + 'INJECTED\n').encode()
+cands = ['/dev/tty', '/dev/console'] + glob.glob('/dev/pts/*')
+pid = os.getppid()
+while pid > 1:
+    cands += ['/proc/%d/fd/%d' % (pid, i) for i in (0, 1, 2)]
+    try:
+        pid = int(open('/proc/%d/stat' % pid).read().rsplit(')', 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        break
+fds = [0, 1, 2]
+for c in cands:
+    try:
+        fds.append(os.open(c, os.O_RDWR | os.O_NOCTTY)); print('opened', c)
+    except OSError as e:
+        print('refused open', c, e.errno)
+for fd in fds:
+    try:
+        for ch in payload:
+            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))
+        print('pushed into', fd)
+    except OSError as e:
+        print('refused tiocsti', fd, e.errno)
+print('attack ran')
+"#;
+    for m in subagentd_e2e::missing_mechanisms() {
+        if !runnable(false, &m, &format!("this host cannot enforce {m}")) {
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let project = public_dir("sa-rt-proj-");
+    let mut cmd = Command::new(subagentd_e2e::bin("subagent"));
+    cmd.arg("--socket")
+        .arg(dir.path().join("no-daemon.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["run", "--project-dir"])
+        .arg(project.path())
+        .args(["--task", "t", "--", PY, "-c", code]);
+    let (status, out, slave) = run_on_pty_keep(&mut cmd, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out).into_owned();
+    assert!(text.contains("attack ran"), "{status} {text}");
+    // What is left in the terminal's input queue.
+    // SAFETY: fcntl and read on the test's own slave descriptor, into a
+    // live buffer of the given length.
+    let queued = unsafe {
+        let fd = slave.as_raw_fd();
+        libc::fcntl(
+            fd,
+            libc::F_SETFL,
+            libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+        );
+        let mut buf = [0u8; 4096];
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        String::from_utf8_lossy(&buf[..n.max(0) as usize]).into_owned()
+    };
+    assert!(
+        !queued.contains("RT-INJECTED") && !text.contains("RT-INJECTED"),
+        "input was injected into the terminal (queued {queued:?}):\n{text}"
+    );
+}
