@@ -153,6 +153,11 @@ impl Env {
         let run = self.spawn(command, extra);
         let st = self.wait_final(&run, RUN_LIMIT, "the attack");
         let log = log_of(&st);
+        println!(
+            "run {run}: {} ({})\n{log}",
+            st["state"].as_str().unwrap_or("?"),
+            st["reason"].as_str().unwrap_or("")
+        );
         (st, log)
     }
 
@@ -2313,7 +2318,7 @@ print('attack ran')
             }
         }
     }
-    assert!(changed.is_empty(), "{changed:?}");
+    assert!(changed.is_empty(), "{changed:?}\nattacker's log:\n{log}");
 }
 
 /// `subagent run` without a daemon (the agent is then a descendant of the
