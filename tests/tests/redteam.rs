@@ -712,7 +712,10 @@ fn sched_attack(e: &Env, who: &str, victim: i32, mark: Option<&str>) {
     );
     assert!(log.contains("attack ran"), "{st} {log}");
     let after = sched_of(victim);
-    let changes = sched_changes(who, &before, &after);
+    let mut changes = sched_changes(who, &before, &after);
+    if !alive(victim) {
+        changes.push(format!("{who} ({victim}) died"));
+    }
     assert!(
         changes.is_empty(),
         "{}\nattacker's log:\n{log}",
@@ -784,6 +787,7 @@ fn a_delta_symlinked_to_dev_zero_is_not_read_without_bound() {
     );
     let st = st.expect("the daemon stopped answering");
     assert!(is_final(&st), "the run is still {} after 20 s", st["state"]);
+    assert!(log_of(&st).contains("planted"), "{st}");
     e.healthy();
 }
 
@@ -803,7 +807,11 @@ fn a_delta_fifo_does_not_hang_finalizing_even_across_a_restart() {
         json!({}),
     );
     let mut problems = Vec::new();
-    match poll_final(&e.d.socket, &run, Duration::from_secs(15)) {
+    let first = poll_final(&e.d.socket, &run, Duration::from_secs(15));
+    if let Some(st) = &first {
+        assert!(log_of(st).contains("planted"), "{st}");
+    }
+    match first {
         Some(st) if is_final(&st) => {}
         Some(st) => problems.push(format!("the run is still {} after 15 s", st["state"])),
         None => problems.push("the daemon stopped answering".into()),
@@ -1380,6 +1388,7 @@ fn a_handoff_fifo_does_not_hang_the_restart() {
     let st = poll_final(&e.d.socket, &run, Duration::from_secs(20))
         .expect("the daemon stopped answering");
     assert!(is_final(&st), "the run is still {} after 20 s", st["state"]);
+    assert!(log_of(&st).contains("planted"), "{st}");
     e.healthy();
 }
 
@@ -1478,7 +1487,8 @@ fn a_huge_sparse_delta_is_not_read_whole() {
         json!({}),
         limit,
     );
-    assert_bounded("a 900 MiB delta", peak, st, limit);
+    let st = assert_bounded("a 900 MiB delta", peak, st, limit);
+    assert!(log_of(&st).contains("planted"), "{st}");
     e.healthy();
 }
 
@@ -1492,15 +1502,16 @@ fn a_delta_with_100k_entries_or_deep_nesting_stays_bounded() {
     for (what, code) in [
         (
             "100 000 entries",
-            "import json, os\njson.dump({'written': ['f%d' % i for i in range(100000)]}, open(os.environ['SUBAGENT_DELTA_PATH'], 'w'))",
+            "import json, os\njson.dump({'written': ['f%d' % i for i in range(100000)]}, open(os.environ['SUBAGENT_DELTA_PATH'], 'w'))\nprint('planted')",
         ),
         (
             "500 000 nested arrays",
-            "import os\nopen(os.environ['SUBAGENT_DELTA_PATH'], 'w').write('{\"written\": ' + '[' * 500000 + ']' * 500000 + '}')",
+            "import os\nopen(os.environ['SUBAGENT_DELTA_PATH'], 'w').write('{\"written\": ' + '[' * 500000 + ']' * 500000 + '}')\nprint('planted')",
         ),
     ] {
         let (peak, st) = watched_run(&e, json!([PY, "-c", code]), json!({}), limit);
-        assert_bounded(what, peak, st, limit);
+        let st = assert_bounded(what, peak, st, limit);
+        assert!(log_of(&st).contains("planted"), "{what}: {st}");
     }
     e.healthy();
 }
@@ -1520,6 +1531,7 @@ fn a_hundred_thousand_files_keep_finalizing_bounded() {
     let limit = Duration::from_secs(40);
     let (peak, st) = watched_run(&e, json!([PY, "-c", code]), json!({}), limit);
     let st = assert_bounded("200 000 files", peak, st, limit);
+    assert!(log_of(&st).contains("made"), "{st}");
     let md = std::fs::metadata(st["result_path"].as_str().unwrap()).unwrap();
     assert!(md.len() < 256 * 1024, "result.md is {} bytes", md.len());
     e.healthy();
@@ -1967,13 +1979,21 @@ for i in range(2000):
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0); n += 1
-print('forked', n, 'and left 20 behind', flush=True)
+alive = 0
+for p in os.listdir('/proc'):
+    try:
+        alive += p.isdigit() and mark.encode() in open('/proc/%s/cmdline' % p, 'rb').read()
+    except OSError:
+        pass
+print('forked', n, 'and left', alive, 'behind', flush=True)
 "#;
     let run = e.spawn(
         json!([PY, "-c", code]),
         json!({"env": {"MARK": &mark}, "limits": {"wall_time_s": 30}}),
     );
     let st = e.wait_final(&run, Duration::from_secs(45), "the forker");
+    let log = log_of(&st);
+    assert!(log.contains("forked 2000 and left 20 behind"), "{st} {log}");
     let left = pids_with(&mark);
     for p in &left {
         unsafe_kill(*p, libc::SIGKILL);
@@ -1993,7 +2013,11 @@ print('forked', n, 'and left 20 behind', flush=True)
 fn a_grandchild_holding_the_log_open_does_not_keep_the_run_going() {
     let Some(e) = env() else { return };
     let mark = marker("RT-HOLDER");
-    let script = format!("setsid {PY} -c 'import time; time.sleep(120)' {mark} & echo bye; exit 0");
+    // The grandchild says it started (a file) before the agent exits.
+    let script = format!(
+        "setsid {PY} -c 'import os, time; open(os.environ[\"SUBAGENT_ARTIFACT_DIR\"] + \"/started\", \"w\"); time.sleep(120)' {mark} & \
+         while [ ! -e \"$SUBAGENT_ARTIFACT_DIR/started\" ]; do sleep 0.05; done; echo bye; exit 0"
+    );
     let run = e.spawn(
         json!(["sh", "-c", script]),
         json!({"limits": {"wall_time_s": 60}}),
@@ -2007,6 +2031,10 @@ fn a_grandchild_holding_the_log_open_does_not_keep_the_run_going() {
         is_final(&st),
         "the run is still {} 10 s after its agent exited",
         st["state"]
+    );
+    assert!(
+        log_of(&st).contains("bye"),
+        "the holder never started: {st}"
     );
     assert!(left.is_empty(), "the grandchild survives the run: {left:?}");
 }
@@ -2304,11 +2332,16 @@ print('attack ran')
         .collect::<Vec<_>>()
         .join(",");
     let (st, log) = e.py(code, json!({"env": {"TARGETS": targets}}));
+    // Read before the sibling is cancelled: a thread that is gone shows nothing.
+    let after: Vec<_> = victims.iter().map(|(_, p)| ioprio_of(*p)).collect();
+    let mut changed: Vec<String> = victims
+        .iter()
+        .filter(|(_, p)| !alive(*p))
+        .map(|(w, p)| format!("{w} ({p}) died"))
+        .collect();
     e.cancel(&sib_run);
     assert!(log.contains("attack ran"), "{st} {log}");
-    let mut changed = Vec::new();
-    for ((who, pid), b) in victims.iter().zip(&before) {
-        let a = ioprio_of(*pid);
+    for (((who, _), b), a) in victims.iter().zip(&before).zip(&after) {
         for (tid, v) in b {
             if a.get(tid).is_some_and(|n| n != v) {
                 changed.push(format!(
