@@ -171,10 +171,18 @@ impl RunCgroups {
         d
     }
 
-    /// Moves the calling process into every run cgroup (in the child).
+    /// Moves the calling process into every run cgroup (in the run's init).
+    ///
+    /// A v1 cgroup is joined through `tasks` (the calling thread; init is
+    /// single-threaded, so that is the process): a `cgroup.procs` write
+    /// takes the kernel's global threadgroup lock for writing, which waits
+    /// for an RCU grace period unless a migration came just before, as it
+    /// rarely does for a parent that spawns now and then.
     pub fn join_self(&self) -> Result<(), CgroupError> {
         for d in self.dirs() {
-            write(&d.join("cgroup.procs"), "0")?;
+            let tasks = d.join("tasks");
+            let file = if tasks.exists() { tasks } else { d.join("cgroup.procs") };
+            write(&file, "0")?;
         }
         Ok(())
     }
