@@ -181,7 +181,11 @@ impl RunCgroups {
     pub fn join_self(&self) -> Result<(), CgroupError> {
         for d in self.dirs() {
             let tasks = d.join("tasks");
-            let file = if tasks.exists() { tasks } else { d.join("cgroup.procs") };
+            let file = if tasks.exists() {
+                tasks
+            } else {
+                d.join("cgroup.procs")
+            };
             write(&file, "0")?;
         }
         Ok(())

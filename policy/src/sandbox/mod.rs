@@ -191,9 +191,6 @@ pub struct SandboxInputs {
     pub disk_bytes: u64,
     /// Mechanisms required (from config, else [`default_require`]).
     pub require: Option<Vec<Mechanism>>,
-    /// The child runs as the daemon's own uid (no run_as): it owns the
-    /// daemon's files (and the system's, for a root daemon).
-    pub shares_daemon_uid: bool,
     /// The child runs as a uid no other process has (a root daemon's
     /// per-run uid): RLIMIT_NPROC then counts the run's processes alone.
     pub own_uid: bool,
@@ -254,7 +251,7 @@ pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
         fs,
         mounts,
         network,
-        seccomp: seccomp::spec(network, input.shares_daemon_uid, input.grants.exec),
+        seccomp: seccomp::spec(network, input.grants.exec),
         rlimits,
         memory_bytes: input.memory_mb.saturating_mul(1024 * 1024),
         pids_max: input.pids,
@@ -290,7 +287,6 @@ mod tests {
             fsize_bytes: 1 << 20,
             disk_bytes: 8 << 20,
             require: None,
-            shares_daemon_uid: false,
             own_uid: true,
         }
     }

@@ -75,9 +75,6 @@ pub struct SeccompSpec {
     /// The rules refuse every socket family but AF_UNIX (a run without
     /// network).
     pub only_unix_sockets: bool,
-    /// The rules refuse the chmod family outright (the child shares the
-    /// daemon's uid).
-    pub deny_chmod: bool,
     /// The rules refuse memfd_create and executing a descriptor (the run
     /// has no exec right).
     pub deny_fd_exec: bool,
@@ -413,12 +410,11 @@ fn socket_rules() -> Vec<Rule> {
 }
 
 /// The seccomp spec; `network` lifts the socket-family restriction;
-/// `shares_daemon_uid` (no run_as: the child owns the daemon's files, the
-/// system's too when that is root) refuses chmod outright, since Landlock
-/// has no right for it and chmod would reach files outside the writable
-/// roots; without `exec` (the run's exec right), memfd_create and
-/// executing a descriptor are refused.
-pub fn spec(network: bool, shares_daemon_uid: bool, exec: bool) -> SeccompSpec {
+/// without `exec` (the run's exec right), memfd_create and executing a
+/// descriptor are refused. chmod stays allowed (never to a set-id mode):
+/// the run's own root holds no file of the daemon's or the system's it
+/// could reach writable.
+pub fn spec(network: bool, exec: bool) -> SeccompSpec {
     let always = |list: &[(&str, &str)], errno: Errno| -> Vec<Rule> {
         list.iter()
             .map(|(s, r)| rule(s, Vec::new(), errno, r))
@@ -428,19 +424,7 @@ pub fn spec(network: bool, shares_daemon_uid: bool, exec: bool) -> SeccompSpec {
     rules.extend(always(ENOSYS, Errno::Enosys));
     rules.extend(clone_rules());
     rules.extend(only_self_rules());
-    if shares_daemon_uid {
-        rules.extend(CHMOD.iter().map(|s| {
-            rule(
-                s,
-                Vec::new(),
-                Errno::Eperm,
-                "a uid-0 child owns the system's files; Landlock cannot stop chmod",
-            )
-        }));
-        rules.extend(setid_rules(CHMOD));
-    } else {
-        rules.extend(setid_rules(&[]));
-    }
+    rules.extend(setid_rules(&[]));
     if !exec {
         rules.extend(fd_exec_rules());
     }
@@ -450,7 +434,6 @@ pub fn spec(network: bool, shares_daemon_uid: bool, exec: bool) -> SeccompSpec {
     SeccompSpec {
         rules,
         only_unix_sockets: !network,
-        deny_chmod: shares_daemon_uid,
         deny_fd_exec: !exec,
     }
 }
@@ -472,10 +455,8 @@ mod tests {
     fn all_specs() -> Vec<SeccompSpec> {
         let mut out = Vec::new();
         for network in [false, true] {
-            for shares in [false, true] {
-                for exec in [false, true] {
-                    out.push(spec(network, shares, exec));
-                }
+            for exec in [false, true] {
+                out.push(spec(network, exec));
             }
         }
         out
@@ -483,7 +464,7 @@ mod tests {
 
     #[test]
     fn the_issue_list_is_covered_with_reasons() {
-        let s = spec(false, false, true);
+        let s = spec(false, true);
         for must in [
             "ptrace",
             "process_vm_readv",
@@ -537,14 +518,14 @@ mod tests {
 
     #[test]
     fn clone3_and_openat2_answer_enosys() {
-        let s = spec(false, false, true);
+        let s = spec(false, true);
         assert_eq!(always(&s, "clone3"), Some(Errno::Enosys));
         assert_eq!(always(&s, "openat2"), Some(Errno::Enosys));
     }
 
     #[test]
     fn clone_is_refused_with_any_namespace_flag() {
-        let s = spec(true, false, true);
+        let s = spec(true, true);
         let rules = rules_of(&s, "clone");
         assert_eq!(rules.len(), CLONE_NEW_FLAGS.len());
         for flag in CLONE_NEW_FLAGS {
@@ -555,7 +536,7 @@ mod tests {
 
     #[test]
     fn setid_modes_are_refused_on_every_mode_argument() {
-        let s = spec(true, false, true);
+        let s = spec(true, true);
         for &(syscall, arg) in MODE_ARGS {
             let rules = rules_of(&s, syscall);
             for bit in [abi::S_ISUID, abi::S_ISGID] {
@@ -569,20 +550,16 @@ mod tests {
     }
 
     #[test]
-    fn chmod_is_refused_outright_only_for_the_daemons_uid() {
-        let (own, shared) = (spec(false, false, true), spec(false, true, true));
-        assert!(!own.deny_chmod && shared.deny_chmod);
+    fn chmod_is_allowed_but_never_to_a_set_id_mode() {
+        let s = spec(false, true);
         for c in CHMOD {
-            assert_eq!(always(&own, c), None, "{c}");
-            assert_eq!(always(&shared, c), Some(Errno::Eperm), "{c}");
-            // No conditional rule is left beside the outright refusal.
-            assert_eq!(rules_of(&shared, c).len(), 1, "{c}");
+            assert_eq!(always(&s, c), None, "{c}");
         }
     }
 
     #[test]
     fn process_targeting_calls_reach_only_the_caller() {
-        let s = spec(false, false, true);
+        let s = spec(false, true);
         let who =
             |syscall: &str, arg: u8| {
                 let rules = rules_of(&s, syscall);
@@ -631,7 +608,7 @@ mod tests {
 
     #[test]
     fn without_the_exec_right_memfds_and_descriptors_do_not_execute() {
-        let (with, without) = (spec(false, false, true), spec(false, false, false));
+        let (with, without) = (spec(false, true), spec(false, false));
         assert!(!with.deny_fd_exec && without.deny_fd_exec);
         assert_eq!(always(&without, "memfd_create"), Some(Errno::Eperm));
         let execveat = rules_of(&without, "execveat");
@@ -654,7 +631,7 @@ mod tests {
 
     #[test]
     fn network_only_changes_the_socket_rule() {
-        let (off, on) = (spec(false, false, true), spec(true, false, true));
+        let (off, on) = (spec(false, true), spec(true, true));
         assert!(off.only_unix_sockets && !on.only_unix_sockets);
         for s in ["socket", "socketpair"] {
             let rules = rules_of(&off, s);

@@ -502,7 +502,6 @@ pub(crate) fn create_run(
             fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
             disk_bytes: plan.limits.disk_bytes(),
             require: Some(inner.cfg.required(plan.grants.network)),
-            shares_daemon_uid: child.is_none(),
             own_uid: lease.is_some(),
         });
         let spec = RunnerSpec {
