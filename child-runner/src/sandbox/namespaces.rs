@@ -84,13 +84,33 @@ pub struct UserNsError {
     pub source: std::io::Error,
 }
 
+/// Per-user kernel counts a run shares with its user's other processes
+/// when it runs as that user: (the user namespace's own limit, the host's
+/// per-user limit). A run may take a quarter of each.
+const SHARED_COUNTS: &[(&str, &str)] = &[
+    (
+        "/proc/sys/user/max_inotify_instances",
+        "/proc/sys/fs/inotify/max_user_instances",
+    ),
+    (
+        "/proc/sys/user/max_inotify_watches",
+        "/proc/sys/fs/inotify/max_user_watches",
+    ),
+];
+
 /// Moves the calling (single-threaded) process into a new user namespace
 /// and a new mount namespace owned by it, mapping its uid and gid to
 /// themselves: it then holds every capability inside, enough to make the
-/// run's namespaces and mounts; outside it gains nothing.
+/// run's namespaces and mounts; outside it gains nothing. The run shares
+/// its user's per-user counts (inotify instances and watches), so the
+/// namespace's own limits hold it to a quarter of the host's.
 pub fn enter_own_user_ns() -> Result<(), UserNsError> {
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
+    let host: Vec<Option<u64>> = SHARED_COUNTS
+        .iter()
+        .map(|(_, h)| std::fs::read_to_string(h).ok()?.trim().parse().ok())
+        .collect();
     nix::sched::unshare(
         nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS,
     )
@@ -107,5 +127,11 @@ pub fn enter_own_user_ns() -> Result<(), UserNsError> {
     };
     write("/proc/self/setgroups", "deny".into())?;
     write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))?;
-    write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
+    write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))?;
+    for ((own, _), max) in SHARED_COUNTS.iter().zip(host) {
+        if let Some(max) = max {
+            write(own, (max / 4).max(1).to_string())?;
+        }
+    }
+    Ok(())
 }
