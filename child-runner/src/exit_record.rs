@@ -109,6 +109,9 @@ pub struct Resources {
     pub peak_memory_bytes: Option<u64>,
     /// Whether the OOM killer ended a process of the run.
     pub oom_killed: bool,
+    /// Forks the process limit refused, when a pids cgroup counts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_refused: Option<u64>,
 }
 
 impl ExitRecord {

@@ -384,6 +384,7 @@ fn attempt_once(
     supervise_attempt(spec, sfd, sink, pipe, &started.status, &mut st, deadline)?;
     let ended_at_ms = now_unix_ms();
     let (peak_memory_bytes, ooms) = prepared.cgroups().memory_stats();
+    let pids_refused = prepared.cgroups().pids_refused();
     prepared.cgroups().remove();
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).ok();
     let ms = |t: nix::sys::time::TimeVal| (t.tv_sec() as u64) * 1000 + (t.tv_usec() as u64) / 1000;
@@ -392,6 +393,7 @@ fn attempt_once(
         cpu_system_ms: usage.map_or(0, |u| ms(u.system_time())),
         peak_memory_bytes,
         oom_killed: ooms.unwrap_or(0) > 0,
+        pids_refused,
     };
     let (outcome, exit_code, signal, reason) = judge(spec, &st, &resources);
     let mut setup_us = std::collections::BTreeMap::new();
@@ -554,7 +556,22 @@ fn judge(
             format!("memory limit ({mib} MiB) exceeded"),
         );
     }
+    let refused = resources.pids_refused.unwrap_or(0);
     match (exit_code, signal) {
+        (Some(code), _) if code != 0 && refused > 0 => (
+            Outcome::Exited,
+            exit_code,
+            None,
+            format!(
+                "exited with code {code}; the process limit ({}) refused {}",
+                spec.sandbox.pids_max,
+                if refused == 1 {
+                    "a fork".to_owned()
+                } else {
+                    format!("{refused} forks")
+                }
+            ),
+        ),
         (Some(code), _) => (
             Outcome::Exited,
             exit_code,

@@ -336,6 +336,9 @@ fn resources(s: &mut String, rec: &RunRecord) {
         r.cpu_system_ms,
         if r.oom_killed { "fired" } else { "not fired" }
     );
+    if let Some(n) = r.pids_refused.filter(|&n| n > 0) {
+        let _ = writeln!(s, "- process limit: {n} forks refused");
+    }
 }
 
 /// The artifact list: each name, and each symlink's target, as code.

@@ -324,6 +324,41 @@ fn a_fork_bomb_is_contained_and_the_daemon_keeps_answering() {
     e.healthy();
 }
 
+/// A child that forks past its process limit: the forks fail, the run's
+/// status says the limit refused them (where a pids cgroup counts them:
+/// not under an unprivileged daemon, see security.md), and nothing of it
+/// is left once the run has ended.
+#[test]
+fn a_run_at_its_process_limit_says_so_and_leaves_nothing() {
+    let Some(e) = env() else { return };
+    let marker = subagentd_e2e::sleep_marker();
+    let py = format!(
+        "import os\nkids = 0\nfor i in range(100):\n\ttry:\n\t\tif os.fork() == 0:\n\t\t\tos.execvp('sleep', ['sleep', '{marker}'])\n\t\tkids += 1\n\texcept OSError:\n\t\tpass\nprint('forked', kids)\nraise SystemExit(3)\n"
+    );
+    let (st, log) = e.attack(
+        "python3 -c \"$PY\"",
+        json!({"limits": {"pids": 16}, "env": {"PY": py}}),
+    );
+    assert_eq!(st["state"], "failed", "{st} {log}");
+    assert!(log.contains("forked"), "{log}");
+    if subagentd_e2e::is_root() {
+        let reason = st["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("the process limit (16) refused"),
+            "{reason}"
+        );
+        assert!(
+            st["resources"]["pids_refused"].as_u64().unwrap() > 0,
+            "{st}"
+        );
+    }
+    assert!(
+        subagentd_e2e::sleeping(&marker).is_empty(),
+        "a process of the run outlived it"
+    );
+    e.healthy();
+}
+
 #[test]
 fn every_run_records_what_was_enforced() {
     let Some(e) = env() else { return };

@@ -209,6 +209,14 @@ impl RunCgroups {
         false
     }
 
+    /// How many forks the pids limit refused, where a pids cgroup counts
+    /// them (`pids.events`).
+    pub fn pids_refused(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.pids.as_ref()?.join("pids.events")).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("max ").and_then(|v| v.trim().parse().ok()))
+    }
+
     /// Peak memory in bytes and the number of OOM kills, where known.
     pub fn memory_stats(&self) -> (Option<u64>, Option<u64>) {
         let Some((dir, v2)) = &self.memory else {

@@ -278,6 +278,10 @@ fn limits(
         }
     };
     let mut rlimits = spec.rlimits.clone();
+    if cgroups.pids.is_some() {
+        // The pids cgroup holds the limit, and counts what it refuses.
+        rlimits.retain(|r| r.resource != "nproc");
+    }
     // In a user namespace of the runner's own, the uid's processes there
     // are the run's alone.
     if cgroups.pids.is_none()
