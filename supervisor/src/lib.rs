@@ -34,6 +34,7 @@ pub mod result_md;
 pub mod runas;
 pub mod sanitize;
 pub mod securedir;
+pub mod selfcheck;
 pub mod server;
 pub mod sessions;
 pub mod timefmt;

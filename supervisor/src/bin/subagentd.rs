@@ -53,19 +53,39 @@ struct Args {
     check: bool,
 }
 
-fn check(config: Option<&std::path::Path>) -> std::process::ExitCode {
-    let required = match subagentd::paths::load_config(config) {
-        Ok((_, c)) => c.required(false),
+/// `--check`: the host's facts, then one run to show what runs get, then
+/// each required mechanism (the config's list, `namespaces` always).
+fn check(config: Option<&std::path::Path>, runner: Option<PathBuf>) -> std::process::ExitCode {
+    let (required, settings) = match subagentd::paths::load_config(config) {
+        Ok((_, c)) => (c.required(false), c),
         Err(e) => {
             eprintln!("subagentd: {e}");
             return std::process::ExitCode::from(2);
         }
     };
-    let probe = subagentd::engine::probe::probe();
-    println!("{}", probe.summary());
+    println!("{}", subagentd::engine::probe::probe().summary());
+    let outcome = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| {
+            rt.block_on(subagentd::selfcheck::probe_run(runner, settings))
+                .map_err(|e| e.to_string())
+        });
+    let status = match outcome {
+        Ok(o) => o.status,
+        Err(e) => {
+            println!("MISSING namespaces: the check run could not be made: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    print_check_run(&status);
     let mut ok = true;
-    for m in required {
-        match probe.missing(m) {
+    let mechanisms = required
+        .into_iter()
+        .chain([policy::sandbox::Mechanism::Namespaces]);
+    for m in mechanisms {
+        match subagentd::selfcheck::missing(&status, m) {
             Some(why) => {
                 ok = false;
                 println!("MISSING {}: {why}", m.as_str());
@@ -77,6 +97,35 @@ fn check(config: Option<&std::path::Path>) -> std::process::ExitCode {
         std::process::ExitCode::SUCCESS
     } else {
         std::process::ExitCode::FAILURE
+    }
+}
+
+/// What the check run got, as its isolation report says.
+fn print_check_run(status: &subagentd::record::RunStatus) {
+    let reason = status.reason.as_deref().unwrap_or("");
+    println!("a run here: {} ({reason})", status.state.as_str());
+    let Some(iso) = &status.isolation else { return };
+    let rows = [
+        ("landlock", &iso.landlock),
+        ("seccomp", &iso.seccomp),
+        ("network", &iso.network),
+        ("cgroup", &iso.cgroup),
+        ("capabilities", &iso.capabilities),
+        ("namespaces", &iso.namespaces),
+        ("root", &iso.root),
+        ("disk", &iso.disk),
+    ];
+    for (name, e) in rows {
+        let mark = if e.enforced {
+            "enforced"
+        } else {
+            "NOT enforced"
+        };
+        println!("  {name}: {mark}: {}", e.detail);
+    }
+    println!("  user: {}", iso.user);
+    for n in &iso.notes {
+        println!("  note: {n}");
     }
 }
 
@@ -181,7 +230,7 @@ async fn run(args: Args) -> Result<()> {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if args.check {
-        return check(args.config.as_deref());
+        return check(args.config.as_deref(), args.runner.clone());
     }
     init_tracing(args.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread()

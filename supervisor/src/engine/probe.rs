@@ -32,6 +32,20 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
+/// Whether run cgroups can be made where `via` puts them: its base (or,
+/// before the first run made it, the base's parent) is writable here.
+fn writable(via: &Via) -> bool {
+    let (Via::V1(base) | Via::V2(base)) = via else {
+        return false;
+    };
+    let dir = if base.exists() {
+        Some(base.as_path())
+    } else {
+        base.parent()
+    };
+    dir.is_some_and(|d| nix::unistd::access(d, nix::unistd::AccessFlags::W_OK).is_ok())
+}
+
 /// Probes the host.
 pub fn probe() -> HostProbe {
     let mountinfo = read("/proc/self/mountinfo");
@@ -67,23 +81,38 @@ impl HostProbe {
             Mechanism::Cgroup if self.cgroups.memory == Via::Rlimit => {
                 Some("no memory cgroup controller is mounted".into())
             }
+            Mechanism::Cgroup if !writable(&self.cgroups.memory) => Some(
+                "the memory cgroup is not this user's to make cgroups in (not delegated)".into(),
+            ),
             _ => None,
         }
     }
 
-    /// A one-line summary for the log and `subagentd --check`.
+    /// A one-line summary of the host's facts, for the log and `subagentd
+    /// --check` (which then runs one run to show what runs get).
     pub fn summary(&self) -> String {
         let via = |v: &Via| match v {
-            Via::V2(_) => "cgroup v2",
-            Via::V1(_) => "cgroup v1",
-            Via::Rlimit => "rlimit only",
+            Via::V2(_) if writable(v) => "cgroup v2",
+            Via::V1(_) if writable(v) => "cgroup v1",
+            Via::V2(_) | Via::V1(_) => "rlimit (the cgroup is not this user's)",
+            Via::Rlimit => "rlimit (no cgroup controller)",
         };
         format!(
-            "landlock {}; seccomp {}; network namespace {}; capability drop {}; memory limits via {}; pids limits via {}; whole-run kill via the run's PID namespace",
-            if self.landlock_abi > 0 { format!("ABI {}", self.landlock_abi) } else { "unavailable".into() },
+            "landlock {}; seccomp {}; running as {}; memory limits via {}; pids limits via {}",
+            if self.landlock_abi > 0 {
+                format!("ABI {}", self.landlock_abi)
+            } else {
+                "unavailable".into()
+            },
             if self.seccomp { "on" } else { "unavailable" },
-            if self.net_namespace { "yes" } else { "no (no CAP_SYS_ADMIN)" },
-            if self.full_cap_drop { "full (bounding set too)" } else { "effective/permitted/ambient (the bounding set needs CAP_SETPCAP)" },
+            if self.root {
+                "root (a uid of its own per run)".to_owned()
+            } else {
+                format!(
+                    "uid {} (runs in a user namespace of their own)",
+                    nix::unistd::geteuid()
+                )
+            },
             via(&self.cgroups.memory),
             via(&self.cgroups.pids),
         )
