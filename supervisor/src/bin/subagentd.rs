@@ -182,7 +182,9 @@ async fn run(args: Args) -> Result<()> {
         cfg.max_concurrent = n;
     }
     if let Some(r) = args.runner {
-        cfg.runner = r;
+        // Runners are started from `/`: a relative path would not be found.
+        cfg.runner = std::path::absolute(&r)
+            .with_context(|| format!("the runner {}", r.display()))?;
     }
     if let Some(user) = args.run_as.as_ref().or(file.run_as.as_ref()) {
         let r = subagentd::runas::parse(user).map_err(anyhow::Error::msg)?;
@@ -230,7 +232,8 @@ async fn run(args: Args) -> Result<()> {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if args.check {
-        return check(args.config.as_deref(), args.runner.clone());
+        let runner = args.runner.as_deref().and_then(|r| std::path::absolute(r).ok());
+        return check(args.config.as_deref(), runner);
     }
     init_tracing(args.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread()
