@@ -268,14 +268,51 @@ fn counts_cover_every_kind_of_change() {
     assert_eq!((f.5, f.6, f.7), (1, 0, 1));
 }
 
-/// The scan's counts, checked against libgit2's status.
-fn scan_agrees(p: &Path) -> subagentd::gitsnap::counts::Counts {
-    use subagentd::gitsnap::counts::{by_libgit2, by_scan};
-    let r = git2::Repository::open(p).unwrap();
-    let fast = by_scan(&r).unwrap_or_else(|why| panic!("the scan refused: {why}"));
-    let slow = by_libgit2(&r).unwrap();
-    assert_eq!(fast, slow, "scan vs libgit2 status");
-    fast
+/// The counts `git status --porcelain=v2 -uall --no-renames` gives:
+/// staged where the index column shows a change, modified where the work
+/// tree column does, untracked per `?` line (unmerged entries in neither).
+fn git_counts(p: &Path) -> (usize, usize, usize) {
+    let out = git(p, &["status", "--porcelain=v2", "-uall", "--no-renames"]);
+    let (mut s, mut m, mut u) = (0, 0, 0);
+    for l in out.lines() {
+        let b = l.as_bytes();
+        match b[0] {
+            b'?' => u += 1,
+            b'1' => {
+                s += usize::from(b[2] != b'.');
+                m += usize::from(b[3] != b'.');
+            }
+            b'u' => {}
+            _ => panic!("unexpected porcelain line: {l}"),
+        }
+    }
+    (s, m, u)
+}
+
+/// The index file's identity and content, to show a snapshot leaves it
+/// alone.
+fn index_state(p: &Path) -> (u64, i64, i64, Vec<u8>) {
+    use std::os::unix::fs::MetadataExt;
+    let f = p.join(".git/index");
+    let m = std::fs::metadata(&f).unwrap();
+    (
+        m.ino(),
+        m.mtime(),
+        m.mtime_nsec(),
+        std::fs::read(f).unwrap(),
+    )
+}
+
+/// The snapshot's counts, checked against `git status` (taken after it:
+/// `git status` may rewrite the index) and shown to leave the index as it
+/// was.
+fn agrees_with_git(p: &Path) -> (usize, usize, usize) {
+    let before = index_state(p);
+    let f = fields(snapshot(p, Duration::from_secs(10)));
+    assert_eq!(index_state(p), before, "the snapshot wrote the index");
+    let ours = (f.5, f.6, f.7);
+    assert_eq!(ours, git_counts(p), "snapshot vs git status");
+    ours
 }
 
 fn write(p: &Path, rel: &str, body: &str) {
@@ -285,13 +322,13 @@ fn write(p: &Path, rel: &str, body: &str) {
 }
 
 #[test]
-fn the_threaded_scan_counts_as_libgit2_does() {
+fn counts_agree_with_git_status_on_a_varied_tree() {
     use std::os::unix::fs::{symlink, PermissionsExt};
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
     git(p, &["init", "-q"]);
-    // 1,500 files in 30 directories (threads from 1,000), a symlink, a
-    // file beside a directory whose name sorts between its entries.
+    // 1,500 files in 30 directories, a symlink, a file beside a directory
+    // whose name sorts between its entries.
     for i in 0..1_500 {
         write(
             p,
@@ -313,12 +350,7 @@ fn the_threaded_scan_counts_as_libgit2_does() {
     symlink("a0", p.join("link")).unwrap();
     git(p, &["add", "."]);
     git(p, &["commit", "-qm", "base"]);
-    let clean = scan_agrees(p);
-    assert_eq!(
-        (clean.staged, clean.modified, clean.untracked),
-        (0, 0, 0),
-        "a fresh commit, answered by the cached tree"
-    );
+    assert_eq!(agrees_with_git(p), (0, 0, 0), "a fresh commit");
     // Work tree changes of every kind.
     write(p, "d00/f0.txt", "changed size\n");
     write(p, "d01/f1.txt", "FILE 1\n"); // same size, new content
@@ -359,297 +391,107 @@ fn the_threaded_scan_counts_as_libgit2_does() {
         nix::sys::stat::Mode::from_bits_truncate(0o600),
     )
     .unwrap();
-    let c = scan_agrees(p);
-    assert_eq!(c.staged, 0);
-    assert!(c.modified >= 10 && c.untracked >= 3, "{c:?}");
-    // Staged changes invalidate the cached tree: libgit2 diffs HEAD.
+    let (staged, modified, untracked) = agrees_with_git(p);
+    assert_eq!(staged, 0);
+    assert!(modified >= 10 && untracked >= 3, "{modified} {untracked}");
+    // Staged changes, one of them modified again after staging.
     git(p, &["add", "d00/f0.txt", "u.txt"]);
     git(p, &["rm", "-q", "--cached", "a0"]);
-    let c = scan_agrees(p);
-    assert_eq!(c.staged, 3, "{c:?}");
+    write(p, "d00/f0.txt", "changed again after staging\n");
+    let (staged, ..) = agrees_with_git(p);
+    assert_eq!(staged, 3);
     // Touched, not changed, after the index was written: settled by content.
     std::fs::write(p.join("d06/f6.txt"), "file 6\n").unwrap();
-    scan_agrees(p);
+    agrees_with_git(p);
 }
 
 #[test]
-fn the_scan_falls_back_to_libgit2_where_it_does_not_model_the_repository() {
-    use subagentd::gitsnap::counts::{counts, Method};
+fn counts_agree_with_git_status_in_unusual_repositories() {
+    // Skip-worktree and assume-unchanged entries, an intent-to-add entry.
     let d = repo();
-    git(d.path(), &["update-index", "--skip-worktree", "a.txt"]);
-    let r = git2::Repository::open(d.path()).unwrap();
-    let (_, m) = counts(&r).unwrap();
-    assert!(
-        matches!(m, Method::Libgit2(ref w) if w.contains("skip-worktree")),
-        "{m:?}"
-    );
-    let d = repo();
-    git(d.path(), &["config", "core.ignorecase", "true"]);
-    let r = git2::Repository::open(d.path()).unwrap();
-    assert!(matches!(counts(&r).unwrap().1, Method::Libgit2(ref w) if w.contains("ignorecase")));
-    let d = repo();
-    let r = git2::Repository::open(d.path()).unwrap();
-    assert_eq!(counts(&r).unwrap().1, Method::Scan);
-}
-
-#[test]
-fn the_index_reader_agrees_with_libgit2_in_every_version() {
-    use subagentd::gitsnap::index::{parse, IndexError};
-    let d = tempfile::tempdir().unwrap();
     let p = d.path();
-    git(p, &["init", "-q"]);
-    // Paths of every length class around the 8-byte padding, a long one
-    // and shared prefixes for v4.
-    // (A path of 0xfff bytes or more, whose length field saturates, is
-    // longer than PATH_MAX from here: index.rs's unit test builds one.)
-    let long = (0..4)
-        .map(|i| format!("{i}{}", "x".repeat(200)))
-        .collect::<Vec<_>>()
-        .join("/");
-    for i in 0..40 {
-        write(
-            p,
-            &format!("dir{}/{}", i % 3, "n".repeat(i + 1)),
-            &format!("{i}\n"),
-        );
+    write(p, "c.txt", "c\n");
+    git(p, &["add", "c.txt"]);
+    git(p, &["commit", "-qm", "c"]);
+    git(p, &["update-index", "--skip-worktree", "a.txt"]);
+    git(p, &["update-index", "--assume-unchanged", "b.txt"]);
+    write(p, "a.txt", "changed\n");
+    write(p, "b.txt", "changed\n");
+    write(p, "c.txt", "changed\n");
+    write(p, "ita.txt", "x\n");
+    write(p, "ita-empty.txt", "");
+    write(p, "ita-gone.txt", "x\n");
+    git(
+        p,
+        &["add", "-N", "ita.txt", "ita-empty.txt", "ita-gone.txt"],
+    );
+    std::fs::remove_file(p.join("ita-gone.txt")).unwrap();
+    assert_eq!(agrees_with_git(p), (0, 4, 0));
+    // A merge conflict: the unmerged path counts in neither, the merged
+    // one is staged.
+    let d = repo();
+    let p = d.path();
+    git(p, &["checkout", "-qb", "other"]);
+    write(p, "a.txt", "theirs\n");
+    write(p, "b.txt", "theirs\n");
+    git(p, &["commit", "-qam", "theirs"]);
+    git(p, &["checkout", "-q", "main"]);
+    write(p, "a.txt", "ours\n");
+    git(p, &["commit", "-qam", "ours"]);
+    let merge = Command::new("git")
+        .args(["merge", "-q", "other"])
+        .current_dir(p)
+        .output()
+        .unwrap();
+    assert!(!merge.status.success(), "the merge conflicts");
+    assert_eq!(agrees_with_git(p), (1, 0, 0));
+    // A submodule with new content and a new commit.
+    let d = repo();
+    let p = d.path();
+    let sub = repo();
+    git(
+        p,
+        &[
+            "submodule",
+            "add",
+            "-q",
+            sub.path().to_str().unwrap(),
+            "sub",
+        ],
+    );
+    git(p, &["commit", "-qm", "add sub"]);
+    assert_eq!(agrees_with_git(p), (0, 0, 0));
+    write(p, "sub/a.txt", "changed\n");
+    write(p, "sub/new.txt", "n\n");
+    assert_eq!(agrees_with_git(p), (0, 1, 0));
+    git(&p.join("sub"), &["commit", "-qam", "sub change"]);
+    assert_eq!(agrees_with_git(p), (0, 1, 0));
+    // core.ignorecase, core.filemode=false, core.symlinks=false.
+    for (key, value) in [
+        ("core.ignorecase", "true"),
+        ("core.filemode", "false"),
+        ("core.symlinks", "false"),
+    ] {
+        let d = repo();
+        let p = d.path();
+        git(p, &["config", key, value]);
+        std::fs::set_permissions(
+            p.join("a.txt"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        write(p, "b.txt", "changed\n");
+        write(p, "New.txt", "n\n");
+        let c = agrees_with_git(p);
+        assert_eq!(c.2, 1, "{key}={value}: {c:?}");
     }
-    write(p, &long, "long\n");
-    std::os::unix::fs::symlink("dir0", p.join("link")).unwrap();
-    write(p, "exec.sh", "#!/bin/sh\n");
-    std::fs::set_permissions(
-        p.join("exec.sh"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    git(p, &["add", "."]);
-    git(p, &["commit", "-qm", "one"]);
-    let head_tree = git(p, &["rev-parse", "HEAD^{tree}"]);
-    // Version 3 differs from 2 only in entries with extended flags (git
-    // writes 2 when there are none); the intent-to-add entry at the end
-    // gives one.
-    for version in ["2", "4"] {
+    // Index versions 2 to 4.
+    for version in ["2", "3", "4"] {
+        let d = repo();
+        let p = d.path();
         git(p, &["update-index", "--index-version", version]);
-        let buf = std::fs::read(p.join(".git/index")).unwrap();
-        assert_eq!(&buf[4..8], &[0, 0, 0, version.parse::<u8>().unwrap()]);
-        let ours = parse(&buf).unwrap();
-        let theirs = git2::Index::open(&p.join(".git/index")).unwrap();
-        assert_eq!(ours.entries.len(), theirs.len(), "v{version}");
-        for (o, t) in ours.entries.iter().zip(theirs.iter()) {
-            assert_eq!(o.path, t.path, "v{version}");
-            assert_eq!(
-                (o.mode, o.size, o.ino, o.uid, o.gid, o.mtime, o.ctime),
-                (
-                    t.mode,
-                    t.file_size,
-                    t.ino,
-                    t.uid,
-                    t.gid,
-                    (t.mtime.seconds(), t.mtime.nanoseconds()),
-                    (t.ctime.seconds(), t.ctime.nanoseconds())
-                ),
-                "v{version} {}",
-                String::from_utf8_lossy(&o.path)
-            );
-        }
-        assert!(ours.entries.iter().any(|e| e.path == long.as_bytes()));
-        // `git status` may rewrite the index; the cached root is HEAD's tree
-        // whenever it is there.
-        let root = ours
-            .root_tree
-            .map(|t| git2::Oid::from_bytes(&t).unwrap().to_string());
-        assert_eq!(root.as_deref(), Some(head_tree.as_str()), "v{version}");
+        write(p, "a.txt", "changed\n");
+        write(p, "dir/new.txt", "n\n");
+        assert_eq!(agrees_with_git(p), (0, 1, 1), "index v{version}");
     }
-    // Staging a change invalidates the cached root.
-    write(p, "dir0/n", "changed\n");
-    git(p, &["add", "dir0/n"]);
-    let buf = std::fs::read(p.join(".git/index")).unwrap();
-    assert_eq!(parse(&buf).unwrap().root_tree, None);
-    // A flipped byte fails the checksum; a truncated file is malformed.
-    let mut bad = buf.clone();
-    bad[20] ^= 1;
-    assert_eq!(parse(&bad).unwrap_err(), IndexError::Checksum);
-    assert!(matches!(
-        parse(&buf[..10]).unwrap_err(),
-        IndexError::Malformed { .. }
-    ));
-    // Intent-to-add (an extended flag, version 3) is refused.
-    write(p, "ita", "x\n");
-    git(p, &["add", "-N", "ita"]);
-    git(p, &["update-index", "--index-version", "3"]);
-    let buf = std::fs::read(p.join(".git/index")).unwrap();
-    assert_eq!(&buf[4..8], &[0, 0, 0, 3]);
-    assert_eq!(
-        parse(&buf).unwrap_err(),
-        IndexError::Unsupported("assume-unchanged, skip-worktree or intent-to-add entries")
-    );
-}
-
-/// Waits, polling, until every directory of the work tree is old enough
-/// for its listing to be kept (the clock-grain margin).
-fn until_listings_keepable(p: &Path) {
-    use subagentd::gitsnap::listing::{keepable, Stamp};
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let dirs: Vec<_> = walkdir(p);
-    loop {
-        let now = std::time::SystemTime::now();
-        let ready = dirs
-            .iter()
-            .all(|d| keepable(&Stamp::of_metadata(&std::fs::metadata(d).unwrap()), now));
-        if ready {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the directories never got older than the margin"
-        );
-        std::thread::yield_now();
-    }
-}
-
-/// Every directory under `p` but `.git`'s, `p` included.
-fn walkdir(p: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = vec![p.to_path_buf()];
-    let mut i = 0;
-    while i < out.len() {
-        for e in std::fs::read_dir(&out[i]).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() && e.file_name() != ".git" {
-                out.push(e.path());
-            }
-        }
-        i += 1;
-    }
-    out
-}
-
-#[test]
-fn listings_kept_between_scans_give_the_same_counts_and_miss_on_any_change() {
-    use std::os::unix::fs::PermissionsExt;
-    use subagentd::gitsnap::counts::{by_libgit2, by_scan_with};
-    use subagentd::gitsnap::listing::{local_clock, Listings};
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path();
-    if !local_clock(std::fs::File::open(p).unwrap()) {
-        subagent_runner::testsupport::skip(
-            "local-clock-fs",
-            "the temp dir's file system is not stamped by this kernel's clock; listings are never kept there",
-        );
-        return;
-    }
-    git(p, &["init", "-q"]);
-    for i in 0..60 {
-        write(p, &format!("d{}/f{i}.txt", i % 6), &format!("file {i}\n"));
-    }
-    write(p, "d0/sub/x", "x\n");
-    write(p, "tofile/x", "x\n");
-    write(p, ".gitignore", "*.log\n");
-    git(p, &["add", "."]);
-    git(p, &["commit", "-qm", "base"]);
-    until_listings_keepable(p);
-    let r = git2::Repository::open(p).unwrap();
-    let l = Listings::new();
-    let agrees = |what: &str| {
-        let fast = by_scan_with(&r, Some(&l)).unwrap();
-        assert_eq!(fast, by_libgit2(&r).unwrap(), "{what}");
-        fast
-    };
-    let dirs = walkdir(p).len() as u64;
-    agrees("cold");
-    assert_eq!((l.kept(), l.hits()), (dirs, 0), "every directory kept");
-    agrees("warm");
-    assert_eq!(l.hits(), dirs, "every directory answered by the cache");
-
-    // Changes that leave the directories' names alone: still hits, and
-    // the scan still sees them (each tracked file is stat'ed).
-    write(p, "d1/f1.txt", "changed size\n");
-    std::fs::set_permissions(p.join("d2/f2.txt"), PermissionsExt::from_mode(0o755)).unwrap();
-    let hits = l.hits();
-    let c = agrees("contents changed");
-    assert_eq!(c.modified, 2, "{c:?}");
-    assert_eq!(l.hits() - hits, dirs);
-
-    // Changes to names: each changed directory misses.
-    write(p, "d3/new.txt", "untracked\n");
-    write(p, "d3/x.log", "ignored\n");
-    std::fs::remove_file(p.join("d4/f4.txt")).unwrap();
-    std::fs::remove_dir_all(p.join("tofile")).unwrap();
-    write(p, "tofile", "now a file\n");
-    write(p, "d0/sub/deeper/u", "untracked\n");
-    let hits = l.hits();
-    let c = agrees("names changed");
-    assert_eq!((c.modified, c.untracked), (4, 3), "{c:?}");
-    // Missed: d3, d4, the root (tofile), d0/sub; the rest hit
-    // (d0/sub/deeper is untracked: never read by the scan).
-    assert_eq!(
-        l.hits() - hits,
-        dirs - 1 - 4,
-        "hits after the names changed"
-    );
-
-    // A name added and the directory's mtime set back: its ctime still
-    // moved, so the listing is not reused.
-    until_listings_keepable(p);
-    agrees("settled");
-    let d5 = p.join("d5");
-    let before = nix::sys::stat::stat(&d5).unwrap();
-    write(p, "d5/sneaky.txt", "untracked\n");
-    nix::sys::stat::utimensat(
-        nix::fcntl::AT_FDCWD,
-        &d5,
-        &nix::sys::time::TimeSpec::new(before.st_atime, before.st_atime_nsec),
-        &nix::sys::time::TimeSpec::new(before.st_mtime, before.st_mtime_nsec),
-        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-    )
-    .unwrap();
-    let after = nix::sys::stat::stat(&d5).unwrap();
-    assert_eq!(
-        (after.st_mtime, after.st_mtime_nsec),
-        (before.st_mtime, before.st_mtime_nsec)
-    );
-    let c = agrees("mtime set back");
-    assert_eq!(c.untracked, 4, "the sneaky file is seen: {c:?}");
-}
-
-#[test]
-fn no_listing_is_kept_under_a_mount_point_inside_the_work_tree() {
-    use subagentd::gitsnap::counts::{by_libgit2, by_scan_with};
-    use subagentd::gitsnap::listing::{local_clock, Listings};
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path();
-    if !local_clock(std::fs::File::open(p).unwrap()) {
-        subagent_runner::testsupport::skip(
-            "local-clock-fs",
-            "the temp dir's file system is not stamped by this kernel's clock",
-        );
-        return;
-    }
-    std::fs::create_dir(p.join("mnt")).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "tmpfs"])
-        .arg(p.join("mnt"))
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        subagent_runner::testsupport::skip("mount", "mounting a tmpfs needs CAP_SYS_ADMIN");
-        return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(p.join("mnt"));
-    git(p, &["init", "-q"]);
-    write(p, "top.txt", "t\n");
-    write(p, "mnt/in.txt", "i\n");
-    write(p, "mnt/deeper/x.txt", "x\n");
-    git(p, &["add", "."]);
-    git(p, &["commit", "-qm", "base"]);
-    until_listings_keepable(p);
-    let r = git2::Repository::open(p).unwrap();
-    let l = Listings::new();
-    assert_eq!(by_scan_with(&r, Some(&l)).unwrap(), by_libgit2(&r).unwrap());
-    // The root is kept; mnt and mnt/deeper are on the tmpfs: not kept.
-    assert_eq!(l.kept(), 1);
 }

@@ -6,18 +6,13 @@
 //! time.
 //!
 //! Layout: this file takes the branch, HEAD and upstream; `counts` the
-//! staged, modified and untracked counts; `index` the index file
-//! reader, `scan` the threaded work tree scan behind them and `listing`
-//! the directory listings the scan keeps between snapshots; `precheck`
-//! the repository's files before libgit2 reads them, `guard` the one
-//! bounded libgit2 thread per repository.
+//! staged, modified and untracked counts from libgit2's status;
+//! `precheck` the repository's files before libgit2 reads them, `guard`
+//! the one bounded libgit2 thread per repository.
 
 pub mod counts;
 pub mod guard;
-pub mod index;
-pub mod listing;
 pub mod precheck;
-pub mod scan;
 
 use git2::{BranchType, ErrorCode, Repository, RepositoryOpenFlags};
 use policy::workctx::GitSnapshot;
@@ -134,7 +129,7 @@ fn compute(found: &precheck::Found) -> GitSnapshot {
             }
         }
     }
-    let (c, _method) = match counts::counts(&repo) {
+    let c = match counts::counts(&repo) {
         Ok(c) => c,
         Err(e) => return unavailable(format!("git status failed: {}", e.message())),
     };
