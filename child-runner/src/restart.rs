@@ -4,6 +4,44 @@
 
 use crate::spec::RestartSpec;
 use policy::compose::{compose, ComposeInput};
+use std::path::PathBuf;
+
+/// The next attempt's context could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum RestartError {
+    /// runner.json names neither the inputs nor a file of them.
+    #[error("runner.json has no composition inputs")]
+    NoInputs,
+    /// The inputs' file could not be read.
+    #[error("read {}: {source}", path.display())]
+    ReadInputs {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The inputs' file holds no inputs.
+    #[error("parse {}: {source}", path.display())]
+    ParseInputs {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: serde_json::Error,
+    },
+    /// A context file could not be written.
+    #[error(transparent)]
+    Write(#[from] crate::atomic::AtomicError),
+    /// A context file could not be shared with the run's group.
+    #[error("{op} {}: {source}", path.display())]
+    Share {
+        /// `chown` or `chmod`.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
 
 /// The exit code that asks for a restart.
 pub const EXIT_CONTINUE: i32 = policy::compose::EXIT_CONTINUE;
@@ -24,14 +62,17 @@ pub fn record_attempt(r: &RestartSpec, attempt: u32) {
     let _ = crate::atomic::write_replace(&r.attempt_file, text.as_bytes());
 }
 
-fn write(r: &RestartSpec, name: &str, text: &str) -> Result<(), String> {
+fn write(r: &RestartSpec, name: &str, text: &str) -> Result<(), RestartError> {
     let path = r.context_dir.join(name);
-    crate::atomic::write_atomic(&path, text.as_bytes()).map_err(|e| e.to_string())?;
+    crate::atomic::write_atomic(&path, text.as_bytes())?;
     if let Some(gid) = r.share_gid {
-        std::os::unix::fs::chown(&path, None, Some(gid))
-            .map_err(|e| format!("chown {}: {e}", path.display()))?;
+        let share = |op| {
+            let path = path.clone();
+            move |source| RestartError::Share { op, path, source }
+        };
+        std::os::unix::fs::chown(&path, None, Some(gid)).map_err(share("chown"))?;
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o640))
-            .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+            .map_err(share("chmod"))?;
     }
     Ok(())
 }
@@ -39,14 +80,24 @@ fn write(r: &RestartSpec, name: &str, text: &str) -> Result<(), String> {
 /// Composes the context of `attempt` from the recorded inputs and the
 /// child's handoff note (read by the caller from the run's scratch file
 /// system), and writes it into the context dir.
-pub fn prepare_next(r: &RestartSpec, attempt: u32, handoff: Option<&str>) -> Result<(), String> {
+pub fn prepare_next(
+    r: &RestartSpec,
+    attempt: u32,
+    handoff: Option<&str>,
+) -> Result<(), RestartError> {
     let input: ComposeInput = match (&r.compose, &r.compose_input) {
         (Some(c), _) => c.clone(),
         (None, Some(path)) => {
-            let bytes = std::fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
-            serde_json::from_slice(&bytes).map_err(|e| format!("parse {}: {e}", path.display()))?
+            let bytes = std::fs::read(path).map_err(|source| RestartError::ReadInputs {
+                path: path.clone(),
+                source,
+            })?;
+            serde_json::from_slice(&bytes).map_err(|source| RestartError::ParseInputs {
+                path: path.clone(),
+                source,
+            })?
         }
-        (None, None) => return Err("runner.json has no composition inputs".into()),
+        (None, None) => return Err(RestartError::NoInputs),
     };
     let c = compose(&input, attempt, handoff);
     write(r, "system.md", &c.system_md)?;
@@ -126,8 +177,8 @@ mod tests {
         }
         // Neither: refused with a reason.
         let none = spec(d, "ctx-none");
-        assert!(prepare_next(&none, 2, None)
-            .unwrap_err()
-            .contains("no composition inputs"));
+        let e = prepare_next(&none, 2, None).unwrap_err();
+        assert!(matches!(e, RestartError::NoInputs), "{e:?}");
+        assert_eq!(e.to_string(), "runner.json has no composition inputs");
     }
 }

@@ -191,7 +191,11 @@ pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, Runne
 
 /// Composes attempt `next`'s context with the child's handoff note, read
 /// from its scratch file system.
-fn restart(r: &crate::spec::RestartSpec, scratch: &Scratch, next: u32) -> Result<(), String> {
+fn restart(
+    r: &crate::spec::RestartSpec,
+    scratch: &Scratch,
+    next: u32,
+) -> Result<(), crate::restart::RestartError> {
     let handoff = scratch
         .head(
             policy::sandbox::mounts::SCRATCH_ARTIFACTS,

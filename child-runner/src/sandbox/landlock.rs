@@ -8,6 +8,7 @@ use landlock::{
     RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use policy::sandbox::fs::{Access as Want, FsRules};
+use std::path::{Path, PathBuf};
 
 /// Landlock could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -15,17 +16,23 @@ pub enum LandlockError {
     /// The kernel has no Landlock.
     #[error("landlock: not supported by this kernel")]
     Unsupported,
-    /// A rule's path could not be opened.
-    #[error("landlock: {path}: {reason}")]
+    /// A rule's path could not be opened (or examined once open).
+    #[error("landlock: {}: {source}", path.display())]
     Path {
         /// The path.
-        path: String,
-        /// Why.
-        reason: String,
+        path: PathBuf,
+        /// The underlying error.
+        source: nix::errno::Errno,
+    },
+    /// A path granted as one file is not a regular file.
+    #[error("landlock: {}: not a regular file (an agent program is granted as one file)", path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
     },
     /// The ruleset could not be built or enforced.
     #[error("landlock: {0}")]
-    Ruleset(String),
+    Ruleset(#[from] landlock::RulesetError),
     /// The kernel enforced less than asked.
     #[error("landlock: the rules were only {0} enforced")]
     NotFully(&'static str),
@@ -73,10 +80,6 @@ pub fn abi(version: i32) -> ABI {
     }
 }
 
-fn ruleset_err(e: impl std::fmt::Display) -> LandlockError {
-    LandlockError::Ruleset(e.to_string())
-}
-
 /// Builds the ruleset (opening every rule's path now, while the process
 /// may still reach it) without enforcing it. `restrict_net` denies TCP
 /// bind and connect (ABI 4+).
@@ -95,15 +98,12 @@ pub fn build(
     let read_write = all & !AccessFs::Execute;
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(all)
-        .map_err(ruleset_err)?;
+        .handle_access(all)?;
     if restrict_net && version >= 4 {
-        ruleset = ruleset
-            .handle_access(AccessNet::from_all(abi))
-            .map_err(ruleset_err)?;
+        ruleset = ruleset.handle_access(AccessNet::from_all(abi))?;
     }
     if version >= 6 {
-        ruleset = ruleset.scope(Scope::from_all(abi)).map_err(ruleset_err)?;
+        ruleset = ruleset.scope(Scope::from_all(abi))?;
     }
     let mut beneath = Vec::new();
     let mut add = |path: &std::path::Path,
@@ -111,16 +111,12 @@ pub fn build(
                    must_exist: bool,
                    file_only: bool|
      -> Result<(), LandlockError> {
-        let bad = |reason: String| LandlockError::Path {
-            path: path.display().to_string(),
-            reason,
-        };
         // The rule is on what was opened; its kind comes from that same
         // descriptor.
         let (fd, is_dir) = match open_rule_path(path, file_only) {
             Ok(opened) => opened,
             Err(_) if !must_exist => return Ok(()),
-            Err(e) => return Err(bad(e)),
+            Err(e) => return Err(e),
         };
         let mut access = match want {
             Want::Read => read,
@@ -138,23 +134,26 @@ pub fn build(
     }
     if rules.proc_self {
         // Resolved now, in the child: its own /proc/<pid>, nobody else's.
-        add(std::path::Path::new("/proc/self"), Want::Read, true, false)?;
+        add(Path::new("/proc/self"), Want::Read, true, false)?;
     }
     ruleset
-        .create()
-        .map_err(ruleset_err)?
+        .create()?
         .add_rules(beneath.into_iter().map(Ok::<_, landlock::RulesetError>))
-        .map_err(ruleset_err)
+        .map_err(LandlockError::Ruleset)
 }
 
 /// Opens a rule's path with `O_PATH` and says whether it is a directory.
 /// A `file_only` path must be a regular file reached with no symlink on
 /// the way (the daemon resolved it to a canonical path).
 fn open_rule_path(
-    path: &std::path::Path,
+    path: &Path,
     file_only: bool,
-) -> Result<(std::os::fd::OwnedFd, bool), String> {
+) -> Result<(std::os::fd::OwnedFd, bool), LandlockError> {
     use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    let bad = |source| LandlockError::Path {
+        path: path.to_path_buf(),
+        source,
+    };
     let flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
     let fd = if file_only {
         let how = OpenHow::new()
@@ -164,12 +163,14 @@ fn open_rule_path(
     } else {
         nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
     }
-    .map_err(|e| e.to_string())?;
-    let st = nix::sys::stat::fstat(&fd).map_err(|e| e.to_string())?;
+    .map_err(bad)?;
+    let st = nix::sys::stat::fstat(&fd).map_err(bad)?;
     let kind =
         nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
     if file_only && kind != nix::sys::stat::SFlag::S_IFREG {
-        return Err("not a regular file (an agent program is granted as one file)".into());
+        return Err(LandlockError::NotAFile {
+            path: path.to_path_buf(),
+        });
     }
     Ok((fd, kind == nix::sys::stat::SFlag::S_IFDIR))
 }
@@ -177,7 +178,7 @@ fn open_rule_path(
 /// Restricts the calling process with a built ruleset; anything short of
 /// full enforcement is an error.
 pub fn enforce(created: landlock::RulesetCreated) -> Result<(), LandlockError> {
-    let status = created.restrict_self().map_err(ruleset_err)?;
+    let status = created.restrict_self()?;
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(()),
         RulesetStatus::PartiallyEnforced => Err(LandlockError::NotFully("partially")),
