@@ -1,7 +1,28 @@
 //! exit.json: how a run ended, as the runner saw it.
 
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// exit.json could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ExitRecordError {
+    /// Reading the file failed.
+    #[error("read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// It is not an exit record.
+    #[error("parse {}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: serde_json::Error,
+    },
+}
 
 /// How the agent process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,13 +157,48 @@ impl ExitRecord {
     }
 
     /// Reads exit.json; `Ok(None)` when it does not exist.
-    pub fn load(path: &Path) -> Result<Option<Self>, String> {
+    pub fn load(path: &Path) -> Result<Option<Self>, ExitRecordError> {
         match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| format!("parse {}: {e}", path.display())),
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|source| ExitRecordError::Parse {
+                        path: path.to_path_buf(),
+                        source,
+                    })
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("read {}: {e}", path.display())),
+            Err(source) => Err(ExitRecordError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_names_the_file_and_the_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exit.json");
+        assert!(ExitRecord::load(&path).unwrap().is_none());
+        std::fs::write(&path, b"{").unwrap();
+        let e = ExitRecord::load(&path).unwrap_err();
+        assert!(matches!(e, ExitRecordError::Parse { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("parse {}: ", path.display())),
+            "{e}"
+        );
+        let e = ExitRecord::load(dir.path()).unwrap_err();
+        assert!(matches!(e, ExitRecordError::Read { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("read {}: ", dir.path().display())),
+            "{e}"
+        );
     }
 }

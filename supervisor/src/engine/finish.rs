@@ -4,20 +4,38 @@
 //! idempotent, so a crash part-way is finished again on restart without
 //! doubling anything.
 
+use super::pidfd::RunnerExit;
 use super::{Slot, Supervisor};
 use crate::protocol::Notice;
 use crate::record::{RunRecord, RunState};
 use crate::timefmt::{now_ms, rfc3339_ms};
 use std::sync::Arc;
-use subagent_runner::exit_record::{ExitRecord, Outcome};
+use subagent_runner::exit_record::{ExitRecord, ExitRecordError, Outcome};
+
+/// A step of finishing a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FinishError {
+    /// exit.json could not be read.
+    #[error(transparent)]
+    ExitJson(#[from] ExitRecordError),
+    /// The blocking task reading it ended without an answer.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+    /// result.md could not be written.
+    #[error(transparent)]
+    ResultMd(#[from] subagent_runner::atomic::AtomicError),
+    /// The notice could not be stored.
+    #[error(transparent)]
+    Notice(#[from] crate::notices::NoticeError),
+}
 
 /// Applies how the run ended to its record. `exit` is exit.json (or the
-/// error reading it); `runner_status` says how the runner itself ended, and
+/// error reading it); `runner` says how the runner itself ended, and
 /// `runner_log` is the end of its stderr, both for the `lost` reason.
 pub fn apply_exit(
     rec: &mut RunRecord,
-    exit: Result<Option<ExitRecord>, String>,
-    runner_status: Option<&str>,
+    exit: Result<Option<ExitRecord>, FinishError>,
+    runner: RunnerExit,
     runner_log: &str,
 ) {
     match exit {
@@ -49,8 +67,7 @@ pub fn apply_exit(
                 Err(e) => format!("its exit.json is unreadable ({e})"),
                 _ => "left no exit.json".to_owned(),
             };
-            let how = runner_status.unwrap_or("is gone");
-            let mut reason = format!("the runner {how} and {why}");
+            let mut reason = format!("the runner {runner} and {why}");
             let last = runner_log.trim().lines().last().unwrap_or("").trim();
             if !last.is_empty() {
                 reason.push_str(&format!("; runner.log: {last}"));
@@ -86,14 +103,14 @@ fn runner_log_tail(rec: &RunRecord) -> String {
     text
 }
 
-/// The runner has exited (`runner_status` says how, when we reaped it):
+/// The runner has exited (`runner` says how, when we reaped it):
 /// works out the terminal state, then finalizes. The terminal state is
 /// written to run.json once, with `finalized` (or a merged delta, or a
 /// `finalize_error`), not first on its own: a crash before that write
 /// leaves run.json `running` with a dead runner, and the next start
 /// finishes the run again from exit.json; result.md is rewritten and the
 /// notice is not stored twice (see `NoticeStore::store`).
-pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status: Option<String>) {
+pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: RunnerExit) {
     // A runner is gone: start its replacement among the warm runners now,
     // while no run of ours is starting.
     let warm = sup.inner.warm.clone();
@@ -104,12 +121,14 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
         let exit_path = next.files().exit();
         let (exit, log) = {
             let r = next.clone();
-            tokio::task::spawn_blocking(move || (ExitRecord::load(&exit_path), runner_log_tail(&r)))
-                .await
-                .unwrap_or_else(|e| (Err(e.to_string()), String::new()))
+            let load = move || (ExitRecord::load(&exit_path), runner_log_tail(&r));
+            match tokio::task::spawn_blocking(load).await {
+                Ok((exit, log)) => (exit.map_err(FinishError::from), log),
+                Err(e) => (Err(FinishError::Task(e)), String::new()),
+            }
         };
         let no_record = !matches!(exit, Ok(Some(_)));
-        apply_exit(&mut next, exit, runner_status.as_deref(), &log);
+        apply_exit(&mut next, exit, runner, &log);
         if no_record {
             // The runner died without cleaning up: whatever the child
             // started is still in the run's cgroups. End it.
@@ -140,14 +159,13 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner_status
 
 /// The blocking part of finalizing: result.md, the notice, the temp dir.
 /// Returns the notice when it was newly stored.
-fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, String> {
+fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, FinishError> {
     let files = rec.files();
     subagent_runner::atomic::write_atomic_from(
         &files.result_spare(),
         &files.result(),
         crate::result_md::render(rec).as_bytes(),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let ended = rec.ended_at_ms.unwrap_or_else(now_ms);
     let notice = Notice {
         run_id: rec.run_id.clone(),
@@ -159,8 +177,7 @@ fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, S
     let fresh = sup
         .inner
         .notices
-        .store(&notice, ended, Some(&files.notice_spare()))
-        .map_err(|e| e.to_string())?;
+        .store(&notice, ended, Some(&files.notice_spare()))?;
     if !rec.keep_temp {
         // Its session dir stays for the session's next run; empty ones are
         // swept (see `sweep_temp_dirs`).
@@ -237,7 +254,7 @@ struct Finalized {
     /// The record as it now stands (saved unless `saved` says otherwise).
     record: RunRecord,
     /// Whether the last save of run.json worked.
-    saved: Result<(), String>,
+    saved: Result<(), crate::record::RecordError>,
     /// The notice, when newly stored.
     notice: Option<Notice>,
 }
@@ -286,9 +303,9 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
             rec.finalized = true;
             rec.finalize_error = None;
         }
-        Some(e) => rec.finalize_error = Some(e),
+        Some(e) => rec.finalize_error = Some(e.to_string()),
     }
-    let saved = rec.save().map_err(|e| e.to_string());
+    let saved = rec.save();
     if saved.is_ok() && rec.finalized {
         // The spare temp files this run did not need (run.json's last spare,
         // or more if it never started): nothing will write its folder
@@ -361,7 +378,7 @@ mod tests {
         ];
         for (x, want) in cases {
             let mut r = rec();
-            apply_exit(&mut r, Ok(Some(x.clone())), None, "");
+            apply_exit(&mut r, Ok(Some(x.clone())), RunnerExit::Unknown, "");
             assert_eq!(r.state, want, "{x:?}");
             assert_eq!(r.exit_code, x.exit_code);
             assert_eq!(r.signal, x.signal);
@@ -376,7 +393,7 @@ mod tests {
         apply_exit(
             &mut r,
             Ok(None),
-            Some("was killed by signal 9 (SIGKILL)"),
+            RunnerExit::Killed(9),
             "subagent-runner: boom\n",
         );
         assert_eq!(r.state, RunState::Lost);
@@ -385,5 +402,28 @@ mod tests {
             reason,
             "the runner was killed by signal 9 (SIGKILL) and left no exit.json; runner.log: subagent-runner: boom"
         );
+    }
+
+    #[test]
+    fn lost_reasons_say_how_the_runner_ended_and_what_it_left() {
+        let mut r = rec();
+        apply_exit(&mut r, Ok(None), RunnerExit::Exited(2), "");
+        assert_eq!(
+            r.reason.as_deref(),
+            Some("the runner exited with status 2 and left no exit.json")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exit.json");
+        std::fs::write(&path, b"{").unwrap();
+        let unreadable = ExitRecord::load(&path).map_err(FinishError::from);
+        let mut r = rec();
+        apply_exit(&mut r, unreadable, RunnerExit::Unknown, "");
+        assert_eq!(r.state, RunState::Lost);
+        let reason = r.reason.unwrap();
+        let want = format!(
+            "the runner is gone and its exit.json is unreadable (parse {}: ",
+            path.display()
+        );
+        assert!(reason.starts_with(&want), "{reason}");
     }
 }

@@ -55,10 +55,36 @@ pub fn send_signal(fd: &OwnedFd, pid: i32, sig: i32) -> Result<(), PidfdError> {
     Ok(())
 }
 
-/// How a reaped process ended, as text ("exited with status 0", "was
-/// killed by signal 9 (SIGKILL)").
-/// `None` when the process is not our child (nothing to reap).
-pub fn reap(fd: &OwnedFd) -> Option<String> {
+/// How a runner ended, as the daemon saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunnerExit {
+    /// It exited with this status.
+    Exited(i32),
+    /// This signal killed it.
+    Killed(i32),
+    /// Nobody saw it end: it was not our child to reap (a restarted
+    /// daemon found it gone).
+    Unknown,
+}
+
+impl std::fmt::Display for RunnerExit {
+    /// The wording of a `lost` reason: "the runner <this> and ...".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            RunnerExit::Exited(status) => write!(f, "exited with status {status}"),
+            RunnerExit::Killed(signal) => write!(
+                f,
+                "was killed by signal {signal} ({})",
+                subagent_runner::supervise::signal_name(signal)
+            ),
+            RunnerExit::Unknown => f.write_str("is gone"),
+        }
+    }
+}
+
+/// Reaps the process behind `fd` and says how it ended;
+/// [`RunnerExit::Unknown`] when it is not our child (nothing to reap).
+pub fn reap(fd: &OwnedFd) -> RunnerExit {
     // SAFETY: siginfo_t is plain data; all-zero is a valid value.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: waitid writes one siginfo_t into `info`, which we own; P_PIDFD
@@ -72,16 +98,47 @@ pub fn reap(fd: &OwnedFd) -> Option<String> {
         )
     };
     if rc != 0 {
-        return None;
+        return RunnerExit::Unknown;
     }
     // SAFETY: after a successful waitid with WEXITED the kernel filled the
     // child fields of the union.
     let (code, status) = unsafe { (info.si_code, info.si_status()) };
-    Some(match code {
-        libc::CLD_EXITED => format!("exited with status {status}"),
-        _ => format!(
-            "was killed by signal {status} ({})",
-            subagent_runner::supervise::signal_name(status)
-        ),
-    })
+    match code {
+        libc::CLD_EXITED => RunnerExit::Exited(status),
+        // CLD_KILLED or CLD_DUMPED: WEXITED reports nothing else.
+        _ => RunnerExit::Killed(status),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exits_read_as_the_lost_reason_words() {
+        assert_eq!(RunnerExit::Exited(2).to_string(), "exited with status 2");
+        assert_eq!(
+            RunnerExit::Killed(9).to_string(),
+            "was killed by signal 9 (SIGKILL)"
+        );
+        assert_eq!(RunnerExit::Unknown.to_string(), "is gone");
+    }
+
+    #[test]
+    fn reaping_a_child_says_how_it_ended() {
+        let spawn = |script: &str| {
+            let child = std::process::Command::new("/bin/sh")
+                .args(["-c", script])
+                .spawn()
+                .unwrap();
+            let pid = child.id() as i32;
+            (open(pid).unwrap(), child)
+        };
+        let (fd, _child) = spawn("exit 3");
+        assert_eq!(reap(&fd), RunnerExit::Exited(3));
+        let (fd, _child) = spawn("kill -KILL $$");
+        assert_eq!(reap(&fd), RunnerExit::Killed(9));
+        // Already reaped: nothing more to learn.
+        assert_eq!(reap(&fd), RunnerExit::Unknown);
+    }
 }

@@ -210,7 +210,9 @@ pub async fn recover(sup: &Supervisor) {
                     tracing::warn!("{e}");
                     ended += 1;
                     let (sup, slot) = (sup.clone(), slot.clone());
-                    tokio::spawn(async move { finish::finish_run(&sup, &slot, None).await });
+                    tokio::spawn(async move {
+                        finish::finish_run(&sup, &slot, pidfd::RunnerExit::Unknown).await
+                    });
                 }
             },
             (RunState::Accepted, None) if never_started(&files) => {
@@ -232,7 +234,9 @@ pub async fn recover(sup: &Supervisor) {
             _ => {
                 ended += 1;
                 let (sup, slot) = (sup.clone(), slot.clone());
-                tokio::spawn(async move { finish::finish_run(&sup, &slot, None).await });
+                tokio::spawn(async move {
+                    finish::finish_run(&sup, &slot, pidfd::RunnerExit::Unknown).await
+                });
             }
         }
     }
