@@ -101,18 +101,32 @@ fn fill_random(buf: &mut [u8]) {
 }
 
 /// Why a session id was refused.
-pub fn check_session_id(s: &str) -> Result<(), String> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SessionIdError {
+    /// Empty or too long.
+    #[error("must be 1 to 64 characters")]
+    Length,
+    /// A character outside the allowed set.
+    #[error("may only hold the characters A-Z a-z 0-9 . _ -")]
+    Characters,
+    /// A name the file system gives a meaning.
+    #[error("must not be \".\" or \"..\"")]
+    Dots,
+}
+
+/// Checks a session id (it names a folder of the state dir).
+pub fn check_session_id(s: &str) -> Result<(), SessionIdError> {
     if s.is_empty() || s.len() > 64 {
-        return Err("must be 1 to 64 characters".to_owned());
+        return Err(SessionIdError::Length);
     }
     if !s
         .bytes()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
     {
-        return Err("may only hold the characters A-Z a-z 0-9 . _ -".to_owned());
+        return Err(SessionIdError::Characters);
     }
     if s == "." || s == ".." {
-        return Err("must not be \".\" or \"..\"".to_owned());
+        return Err(SessionIdError::Dots);
     }
     Ok(())
 }
@@ -158,5 +172,11 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "a b", "é", &"a".repeat(65)] {
             assert!(check_session_id(bad).is_err(), "{bad}");
         }
+        assert_eq!(check_session_id(""), Err(SessionIdError::Length));
+        assert_eq!(check_session_id("a/b"), Err(SessionIdError::Characters));
+        assert_eq!(
+            check_session_id("..").unwrap_err().to_string(),
+            "must not be \".\" or \"..\""
+        );
     }
 }

@@ -74,20 +74,44 @@ pub fn default_config() -> PathBuf {
     home.join(".config").join("subagentd").join("config.toml")
 }
 
+/// The config file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    /// Reading it failed.
+    #[error("config {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// It is not a valid config.
+    #[error("config {}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Where and why.
+        source: policy::config::ConfigError,
+    },
+}
+
 /// Reads and parses the config: `explicit` (from --config or
 /// SUBAGENTD_CONFIG) must exist; the default file may be absent.
-pub fn load_config(explicit: Option<&Path>) -> Result<(PathBuf, policy::config::Config), String> {
+pub fn load_config(
+    explicit: Option<&Path>,
+) -> Result<(PathBuf, policy::config::Config), ConfigFileError> {
     let path = explicit.map_or_else(default_config, Path::to_path_buf);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
             return Ok((path, policy::config::Config::default()));
         }
-        Err(e) => return Err(format!("config {}: {e}", path.display())),
+        Err(source) => return Err(ConfigFileError::Read { path, source }),
     };
-    policy::config::parse(&text)
-        .map(|c| (path.clone(), c))
-        .map_err(|e| format!("config {}: {e}", path.display()))
+    match policy::config::parse(&text) {
+        Ok(c) => Ok((path, c)),
+        Err(source) => Err(ConfigFileError::Parse { path, source }),
+    }
 }
 
 /// The runner binary: next to the current executable.

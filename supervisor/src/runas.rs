@@ -1,6 +1,7 @@
 //! `run_as`: the unprivileged user a root daemon runs children as.
 
 use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 
 /// A user and group to run children as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -11,16 +12,76 @@ pub struct RunAs {
     pub gid: u32,
 }
 
+/// Why `run_as` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RunAsError {
+    /// `UID:GID` with a part that is not a number.
+    #[error("run_as {spec:?}: {part:?} is not a {what}")]
+    NotANumber {
+        /// What was given.
+        spec: String,
+        /// The part that is not a number.
+        part: String,
+        /// `uid` or `gid`.
+        what: &'static str,
+    },
+    /// No user has this name.
+    #[error("run_as: no user named {0:?}")]
+    NoUser(String),
+    /// The user database could not be read.
+    #[error("run_as: looking up {name:?}: {source}")]
+    Lookup {
+        /// The name.
+        name: String,
+        /// The underlying error.
+        source: nix::errno::Errno,
+    },
+    /// Only root can switch to another user.
+    #[error("run_as needs a daemon running as root")]
+    NotRoot,
+    /// The user or the group is root.
+    #[error("run_as must name an unprivileged user and group, not root")]
+    Root,
+    /// A directory on the way could not be examined.
+    #[error("{}: {source}", path.display())]
+    Stat {
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A directory on the way cannot be traversed by the user.
+    #[error(
+        "{} (mode {mode:o}, owner {owner}) cannot be traversed by the run_as user {}:{}, so its children could not reach their run folders under {}; use a state dir outside it (e.g. /var/lib/subagentd)",
+        path.display(), user.uid, user.gid, dir.display()
+    )]
+    Untraversable {
+        /// The directory that cannot be traversed.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        owner: u32,
+        /// The user.
+        user: RunAs,
+        /// The directory the user must reach.
+        dir: PathBuf,
+    },
+}
+
 /// Parses `USER` (looked up in the user database, with its primary group)
 /// or `UID:GID`.
-pub fn parse(s: &str) -> Result<RunAs, String> {
+pub fn parse(s: &str) -> Result<RunAs, RunAsError> {
     if let Some((u, g)) = s.split_once(':') {
-        let uid = u
-            .parse()
-            .map_err(|_| format!("run_as {s:?}: {u:?} is not a uid"))?;
-        let gid = g
-            .parse()
-            .map_err(|_| format!("run_as {s:?}: {g:?} is not a gid"))?;
+        let number = |part: &str, what| {
+            part.parse().map_err(|_| RunAsError::NotANumber {
+                spec: s.to_owned(),
+                part: part.to_owned(),
+                what,
+            })
+        };
+        let uid = number(u, "uid")?;
+        let gid = number(g, "gid")?;
         return Ok(RunAs { uid, gid });
     }
     match nix::unistd::User::from_name(s) {
@@ -28,29 +89,35 @@ pub fn parse(s: &str) -> Result<RunAs, String> {
             uid: u.uid.as_raw(),
             gid: u.gid.as_raw(),
         }),
-        Ok(None) => Err(format!("run_as: no user named {s:?}")),
-        Err(e) => Err(format!("run_as: looking up {s:?}: {e}")),
+        Ok(None) => Err(RunAsError::NoUser(s.to_owned())),
+        Err(source) => Err(RunAsError::Lookup {
+            name: s.to_owned(),
+            source,
+        }),
     }
 }
 
 /// Checks that `r` can be used by this daemon: it must run as root (to
 /// switch users), and `r` must not be root itself.
-pub fn check(r: &RunAs) -> Result<(), String> {
+pub fn check(r: &RunAs) -> Result<(), RunAsError> {
     if !nix::unistd::geteuid().is_root() {
-        return Err("run_as needs a daemon running as root".into());
+        return Err(RunAsError::NotRoot);
     }
     if r.uid == 0 || r.gid == 0 {
-        return Err("run_as must name an unprivileged user and group, not root".into());
+        return Err(RunAsError::Root);
     }
     Ok(())
 }
 
 /// Checks that `r` can traverse every directory from `/` down to `dir`
 /// (which must exist): a child run as `r` must reach its run's dirs inside.
-pub fn check_reachable(dir: &std::path::Path, r: &RunAs) -> Result<(), String> {
+pub fn check_reachable(dir: &Path, r: &RunAs) -> Result<(), RunAsError> {
     use std::os::unix::fs::MetadataExt;
     for d in dir.ancestors().collect::<Vec<_>>().into_iter().rev() {
-        let meta = std::fs::metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        let meta = std::fs::metadata(d).map_err(|source| RunAsError::Stat {
+            path: d.to_path_buf(),
+            source,
+        })?;
         let mode = meta.mode();
         let ok = if meta.uid() == r.uid {
             mode & 0o100 != 0
@@ -60,15 +127,13 @@ pub fn check_reachable(dir: &std::path::Path, r: &RunAs) -> Result<(), String> {
             mode & 0o001 != 0
         };
         if !ok {
-            return Err(format!(
-                "{} (mode {:o}, owner {}) cannot be traversed by the run_as user {}:{}, so its children could not reach their run folders under {}; use a state dir outside it (e.g. /var/lib/subagentd)",
-                d.display(),
-                mode & 0o7777,
-                meta.uid(),
-                r.uid,
-                r.gid,
-                dir.display()
-            ));
+            return Err(RunAsError::Untraversable {
+                path: d.to_path_buf(),
+                mode: mode & 0o7777,
+                owner: meta.uid(),
+                user: *r,
+                dir: dir.to_path_buf(),
+            });
         }
     }
     Ok(())
@@ -81,13 +146,20 @@ mod tests {
     #[test]
     fn parses_names_and_numbers() {
         assert_eq!(
-            parse("65534:65533"),
-            Ok(RunAs {
+            parse("65534:65533").unwrap(),
+            RunAs {
                 uid: 65534,
                 gid: 65533
-            })
+            }
         );
-        assert!(parse("x:1").is_err());
+        assert_eq!(
+            parse("x:1").unwrap_err().to_string(),
+            "run_as \"x:1\": \"x\" is not a uid"
+        );
+        assert_eq!(
+            parse("1:y").unwrap_err().to_string(),
+            "run_as \"1:y\": \"y\" is not a gid"
+        );
         assert!(parse("no-such-user-xyz").is_err());
         let root = parse("root").unwrap();
         assert_eq!(root, RunAs { uid: 0, gid: 0 });
@@ -107,8 +179,11 @@ mod tests {
             uid: 65534,
             gid: 65534,
         };
-        let e = check_reachable(&inner, &nobody).unwrap_err();
-        assert!(e.starts_with(&closed.display().to_string()), "{e}");
+        let e = check_reachable(&inner, &nobody).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("{} (mode 700, owner ", closed.display())),
+            "{e}"
+        );
         std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o711)).unwrap();
         assert!(check_reachable(&inner, &nobody).is_ok());
     }

@@ -43,10 +43,10 @@ pub enum EngineError {
 
 impl EngineError {
     /// An invalid-params error for `field`.
-    pub fn invalid(field: &str, problem: impl Into<String>) -> EngineError {
+    pub fn invalid(field: &str, problem: impl std::fmt::Display) -> EngineError {
         EngineError::InvalidParams {
             field: field.to_owned(),
-            problem: problem.into(),
+            problem: problem.to_string(),
         }
     }
 }

@@ -183,7 +183,7 @@ impl Supervisor {
         if let Some(r) = &cfg.run_as {
             crate::runas::check(r).map_err(|why| EngineError::Sandbox {
                 mechanism: "run_as",
-                why,
+                why: why.to_string(),
             })?;
         }
         let lock = {
