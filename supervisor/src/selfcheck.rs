@@ -6,6 +6,7 @@
 //! the same kernel calls as every run, so what it prints is what runs get.
 //! A run that cannot start says why.
 
+use crate::engine::error::{InternalError, StorageError};
 use crate::engine::{Config, EngineError, Supervisor};
 use crate::record::{RunState, RunStatus};
 use policy::sandbox::Mechanism;
@@ -35,6 +36,9 @@ pub fn missing(status: &RunStatus, m: Mechanism) -> Option<String> {
     (!e.enforced).then(|| e.detail.clone())
 }
 
+/// How long the probe run may take.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Runs the probe: `/bin/true` through an engine on a temporary state dir,
 /// with `runner` and the config's `settings` (its `require` list aside: the
 /// check reports what is missing instead of refusing).
@@ -42,7 +46,7 @@ pub async fn probe_run(
     runner: Option<PathBuf>,
     settings: policy::config::Config,
 ) -> Result<CheckOutcome, EngineError> {
-    let storage = |e: std::io::Error| EngineError::Storage(format!("check: {e}"));
+    let storage = |e| EngineError::StateDir(StorageError::Check(e));
     let dir = tempfile::Builder::new()
         .prefix("subagentd-check-")
         .tempdir()
@@ -64,15 +68,13 @@ pub async fn probe_run(
         "task": "check what a run gets",
         "command": ["/bin/true"],
     }))
-    .map_err(|e| EngineError::Internal(format!("check: {e}")))?;
+    .map_err(|e| EngineError::Unexpected(InternalError::CheckParams(e)))?;
     let id = sup.spawn(params).await?;
-    let status = sup
-        .wait(&id, Some(std::time::Duration::from_secs(60)))
-        .await?;
+    let status = sup.wait(&id, Some(WAIT)).await?;
     if matches!(status.state, RunState::Accepted | RunState::Running) {
-        return Err(EngineError::Internal(
-            "check: the probe run did not end within 60 s".into(),
-        ));
+        return Err(EngineError::Unexpected(InternalError::CheckTimedOut {
+            secs: WAIT.as_secs(),
+        }));
     }
     Ok(CheckOutcome { status })
 }

@@ -18,6 +18,22 @@ pub struct SessionState {
     pub recent_files: Vec<PathBuf>,
 }
 
+/// A session's state could not be saved.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Its folder could not be made.
+    #[error("create {}: {source}", dir.display())]
+    CreateDir {
+        /// The folder.
+        dir: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// session.json could not be written.
+    #[error(transparent)]
+    Write(#[from] subagent_runner::atomic::AtomicError),
+}
+
 /// The sessions' working contexts.
 pub struct SessionStore {
     layout: StateLayout,
@@ -48,14 +64,17 @@ impl SessionStore {
         serde_json::from_slice(&bytes).ok()
     }
 
-    fn save(&self, session: &str, s: &SessionState) -> Result<(), String> {
+    fn save(&self, session: &str, s: &SessionState) -> Result<(), SessionError> {
         let path = file(&self.layout, session);
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| SessionError::CreateDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
         }
         let mut bytes = serde_json::to_vec_pretty(s).unwrap_or_default();
         bytes.push(b'\n');
-        subagent_runner::atomic::write_atomic(&path, &bytes).map_err(|e| e.to_string())
+        Ok(subagent_runner::atomic::write_atomic(&path, &bytes)?)
     }
 
     /// Changes the session's state with `f`, durably. Blocking.
@@ -63,7 +82,7 @@ impl SessionStore {
         &self,
         session: &str,
         f: impl FnOnce(&mut SessionState),
-    ) -> Result<SessionState, String> {
+    ) -> Result<SessionState, SessionError> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut s = self.load(session).unwrap_or_default();
         f(&mut s);
@@ -78,7 +97,7 @@ impl SessionStore {
         session: &str,
         project_dir: &Path,
         seed: Option<&[PathBuf]>,
-    ) -> Result<SessionState, String> {
+    ) -> Result<SessionState, SessionError> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let existing = self.load(session);
         let mut s = existing.clone().unwrap_or_default();
@@ -96,7 +115,7 @@ impl SessionStore {
     }
 
     /// Puts `files` at the front of the session's recent files.
-    pub fn touch(&self, session: &str, files: &[PathBuf]) -> Result<SessionState, String> {
+    pub fn touch(&self, session: &str, files: &[PathBuf]) -> Result<SessionState, SessionError> {
         self.update(session, |s| {
             let base = s.project_dir.clone().unwrap_or_else(|| PathBuf::from("/"));
             s.recent_files = touch(&s.recent_files, &absolute(&base, files));

@@ -1,6 +1,13 @@
 //! The engine's errors, each mapped to a documented protocol error code.
+//!
+//! The protocol's message is the error's Display, so each variant's text
+//! is part of the protocol (docs/protocol.md). A wrapper variant shows its
+//! cause in that text and so does not also report it as `source()`: an
+//! error-chain printer would say it twice. The cause stays typed: match on
+//! the variant to reach it.
 
 use crate::protocol::{codes, RpcError};
+use std::path::PathBuf;
 
 /// Why a call to the engine failed.
 #[derive(Debug, thiserror::Error)]
@@ -21,10 +28,10 @@ pub enum EngineError {
     Audience(#[from] policy::AudienceError),
     /// The state dir could not record the run.
     #[error("state dir: {0}")]
-    Storage(String),
+    StateDir(StorageError),
     /// The run's directories could not be made safely.
     #[error("run directories: {0}")]
-    Workspace(String),
+    RunDirs(WorkspaceError),
     /// A required sandbox mechanism is unavailable.
     #[error("sandbox: required mechanism {mechanism} cannot be enforced on this host: {why}")]
     Sandbox {
@@ -38,7 +45,91 @@ pub enum EngineError {
     ShuttingDown,
     /// Something unexpected.
     #[error("internal error: {0}")]
-    Internal(String),
+    Unexpected(InternalError),
+}
+
+/// Why the state dir could not record something.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A file-system step failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// The step (`create`, `chmod`).
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Another daemon holds the state dir's lock.
+    #[error("state dir {} is in use by another supervisor: {source}", root.display())]
+    InUse {
+        /// The state dir.
+        root: PathBuf,
+        /// Who holds it.
+        source: super::lockfile::LockError,
+    },
+    /// The state dir's lock could not be taken.
+    #[error(transparent)]
+    Lock(super::lockfile::LockError),
+    /// run.json could not be saved.
+    #[error(transparent)]
+    Record(#[from] crate::record::RecordError),
+    /// A notice could not be stored or taken.
+    #[error(transparent)]
+    Notice(#[from] crate::notices::NoticeError),
+    /// A session's state could not be saved.
+    #[error(transparent)]
+    Session(#[from] crate::sessions::SessionError),
+    /// The spare folders could not be set up.
+    #[error(transparent)]
+    Spare(#[from] super::spare::SpareError),
+    /// `subagentd --check` could not make its temporary state dir.
+    #[error("check: {0}")]
+    Check(#[source] std::io::Error),
+    /// A cause given as text by a caller without a typed one.
+    #[error("{0}")]
+    Text(String),
+}
+
+/// Why a run's directories could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// The run's worktree.
+    #[error(transparent)]
+    Worktree(#[from] super::workctx::WorktreeError),
+    /// A cause given as text by a caller without a typed one.
+    #[error("{0}")]
+    Text(String),
+}
+
+/// Something that should not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum InternalError {
+    /// A blocking task panicked or was cancelled.
+    #[error("blocking task failed: {0}")]
+    Join(#[source] tokio::task::JoinError),
+    /// The config's tool policy is invalid (it was checked when loaded).
+    #[error("config: {0}")]
+    ToolPolicy(#[source] policy::toolpolicy::ToolError),
+    /// The thread that makes spare folders could not be started.
+    #[error("starting the spare-maker thread: {0}")]
+    SpareMaker(#[source] std::io::Error),
+    /// An accepted run's id does not parse.
+    #[error("bad run id")]
+    BadRunId,
+    /// `subagentd --check` built invalid spawn params.
+    #[error("check: {0}")]
+    CheckParams(#[source] serde_json::Error),
+    /// `subagentd --check`'s run did not end in time.
+    #[error("check: the probe run did not end within {secs} s")]
+    CheckTimedOut {
+        /// The bound, in seconds.
+        secs: u64,
+    },
+    /// A cause given as text by a caller without a typed one.
+    #[error("{0}")]
+    Text(String),
 }
 
 impl EngineError {
@@ -51,18 +142,135 @@ impl EngineError {
     }
 }
 
+// Constructors under the names of the text variants these replaced, so
+// that callers not yet moved to the typed variants (engine/accept.rs)
+// build unchanged; each takes a typed cause or a String.
+#[allow(non_snake_case)]
+impl EngineError {
+    /// [`EngineError::StateDir`].
+    pub fn Storage(cause: impl Into<StorageError>) -> EngineError {
+        EngineError::StateDir(cause.into())
+    }
+
+    /// [`EngineError::RunDirs`].
+    pub fn Workspace(cause: impl Into<WorkspaceError>) -> EngineError {
+        EngineError::RunDirs(cause.into())
+    }
+
+    /// [`EngineError::Unexpected`].
+    pub fn Internal(cause: impl Into<InternalError>) -> EngineError {
+        EngineError::Unexpected(cause.into())
+    }
+}
+
+impl StorageError {
+    /// A map_err adapter: the file-system step `op` on `path` failed.
+    pub fn io<'a>(
+        op: &'static str,
+        path: &'a std::path::Path,
+    ) -> impl FnOnce(std::io::Error) -> Self + 'a {
+        move |source| StorageError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+impl From<String> for StorageError {
+    fn from(text: String) -> StorageError {
+        StorageError::Text(text)
+    }
+}
+
+impl From<String> for WorkspaceError {
+    fn from(text: String) -> WorkspaceError {
+        WorkspaceError::Text(text)
+    }
+}
+
+impl From<String> for InternalError {
+    fn from(text: String) -> InternalError {
+        InternalError::Text(text)
+    }
+}
+
+impl From<StorageError> for EngineError {
+    fn from(e: StorageError) -> EngineError {
+        EngineError::StateDir(e)
+    }
+}
+
+impl From<WorkspaceError> for EngineError {
+    fn from(e: WorkspaceError) -> EngineError {
+        EngineError::RunDirs(e)
+    }
+}
+
+impl From<InternalError> for EngineError {
+    fn from(e: InternalError) -> EngineError {
+        EngineError::Unexpected(e)
+    }
+}
+
 impl From<&EngineError> for RpcError {
     fn from(e: &EngineError) -> RpcError {
         let code = match e {
             EngineError::InvalidParams { .. } => codes::INVALID_PARAMS,
             EngineError::RunNotFound(_) => codes::RUN_NOT_FOUND,
             EngineError::Audience(_) => codes::AUDIENCE_REFUSED,
-            EngineError::Storage(_) => codes::STORAGE,
-            EngineError::Workspace(_) => codes::WORKSPACE,
+            EngineError::StateDir(_) => codes::STORAGE,
+            EngineError::RunDirs(_) => codes::WORKSPACE,
             EngineError::ShuttingDown => codes::SHUTTING_DOWN,
             EngineError::Sandbox { .. } => codes::SANDBOX_UNAVAILABLE,
-            EngineError::Internal(_) => codes::INTERNAL_ERROR,
+            EngineError::Unexpected(_) => codes::INTERNAL_ERROR,
         };
         RpcError::new(code, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_causes_keep_the_protocol_texts_and_codes() {
+        let io = || std::io::Error::from_raw_os_error(libc::EACCES);
+        let cases = [
+            (
+                EngineError::StateDir(StorageError::Io {
+                    op: "create",
+                    path: PathBuf::from("/s/sessions"),
+                    source: io(),
+                }),
+                codes::STORAGE,
+                "state dir: create /s/sessions: Permission denied (os error 13)",
+            ),
+            (
+                EngineError::Storage("fsync /s: gone".to_owned()),
+                codes::STORAGE,
+                "state dir: fsync /s: gone",
+            ),
+            (
+                EngineError::Workspace("mkdir /t: gone".to_owned()),
+                codes::WORKSPACE,
+                "run directories: mkdir /t: gone",
+            ),
+            (
+                EngineError::Unexpected(InternalError::BadRunId),
+                codes::INTERNAL_ERROR,
+                "internal error: bad run id",
+            ),
+            (
+                EngineError::Unexpected(InternalError::CheckTimedOut { secs: 60 }),
+                codes::INTERNAL_ERROR,
+                "internal error: check: the probe run did not end within 60 s",
+            ),
+        ];
+        for (e, code, text) in cases {
+            let rpc = RpcError::from(&e);
+            assert_eq!((rpc.code, rpc.message.as_str()), (code, text));
+            assert!(std::error::Error::source(&e).is_none(), "{e:?}");
+        }
     }
 }

@@ -36,6 +36,7 @@ use crate::notices::NoticeStore;
 use crate::paths::StateLayout;
 use crate::protocol::{Notice, SpawnParams};
 use crate::record::{RunRecord, RunState, RunStatus};
+use error::InternalError;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -170,7 +171,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, EngineError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| EngineError::Internal(format!("blocking task failed: {e}")))?
+        .map_err(|e| EngineError::Unexpected(InternalError::Join(e)))?
 }
 
 impl Supervisor {
@@ -193,7 +194,7 @@ impl Supervisor {
         let tools = cfg
             .settings
             .tool_policy()
-            .map_err(|e| EngineError::Internal(format!("config: {e}")))?;
+            .map_err(|e| EngineError::Unexpected(InternalError::ToolPolicy(e)))?;
         let uids = if cfg.run_as.is_none() && nix::unistd::geteuid().is_root() {
             let sandbox = |why: String| EngineError::Sandbox {
                 mechanism: "per_run_uid",
@@ -220,7 +221,7 @@ impl Supervisor {
             let temp_base = cfg.temp_base.clone();
             blocking(move || {
                 spare::SparePool::open(dir, Some(temp_base), SPARE_RUN_DIRS)
-                    .map_err(|e| EngineError::Storage(e.to_string()))
+                    .map_err(|e| EngineError::StateDir(e.into()))
             })
             .await?
         };
@@ -249,7 +250,7 @@ impl Supervisor {
             _state_lock: lock,
         });
         spare::SparePool::start_maker(&spare)
-            .map_err(|e| EngineError::Internal(format!("starting the spare-maker thread: {e}")))?;
+            .map_err(|e| EngineError::Unexpected(InternalError::SpareMaker(e)))?;
         tokio::spawn(sweep_temp_dirs(inner.cfg.temp_base.clone()));
         let sup = Supervisor { inner };
         recover::recover(&sup).await;
@@ -306,7 +307,7 @@ impl Supervisor {
         let (rec, lease) = rec;
         let id = rec
             .id()
-            .ok_or_else(|| EngineError::Internal("bad run id".into()))?;
+            .ok_or(EngineError::Unexpected(InternalError::BadRunId))?;
         if let Some(l) = lease {
             self.hold_lease(&id, l);
         }
@@ -426,7 +427,7 @@ impl Supervisor {
             inner
                 .notices
                 .take(&session)
-                .map_err(|e| EngineError::Storage(e.to_string()))
+                .map_err(|e| EngineError::StateDir(e.into()))
         })
         .await
     }
@@ -444,7 +445,7 @@ impl Supervisor {
             inner
                 .sessions
                 .touch(&session, &files)
-                .map_err(EngineError::Storage)
+                .map_err(|e| EngineError::StateDir(e.into()))
         })
         .await
     }
@@ -497,12 +498,8 @@ impl Supervisor {
         next: RunRecord,
     ) -> Result<(), EngineError> {
         let to_save = next.clone();
-        let saved = blocking(move || {
-            to_save
-                .save()
-                .map_err(|e| EngineError::Storage(e.to_string()))
-        })
-        .await;
+        let saved =
+            blocking(move || to_save.save().map_err(|e| EngineError::StateDir(e.into()))).await;
         if saved.is_ok() {
             *current = next;
             if !current.state.is_terminal() || current.settled() {

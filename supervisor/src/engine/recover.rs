@@ -5,6 +5,7 @@
 //! - a run accepted but never started is queued again, in FIFO order;
 //! - a run that ended but was not finalized is finalized.
 
+use super::error::StorageError;
 use super::{finish, launch, lockfile, pidfd, EngineError, Supervisor};
 use crate::paths::StateLayout;
 use crate::record::{RunRecord, RunState};
@@ -17,19 +18,20 @@ pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError
         .recursive(true)
         .mode(0o700)
         .create(layout.sessions())
-        .map_err(|e| {
-            EngineError::Storage(format!("create {}: {e}", layout.sessions().display()))
-        })?;
+        .map_err(StorageError::io("create", &layout.sessions()))?;
     for d in [layout.root.clone(), layout.sessions()] {
         std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(|e| EngineError::Storage(format!("chmod {}: {e}", d.display())))?;
+            .map_err(StorageError::io("chmod", &d))?;
     }
-    lockfile::acquire(&layout.root.join("daemon.lock")).map_err(|e| match e {
-        lockfile::LockError::Held { .. } => EngineError::Storage(format!(
-            "state dir {} is in use by another supervisor: {e}",
-            layout.root.display()
-        )),
-        other => EngineError::Storage(other.to_string()),
+    let locked = lockfile::acquire(&layout.root.join("daemon.lock"));
+    locked.map_err(|e| {
+        EngineError::StateDir(match e {
+            lockfile::LockError::Held { .. } => StorageError::InUse {
+                root: layout.root.clone(),
+                source: e,
+            },
+            other => StorageError::Lock(other),
+        })
     })
 }
 

@@ -2,6 +2,7 @@
 //! snapshot, an optional worktree) and the delta a successful child hands
 //! back, verified on disk and merged exactly once.
 
+use super::error::StorageError;
 use super::{EngineError, Inner};
 use crate::record::RunRecord;
 use policy::workctx::{
@@ -17,6 +18,80 @@ pub struct Worktree {
     pub dir: PathBuf,
     /// Its branch (`subagent/<run_id>`).
     pub branch: String,
+}
+
+/// A run's worktree could not be made, given away or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorktreeError {
+    /// Earlier git work on the repository has not ended.
+    #[error("git worktree add: earlier git work on the repository is still running")]
+    Busy,
+    /// The checkout passed [`WORKTREE_LIMIT`].
+    #[error("git worktree add: not done after {secs} s")]
+    TimedOut {
+        /// The limit, in seconds.
+        secs: u64,
+    },
+    /// No thread could be started for the checkout (the reason as the
+    /// guard gives it).
+    #[error("git worktree add: {0}")]
+    Thread(String),
+    /// The run's branch could not be made.
+    #[error("create branch {branch}: {}", source.message())]
+    Branch {
+        /// The branch.
+        branch: String,
+        /// The underlying error.
+        source: git2::Error,
+    },
+    /// The worktree could not be checked out.
+    #[error("git worktree add {}: {}", dir.display(), source.message())]
+    Add {
+        /// Its directory.
+        dir: PathBuf,
+        /// The underlying error.
+        source: git2::Error,
+    },
+    /// A file-system step on the worktree failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// The step (`chown`, `list`, `remove`).
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The repository no longer passes the check.
+    #[error(transparent)]
+    Check(#[from] crate::gitsnap::precheck::PrecheckError),
+    /// The repository could not be opened (the reason as gitsnap gives it).
+    #[error("{0}")]
+    Open(String),
+    /// The worktree could not be pruned.
+    #[error("prune worktree {name}: {}", source.message())]
+    Prune {
+        /// The worktree's name in the repository.
+        name: String,
+        /// The underlying error.
+        source: git2::Error,
+    },
+    /// The run's branch could not be deleted.
+    #[error("delete branch {branch}: {}", source.message())]
+    DeleteBranch {
+        /// The branch.
+        branch: String,
+        /// The underlying error.
+        source: git2::Error,
+    },
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> WorktreeError + 'a {
+    move |source| WorktreeError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// How long creating a worktree may take (a checkout of a large tree).
@@ -39,8 +114,7 @@ pub fn create_worktree(
         )
     })?;
     let parent = session_dir.join("worktrees");
-    std::fs::create_dir_all(&parent)
-        .map_err(|e| EngineError::Storage(format!("create {}: {e}", parent.display())))?;
+    std::fs::create_dir_all(&parent).map_err(StorageError::io("create", &parent))?;
     let repo = found.common_dir.clone();
     let (project, id) = (project_dir.to_path_buf(), run_id.to_owned());
     let late_id = id.clone();
@@ -51,17 +125,15 @@ pub fn create_worktree(
         }
     };
     use crate::gitsnap::guard::{bounded, GuardError};
-    match bounded(repo, WORKTREE_LIMIT, "git-worktree", work, undo) {
-        Ok(made) => made,
-        Err(GuardError::Busy) => Err(EngineError::Workspace(
-            "git worktree add: earlier git work on the repository is still running".into(),
-        )),
-        Err(GuardError::TimedOut) => Err(EngineError::Workspace(format!(
-            "git worktree add: not done after {} s",
-            WORKTREE_LIMIT.as_secs()
-        ))),
-        Err(GuardError::Spawn(e)) => Err(EngineError::Workspace(format!("git worktree add: {e}"))),
-    }
+    let failed = match bounded(repo, WORKTREE_LIMIT, "git-worktree", work, undo) {
+        Ok(made) => return made,
+        Err(GuardError::Busy) => WorktreeError::Busy,
+        Err(GuardError::TimedOut) => WorktreeError::TimedOut {
+            secs: WORKTREE_LIMIT.as_secs(),
+        },
+        Err(GuardError::Spawn(why)) => WorktreeError::Thread(why),
+    };
+    Err(EngineError::RunDirs(failed.into()))
 }
 
 /// The libgit2 part of [`create_worktree`].
@@ -81,20 +153,21 @@ fn add_worktree(
         .and_then(|h| h.peel_to_commit())
         .map_err(|e| invalid(format!("worktree needs a commit at HEAD: {}", e.message())))?;
     let branch = format!("subagent/{run_id}");
-    let b = repo
-        .branch(&branch, &head, false)
-        .map_err(|e| EngineError::Workspace(format!("create branch {branch}: {}", e.message())))?;
+    let b = match repo.branch(&branch, &head, false) {
+        Ok(b) => b,
+        Err(source) => {
+            let e = WorktreeError::Branch { branch, source };
+            return Err(EngineError::RunDirs(e.into()));
+        }
+    };
     let dir = parent.join(run_id);
     let mut opts = git2::WorktreeAddOptions::new();
     opts.reference(Some(b.get()));
     let name = run_id.replace('.', "-");
-    repo.worktree(&name, &dir, Some(&opts)).map_err(|e| {
-        EngineError::Workspace(format!(
-            "git worktree add {}: {}",
-            dir.display(),
-            e.message()
-        ))
-    })?;
+    if let Err(source) = repo.worktree(&name, &dir, Some(&opts)) {
+        let e = WorktreeError::Add { dir, source };
+        return Err(EngineError::RunDirs(e.into()));
+    }
     Ok(Worktree { dir, branch })
 }
 
@@ -102,36 +175,45 @@ fn add_worktree(
 /// symlinks), so the child can write it.
 pub fn give_to(dir: &Path, uid: u32, gid: u32) -> Result<(), EngineError> {
     let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        std::os::unix::fs::lchown(&d, Some(uid), Some(gid))
-            .map_err(|e| EngineError::Workspace(format!("chown {}: {e}", d.display())))?;
-        if d.is_dir() && !d.is_symlink() {
-            let rd = std::fs::read_dir(&d)
-                .map_err(|e| EngineError::Workspace(format!("list {}: {e}", d.display())))?;
-            stack.extend(rd.flatten().map(|e| e.path()));
+    let give = |d: &Path| -> Result<Vec<PathBuf>, WorktreeError> {
+        std::os::unix::fs::lchown(d, Some(uid), Some(gid)).map_err(io("chown", d))?;
+        if !d.is_dir() || d.is_symlink() {
+            return Ok(Vec::new());
         }
+        let rd = std::fs::read_dir(d).map_err(io("list", d))?;
+        Ok(rd.flatten().map(|e| e.path()).collect())
+    };
+    while let Some(d) = stack.pop() {
+        stack.extend(give(&d).map_err(|e| EngineError::RunDirs(e.into()))?);
     }
     Ok(())
 }
 
 /// Removes a run's worktree and its branch. Blocking.
-pub fn remove_worktree(project_dir: &Path, wt: &Worktree, run_id: &str) -> Result<(), String> {
-    let found = crate::gitsnap::precheck::check(project_dir).map_err(|e| e.to_string())?;
-    let repo = crate::gitsnap::open_found(&found)?;
+pub fn remove_worktree(
+    project_dir: &Path,
+    wt: &Worktree,
+    run_id: &str,
+) -> Result<(), WorktreeError> {
+    let found = crate::gitsnap::precheck::check(project_dir)?;
+    // gitsnap gives its reason as text.
+    let repo = crate::gitsnap::open_found(&found).map_err(WorktreeError::Open)?;
     let name = run_id.replace('.', "-");
     if let Ok(w) = repo.find_worktree(&name) {
         let mut opts = git2::WorktreePruneOptions::new();
         opts.valid(true).working_tree(true).locked(false);
-        w.prune(Some(&mut opts))
-            .map_err(|e| format!("prune worktree {name}: {}", e.message()))?;
+        if let Err(source) = w.prune(Some(&mut opts)) {
+            return Err(WorktreeError::Prune { name, source });
+        }
     }
     if wt.dir.exists() {
-        std::fs::remove_dir_all(&wt.dir)
-            .map_err(|e| format!("remove {}: {e}", wt.dir.display()))?;
+        std::fs::remove_dir_all(&wt.dir).map_err(io("remove", &wt.dir))?;
     }
     if let Ok(mut b) = repo.find_branch(&wt.branch, git2::BranchType::Local) {
-        b.delete()
-            .map_err(|e| format!("delete branch {}: {}", wt.branch, e.message()))?;
+        b.delete().map_err(|source| WorktreeError::DeleteBranch {
+            branch: wt.branch.clone(),
+            source,
+        })?;
     }
     Ok(())
 }
