@@ -9,11 +9,50 @@ use crate::paths::RunFiles;
 use crate::record::RunState;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::OwnedSemaphorePermit;
+
+/// A run's runner could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// runner.lock could not be opened.
+    #[error(transparent)]
+    Lock(#[from] super::lockfile::LockError),
+    /// Another runner holds runner.lock.
+    #[error("{} is held by another runner", path.display())]
+    Held {
+        /// runner.lock.
+        path: PathBuf,
+    },
+    /// runner.lock could not be locked.
+    #[error("flock {}: {source}", path.display())]
+    Flock {
+        /// runner.lock.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// runner.log could not be opened.
+    #[error("open {}: {source}", path.display())]
+    OpenLog {
+        /// runner.log.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The runner could not be spawned.
+    #[error(transparent)]
+    Spawn(#[from] super::spawn::SpawnError),
+    /// No pidfd could be had on the runner just started.
+    #[error(transparent)]
+    Pidfd(#[from] pidfd::PidfdError),
+    /// The blocking task starting it panicked.
+    #[error("launch task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+}
 
 /// A runner that was started.
 pub struct Launched {
@@ -33,20 +72,23 @@ pub fn start_runner(
     warm: &super::warm::WarmRunners,
     files: &RunFiles,
     uid_lock: Option<BorrowedFd<'_>>,
-) -> Result<Launched, String> {
-    let lock_path = files.runner_lock();
-    let lock = super::lockfile::open(&lock_path).map_err(|e| e.to_string())?;
+) -> Result<Launched, LaunchError> {
+    let path = files.runner_lock();
+    let lock = super::lockfile::open(&path)?;
     match super::lockfile::try_lock(&lock) {
         Ok(true) => {}
-        Ok(false) => return Err(format!("{} is held by another runner", lock_path.display())),
-        Err(e) => return Err(format!("flock {}: {e}", lock_path.display())),
+        Ok(false) => return Err(LaunchError::Held { path }),
+        Err(source) => return Err(LaunchError::Flock { path, source }),
     }
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
         .open(files.runner_log())
-        .map_err(|e| format!("open {}: {e}", files.runner_log().display()))?;
+        .map_err(|source| LaunchError::OpenLog {
+            path: files.runner_log(),
+            source,
+        })?;
     if let Some(l) = warm.hand_over(&files.runner_spec(), lock.as_fd(), log.as_fd(), uid_lock) {
         return Ok(l);
     }
@@ -69,8 +111,7 @@ pub fn start_runner(
         lock: Some(lock.as_fd()),
         uid_lock,
         blocked: subagent_runner::supervise::handled_signals(),
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     drop(log);
     drop(lock);
     Launched::of(pid)
@@ -79,8 +120,8 @@ pub fn start_runner(
 impl Launched {
     /// A handle on the runner just started as `pid` (its pidfd and start
     /// time).
-    pub fn of(pid: i32) -> Result<Launched, String> {
-        let pidfd = pidfd::open(pid).map_err(|e| e.to_string())?;
+    pub fn of(pid: i32) -> Result<Launched, LaunchError> {
+        let pidfd = pidfd::open(pid)?;
         let start_ticks = subagent_runner::procstat::read_stat(pid)
             .map(|s| s.start_ticks)
             .unwrap_or(0);
@@ -119,7 +160,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
         Ok((l, next, saved))
     })
     .await
-    .unwrap_or_else(|e| Err(format!("launch task failed: {e}")));
+    .unwrap_or_else(|e| Err(LaunchError::Task(e)));
     // The spawn path is over for this run: make the next spare folder now.
     sup.inner.spare.refill();
     match launched {

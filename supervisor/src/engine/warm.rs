@@ -15,7 +15,7 @@
 //! until its run arrives. Warm runners are refilled when a run ends, not
 //! while one is starting.
 
-use super::launch::Launched;
+use super::launch::{LaunchError, Launched};
 use nix::sys::socket::{
     sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
 };
@@ -24,6 +24,31 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+/// A warm runner could not be started or given its run.
+#[derive(Debug, thiserror::Error)]
+pub enum WarmError {
+    /// The socket pair could not be made.
+    #[error("socketpair: {0}")]
+    Socketpair(#[source] nix::errno::Errno),
+    /// The runner could not be started.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// The warm runner's socket was already let go.
+    #[error("no socket")]
+    NoSocket,
+    /// The run could not be sent.
+    #[error("sendmsg: {0}")]
+    Send(#[source] nix::errno::Errno),
+    /// Only part of the run's message went.
+    #[error("sendmsg sent {sent} of {len} bytes")]
+    Short {
+        /// Bytes sent.
+        sent: usize,
+        /// Bytes in the message.
+        len: usize,
+    },
+}
 
 /// An idle warm runner.
 pub struct Idle {
@@ -108,14 +133,14 @@ impl WarmRunners {
         drop(idle);
     }
 
-    fn start_one(&self) -> Result<Idle, String> {
+    fn start_one(&self) -> Result<Idle, WarmError> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
             None,
             SockFlag::SOCK_CLOEXEC,
         )
-        .map_err(|e| format!("socketpair: {e}"))?;
+        .map_err(WarmError::Socketpair)?;
         let args = ["--warm".to_owned()];
         let pid = super::spawn::spawn(&super::spawn::RunnerSpawn {
             program: &self.runner,
@@ -126,7 +151,7 @@ impl WarmRunners {
             uid_lock: None,
             blocked: subagent_runner::supervise::handled_signals(),
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(LaunchError::from)?;
         drop(theirs);
         let l = Launched::of(pid)?;
         Ok(Idle {
@@ -185,8 +210,8 @@ fn send(
     lock: BorrowedFd<'_>,
     log: BorrowedFd<'_>,
     uid_lock: Option<BorrowedFd<'_>>,
-) -> Result<(), String> {
-    let sock = idle.sock.as_ref().ok_or("no socket")?;
+) -> Result<(), WarmError> {
+    let sock = idle.sock.as_ref().ok_or(WarmError::NoSocket)?;
     let mut fds = vec![lock.as_raw_fd(), log.as_raw_fd()];
     fds.extend(uid_lock.map(|u| u.as_raw_fd()));
     let bytes = spec.as_os_str().as_bytes();
@@ -197,9 +222,12 @@ fn send(
         MsgFlags::MSG_NOSIGNAL,
         None,
     )
-    .map_err(|e| format!("sendmsg: {e}"))?;
+    .map_err(WarmError::Send)?;
     if sent != bytes.len() {
-        return Err(format!("sendmsg sent {sent} of {} bytes", bytes.len()));
+        return Err(WarmError::Short {
+            sent,
+            len: bytes.len(),
+        });
     }
     Ok(())
 }
