@@ -151,6 +151,18 @@ fn never_started(files: &crate::paths::RunFiles) -> bool {
     }
 }
 
+/// What recovery did with one run.
+enum Recovered {
+    /// Its runner is alive and watched again.
+    Watched,
+    /// It ended while no engine watched: it is being finished.
+    Ended,
+    /// It never started: it is queued again.
+    Queued,
+    /// Nothing to count (already ended, or not a run).
+    Settled,
+}
+
 /// Reconciles every loaded run with reality.
 pub async fn recover(sup: &Supervisor) {
     let layout = sup.inner.layout.clone();
@@ -159,87 +171,11 @@ pub async fn recover(sup: &Supervisor) {
         .unwrap_or_default();
     let (mut alive, mut ended, mut queued) = (0, 0, 0);
     for rec in recs {
-        let state = rec.state;
-        let finalized = rec.finalized;
-        let files = rec.files();
-        let Some(slot) = sup.insert(rec.clone()) else {
-            continue;
-        };
-        if state.is_terminal() {
-            if !finalized {
-                let (sup, slot) = (sup.clone(), slot.clone());
-                tokio::spawn(async move { finish::finalize(&sup, &slot).await });
-            }
-            continue;
-        }
-        // Which runner, if any, is alive for this run?
-        let mut pid = rec
-            .runner_pid
-            .filter(|&p| runner_alive(p, rec.runner_start_ticks));
-        if pid.is_none() && lockfile::is_held(&files.runner_lock()) == Some(true) {
-            // Started but not yet recorded as running when the last engine
-            // stopped: the runner wrote its pid into its lock.
-            pid = lockfile::open(&files.runner_lock())
-                .ok()
-                .and_then(|mut f| lockfile::read_pid(&mut f))
-                .filter(|&p| runner_alive(p, None));
-        }
-        match (state, pid) {
-            (_, Some(pid)) => match pidfd::open(pid) {
-                Ok(fd) => {
-                    alive += 1;
-                    let fd = Arc::new(fd);
-                    {
-                        let mut r = slot.rec.lock().await;
-                        let mut next = r.clone();
-                        next.state = RunState::Running;
-                        next.runner_pid = Some(pid);
-                        next.started_at_ms = next.started_at_ms.or(Some(crate::timefmt::now_ms()));
-                        if let Err(e) = sup.persist(&slot, &mut r, next).await {
-                            tracing::error!("{e}");
-                        }
-                    }
-                    *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some((fd.clone(), pid));
-                    let permit = sup.inner.slots.clone().try_acquire_owned().ok();
-                    let (sup, slot) = (sup.clone(), slot.clone());
-                    tokio::spawn(async move {
-                        launch::watch(sup, slot, fd).await;
-                        drop(permit);
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("{e}");
-                    ended += 1;
-                    let (sup, slot) = (sup.clone(), slot.clone());
-                    tokio::spawn(async move {
-                        finish::finish_run(&sup, &slot, pidfd::RunnerExit::Unknown).await
-                    });
-                }
-            },
-            (RunState::Accepted, None) if never_started(&files) => {
-                let Some(id) = rec.id() else { continue };
-                // A queued run keeps the uid it was given.
-                if let (Some(pool), Some(uid)) = (&sup.inner.uids, rec.uid) {
-                    match pool.relock(uid) {
-                        Ok(lease) => sup.hold_lease(&id, lease),
-                        Err(e) => {
-                            fail_queued(sup, &slot, e.to_string()).await;
-                            ended += 1;
-                            continue;
-                        }
-                    }
-                }
-                queued += 1;
-                let _ = sup.inner.queue.send(id);
-            }
-            _ => {
-                ended += 1;
-                let (sup, slot) = (sup.clone(), slot.clone());
-                tokio::spawn(async move {
-                    finish::finish_run(&sup, &slot, pidfd::RunnerExit::Unknown).await
-                });
-            }
+        match reconcile(sup, rec).await {
+            Recovered::Watched => alive += 1,
+            Recovered::Ended => ended += 1,
+            Recovered::Queued => queued += 1,
+            Recovered::Settled => {}
         }
     }
     if alive + ended + queued > 0 {
@@ -250,6 +186,105 @@ pub async fn recover(sup: &Supervisor) {
             "recovered runs from the state dir"
         );
     }
+}
+
+/// Reconciles one loaded run with reality.
+async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
+    let state = rec.state;
+    let files = rec.files();
+    let Some(slot) = sup.insert(rec.clone()) else {
+        return Recovered::Settled;
+    };
+    if state.is_terminal() {
+        if !rec.finalized {
+            let (sup, slot) = (sup.clone(), slot.clone());
+            tokio::spawn(async move { finish::finalize(&sup, &slot).await });
+        }
+        return Recovered::Settled;
+    }
+    match (state, live_runner(&rec, &files)) {
+        (_, Some(pid)) => match pidfd::open(pid) {
+            Ok(fd) => {
+                watch_again(sup, &slot, pid, fd).await;
+                Recovered::Watched
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                finish_later(sup, &slot);
+                Recovered::Ended
+            }
+        },
+        (RunState::Accepted, None) if never_started(&files) => {
+            let Some(id) = rec.id() else {
+                return Recovered::Settled;
+            };
+            // A queued run keeps the uid it was given.
+            if let (Some(pool), Some(uid)) = (&sup.inner.uids, rec.uid) {
+                match pool.relock(uid) {
+                    Ok(lease) => sup.hold_lease(&id, lease),
+                    Err(e) => {
+                        fail_queued(sup, &slot, e.to_string()).await;
+                        return Recovered::Ended;
+                    }
+                }
+            }
+            let _ = sup.inner.queue.send(id);
+            Recovered::Queued
+        }
+        _ => {
+            finish_later(sup, &slot);
+            Recovered::Ended
+        }
+    }
+}
+
+/// The pid of the run's runner, when one is alive.
+fn live_runner(rec: &RunRecord, files: &crate::paths::RunFiles) -> Option<i32> {
+    let pid = rec
+        .runner_pid
+        .filter(|&p| runner_alive(p, rec.runner_start_ticks));
+    if pid.is_some() || lockfile::is_held(&files.runner_lock()) != Some(true) {
+        return pid;
+    }
+    // Started but not yet recorded as running when the last engine
+    // stopped: the runner wrote its pid into its lock.
+    lockfile::open(&files.runner_lock())
+        .ok()
+        .and_then(|mut f| lockfile::read_pid(&mut f))
+        .filter(|&p| runner_alive(p, None))
+}
+
+/// Records the run as running with runner `pid` and watches it again.
+async fn watch_again(
+    sup: &Supervisor,
+    slot: &Arc<super::Slot>,
+    pid: i32,
+    fd: std::os::fd::OwnedFd,
+) {
+    let fd = Arc::new(fd);
+    {
+        let mut r = slot.rec.lock().await;
+        let mut next = r.clone();
+        next.state = RunState::Running;
+        next.runner_pid = Some(pid);
+        next.started_at_ms = next.started_at_ms.or(Some(crate::timefmt::now_ms()));
+        if let Err(e) = sup.persist(slot, &mut r, next).await {
+            tracing::error!("{e}");
+        }
+    }
+    *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), pid));
+    let permit = sup.inner.slots.clone().try_acquire_owned().ok();
+    let (sup, slot) = (sup.clone(), slot.clone());
+    tokio::spawn(async move {
+        launch::watch(sup, slot, fd).await;
+        drop(permit);
+    });
+}
+
+/// Finishes, in a task of its own, a run whose runner nobody saw end.
+fn finish_later(sup: &Supervisor, slot: &Arc<super::Slot>) {
+    let (sup, slot) = (sup.clone(), slot.clone());
+    tokio::spawn(async move { finish::finish_run(&sup, &slot, pidfd::RunnerExit::Unknown).await });
 }
 
 /// Ends a queued run that cannot start again after a restart.
