@@ -140,21 +140,39 @@ pub struct Delta {
     pub read: Vec<String>,
 }
 
+/// Why a delta is malformed (and nothing of it is merged).
+#[derive(Debug, thiserror::Error)]
+pub enum DeltaError {
+    /// Over [`DELTA_MAX_BYTES`].
+    #[error("delta is {len} bytes, over the limit of {DELTA_MAX_BYTES}")]
+    TooLarge {
+        /// Its size.
+        len: usize,
+    },
+    /// Not text.
+    #[error("delta is not UTF-8")]
+    NotUtf8,
+    /// Not the expected JSON.
+    #[error("delta is not valid: {0}")]
+    Invalid(#[source] serde_json::Error),
+    /// Over [`DELTA_MAX_ENTRIES`].
+    #[error("delta has {entries} entries, over the limit of {DELTA_MAX_ENTRIES}")]
+    TooManyEntries {
+        /// How many it lists.
+        entries: usize,
+    },
+}
+
 /// Parses delta.json; the error says why nothing is merged.
-pub fn parse_delta(bytes: &[u8]) -> Result<Delta, String> {
+pub fn parse_delta(bytes: &[u8]) -> Result<Delta, DeltaError> {
     if bytes.len() > DELTA_MAX_BYTES {
-        return Err(format!(
-            "delta is {} bytes, over the limit of {DELTA_MAX_BYTES}",
-            bytes.len()
-        ));
+        return Err(DeltaError::TooLarge { len: bytes.len() });
     }
-    let text = std::str::from_utf8(bytes).map_err(|_| "delta is not UTF-8".to_owned())?;
-    let d: Delta = serde_json::from_str(text).map_err(|e| format!("delta is not valid: {e}"))?;
-    let n = d.written.len() + d.edited.len() + d.read.len();
-    if n > DELTA_MAX_ENTRIES {
-        return Err(format!(
-            "delta has {n} entries, over the limit of {DELTA_MAX_ENTRIES}"
-        ));
+    let text = std::str::from_utf8(bytes).map_err(|_| DeltaError::NotUtf8)?;
+    let d: Delta = serde_json::from_str(text).map_err(DeltaError::Invalid)?;
+    let entries = d.written.len() + d.edited.len() + d.read.len();
+    if entries > DELTA_MAX_ENTRIES {
+        return Err(DeltaError::TooManyEntries { entries });
     }
     Ok(d)
 }
@@ -292,20 +310,29 @@ mod tests {
 
     #[test]
     fn malformed_deltas_say_why() {
-        assert!(parse_delta(b"not json").unwrap_err().contains("not valid"));
+        let why = |bytes: &[u8]| parse_delta(bytes).unwrap_err().to_string();
+        assert!(why(b"not json").starts_with("delta is not valid: "));
         assert!(parse_delta(br#"{"written": [1]}"#).is_err());
         assert!(parse_delta(br#"{"written": "a"}"#).is_err());
-        assert!(parse_delta(&[0xff, 0xfe]).unwrap_err().contains("UTF-8"));
-        assert!(parse_delta(&vec![b' '; DELTA_MAX_BYTES + 1])
-            .unwrap_err()
-            .contains("over the limit"));
+        assert_eq!(why(&[0xff, 0xfe]), "delta is not UTF-8");
+        assert_eq!(
+            why(&vec![b' '; DELTA_MAX_BYTES + 1]),
+            format!(
+                "delta is {} bytes, over the limit of {DELTA_MAX_BYTES}",
+                DELTA_MAX_BYTES + 1
+            )
+        );
         let many = format!(
             "{{\"read\": [{}]}}",
             vec!["\"a\""; DELTA_MAX_ENTRIES + 1].join(",")
         );
-        assert!(parse_delta(many.as_bytes())
-            .unwrap_err()
-            .contains("entries"));
+        assert_eq!(
+            why(many.as_bytes()),
+            format!(
+                "delta has {} entries, over the limit of {DELTA_MAX_ENTRIES}",
+                DELTA_MAX_ENTRIES + 1
+            )
+        );
         let d = parse_delta(br#"{"written": ["a", "b"], "edited": ["b", "c"], "read": ["r"]}"#)
             .unwrap();
         assert_eq!(claims(&d), ["a", "b", "c"]);
