@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use subagent_runner::atomic::{fsync_dir, write_atomic, write_atomic_from, AtomicError};
+use subagent_runner::atomic::{fsync_dir, write_atomic, AtomicError};
 
 /// A notice could not be stored or taken.
 #[derive(Debug, thiserror::Error)]
@@ -78,16 +78,9 @@ impl NoticeStore {
         (base.join("pending"), base.join("taken"))
     }
 
-    /// Stores `notice` unless it was stored before (pending or taken);
-    /// `spare` is an empty file made ahead of need to write it into (see
-    /// [`subagent_runner::atomic::write_atomic_from`]). Returns whether it
-    /// was newly stored. Blocking.
-    pub fn store(
-        &self,
-        notice: &Notice,
-        ended_ms: u64,
-        spare: Option<&Path>,
-    ) -> Result<bool, NoticeError> {
+    /// Stores `notice` unless it was stored before (pending or taken).
+    /// Returns whether it was newly stored. Blocking.
+    pub fn store(&self, notice: &Notice, ended_ms: u64) -> Result<bool, NoticeError> {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let (pending, taken) = self.dirs(&notice.session_id);
         let k = known
@@ -126,11 +119,7 @@ impl NoticeStore {
             make_dirs()?;
             k.dirs_made = true;
         }
-        let written = match spare {
-            Some(s) => write_atomic_from(s, &pending.join(&name), &bytes),
-            None => write_atomic(&pending.join(&name), &bytes),
-        };
-        match written {
+        match write_atomic(&pending.join(&name), &bytes) {
             Ok(()) => {}
             // Its folders were removed behind our back: made again.
             Err(_) if !pending.is_dir() => {
@@ -205,15 +194,11 @@ mod tests {
         let store = NoticeStore::new(StateLayout {
             root: dir.path().into(),
         });
-        // "b" is written into a spare temp file made ahead of need.
-        let spare = dir.path().join(".notice.s");
-        std::fs::write(&spare, b"").unwrap();
-        assert!(store.store(&notice("b"), 2, Some(&spare)).unwrap());
-        assert!(!spare.exists());
-        assert!(store.store(&notice("a"), 1, None).unwrap());
-        assert!(!store.store(&notice("a"), 1, None).unwrap());
+        assert!(store.store(&notice("b"), 2).unwrap());
+        assert!(store.store(&notice("a"), 1).unwrap());
+        assert!(!store.store(&notice("a"), 1).unwrap());
         // Stored again with another end time: still once.
-        assert!(!store.store(&notice("a"), 7, None).unwrap());
+        assert!(!store.store(&notice("a"), 7).unwrap());
         let got: Vec<String> = store
             .take("s")
             .unwrap()
@@ -223,7 +208,7 @@ mod tests {
         assert_eq!(got, ["a", "b"]);
         assert!(store.take("s").unwrap().is_empty());
         // Storing again after the take does not bring it back.
-        assert!(!store.store(&notice("a"), 1, None).unwrap());
+        assert!(!store.store(&notice("a"), 1).unwrap());
         assert!(store.take("s").unwrap().is_empty());
         assert!(store.take("other").unwrap().is_empty());
     }
@@ -235,11 +220,11 @@ mod tests {
             root: dir.path().into(),
         };
         let first = NoticeStore::new(layout());
-        assert!(first.store(&notice("r-1"), 5, None).unwrap());
+        assert!(first.store(&notice("r-1"), 5).unwrap());
         // A restarted daemon: the notice is found under another end time.
         let second = NoticeStore::new(layout());
-        assert!(!second.store(&notice("r-1"), 9, None).unwrap());
-        assert!(second.store(&notice("r-2"), 6, None).unwrap());
+        assert!(!second.store(&notice("r-1"), 9).unwrap());
+        assert!(second.store(&notice("r-2"), 6).unwrap());
         let got: Vec<String> = second
             .take("s")
             .unwrap()
@@ -249,7 +234,7 @@ mod tests {
         assert_eq!(got, ["r-1", "r-2"]);
         // Its folders removed behind its back: made again.
         std::fs::remove_dir_all(dir.path().join("sessions")).unwrap();
-        assert!(second.store(&notice("r-3"), 7, None).unwrap());
+        assert!(second.store(&notice("r-3"), 7).unwrap());
         assert_eq!(second.take("s").unwrap().len(), 1);
         assert_eq!(run_id_of("0000000000005-r-1.json"), Some("r-1"));
         assert_eq!(run_id_of(".tmp-x.json"), None);

@@ -134,10 +134,6 @@ impl StateLayout {
     pub fn sessions(&self) -> PathBuf {
         self.root.join("sessions")
     }
-    /// `<root>/spare`: run folders made ahead of need.
-    pub fn spare(&self) -> PathBuf {
-        self.root.join("spare")
-    }
     /// `<root>/sessions/<session>`.
     pub fn session_dir(&self, session: &str) -> PathBuf {
         self.sessions().join(session)
@@ -179,29 +175,6 @@ impl RunFiles {
     /// runner.json.
     pub fn runner_spec(&self) -> PathBuf {
         self.dir.join("runner.json")
-    }
-    /// The two names run.json's changes alternate between (see
-    /// `subagent_runner::atomic::write_atomic_recycling`): one holds the
-    /// previous record, the next change is written into it.
-    pub fn record_spares(&self) -> [PathBuf; 2] {
-        [1, 2].map(|i| self.dir.join(format!(".run.json.s{i}")))
-    }
-    /// An empty file made ahead of need as result.md's temp file.
-    pub fn result_spare(&self) -> PathBuf {
-        self.dir.join(".result.md.s")
-    }
-    /// An empty file made ahead of need as the temp file of the run's
-    /// notice (renamed into the session's notices/pending/).
-    pub fn notice_spare(&self) -> PathBuf {
-        self.dir.join(".notice.s")
-    }
-    /// The spare temp files not used (yet).
-    pub fn unused_spares(&self) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = self.record_spares().into();
-        v.push(self.result_spare());
-        v.push(self.notice_spare());
-        v.retain(|p| p.exists());
-        v
     }
     /// runner.lock.
     pub fn runner_lock(&self) -> PathBuf {

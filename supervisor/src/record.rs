@@ -232,13 +232,7 @@ impl RunRecord {
 
     /// Writes run.json atomically (temp file, fsync, rename, fsync folder).
     pub fn save(&self) -> Result<(), RecordError> {
-        let files = self.files();
-        // Neither allocates nor frees an inode (see engine::spare).
-        subagent_runner::atomic::write_atomic_recycling(
-            &files.record(),
-            &files.record_spares(),
-            &self.to_bytes(),
-        )?;
+        subagent_runner::atomic::write_atomic(&self.files().record(), &self.to_bytes())?;
         Ok(())
     }
 

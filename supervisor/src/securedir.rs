@@ -105,28 +105,6 @@ impl PrivateDir {
         self.open_verified(name, path, owner)
     }
 
-    /// Moves `name` from this directory into `dest` under the same name,
-    /// never replacing anything there (RENAME_NOREPLACE), then opens and
-    /// verifies it in its new place.
-    pub fn move_child(
-        &self,
-        name: &str,
-        dest: &PrivateDir,
-        owner: u32,
-    ) -> Result<PrivateDir, SecureDirError> {
-        check_name(name)?;
-        let path = dest.path.join(name);
-        nix::fcntl::renameat2(
-            self.fd.as_fd(),
-            name,
-            dest.fd.as_fd(),
-            name,
-            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-        )
-        .map_err(sys("rename", &path))?;
-        dest.open_verified(name, path, owner)
-    }
-
     /// Creates `name` (mode 0700) inside this directory; fails with EEXIST
     /// when it exists already.
     pub fn create_child(&self, name: &str, owner: u32) -> Result<PrivateDir, SecureDirError> {
@@ -234,49 +212,19 @@ pub fn ensure_private_dir(parent: &Path, name: &str) -> Result<PathBuf, SecureDi
     Ok(dir.path)
 }
 
-/// Where spare temp dirs wait, under the temp base: `<base>/.spare/`.
-pub const SPARE_TEMP: &str = ".spare";
-
-/// A spare temp dir not claimed for this long is removed by the sweep (its
-/// daemon is gone, or idle for that long and makes another when needed).
-pub const SPARE_TEMP_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
-
 fn open_base(base: &Path, owner: u32) -> Result<PrivateDir, SecureDirError> {
     let (parent, name) = split(base)?;
     PrivateDir::open_trusted(&parent)?.ensure_child(&name, owner)
 }
 
-/// Makes a spare temp dir `<base>/.spare/c<8 hex>` (each component
-/// verified, as for [`make_temp_dir`]); returns its name, for
-/// [`make_temp_dir`] to move into a session's dir later: making a
-/// directory here can be slow (see `engine::spare`), moving one is not.
-pub fn make_spare_temp_dir(base: &Path) -> Result<String, SecureDirError> {
-    let owner = crate::paths::uid();
-    let spare = open_base(base, owner)?.ensure_child(SPARE_TEMP, owner)?;
-    loop {
-        let leaf = format!("c{}", crate::ids::random_hex8());
-        match spare.create_child(&leaf, owner) {
-            Ok(_) => return Ok(leaf),
-            Err(SecureDirError::Sys {
-                errno: Errno::EEXIST,
-                ..
-            }) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Creates a child's temp dir `<base>/<session>/c<8 hex>` (base =
 /// `/tmp/subagentd-<uid>`), verifying each component. Returns its path.
-/// With `spare` (a name from [`make_spare_temp_dir`]), that dir is moved
-/// into place instead of a new one being made, when it is still there.
 /// With `child` (a `run_as` uid:gid), the parents become traversable
 /// (0711, never listable) and the temp dir belongs to the child.
 pub fn make_temp_dir(
     base: &Path,
     session: &str,
     child: Option<(u32, u32)>,
-    mut spare: Option<String>,
 ) -> Result<PathBuf, SecureDirError> {
     let owner = crate::paths::uid();
     let base_dir = open_base(base, owner)?;
@@ -301,19 +249,6 @@ pub fn make_temp_dir(
         if child.is_some() {
             base_dir.set_mode(0o711)?;
             session_dir.set_mode(0o711)?;
-        }
-        if let Some(name) = spare.take() {
-            // A spare swept away meanwhile (or any other failure to move
-            // it) just means making the dir below.
-            let moved = base_dir
-                .ensure_child(SPARE_TEMP, owner)
-                .and_then(|s| s.move_child(&name, &session_dir, owner));
-            if let Ok(dir) = moved {
-                if let Some((uid, gid)) = child {
-                    dir.set_owner(uid, gid)?;
-                }
-                return Ok(dir.path);
-            }
         }
         let leaf = format!("c{}", crate::ids::random_hex8());
         match session_dir.create_child(&leaf, owner) {
@@ -353,35 +288,15 @@ pub fn remove_empty_session_dir(temp_dir: &Path) {
 /// runs of one session then reuse its dir instead of making and removing
 /// it each time.
 pub fn sweep_empty_session_dirs(base: &Path) -> usize {
-    sweep_old_spares(&base.join(SPARE_TEMP), SPARE_TEMP_MAX_AGE);
     let Ok(entries) = std::fs::read_dir(base) else {
         return 0;
     };
     entries
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter(|e| e.file_name() != SPARE_TEMP)
         // rmdir only removes an empty directory.
         .filter(|e| std::fs::remove_dir(e.path()).is_ok())
         .count()
-}
-
-/// Removes the spare temp dirs in `dir` older than `age` (empty ones only).
-fn sweep_old_spares(dir: &Path, age: std::time::Duration) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let old = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|a| a >= age);
-        if old && e.file_type().is_ok_and(|t| t.is_dir()) {
-            let _ = std::fs::remove_dir(e.path());
-        }
-    }
 }
 
 fn split(path: &Path) -> Result<(PathBuf, String), SecureDirError> {
@@ -400,7 +315,7 @@ mod tests {
     fn creates_private_dirs_and_refuses_symlinks() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("subagentd-test");
-        let t = make_temp_dir(&base, "sess", None, None).unwrap();
+        let t = make_temp_dir(&base, "sess", None).unwrap();
         assert!(t.starts_with(base.join("sess")));
         let name = t.file_name().unwrap().to_str().unwrap();
         assert!(name.starts_with('c') && name.len() == 9, "{name}");
@@ -411,7 +326,7 @@ mod tests {
         let elsewhere = root.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, base.join("evil")).unwrap();
-        let err = make_temp_dir(&base, "evil", None, None).unwrap_err();
+        let err = make_temp_dir(&base, "evil", None).unwrap_err();
         assert!(matches!(err, SecureDirError::Symlink(_)), "{err}");
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
 
@@ -419,7 +334,7 @@ mod tests {
         let base2 = root.path().join("subagentd-link");
         std::os::unix::fs::symlink(&elsewhere, &base2).unwrap();
         assert!(matches!(
-            make_temp_dir(&base2, "s", None, None).unwrap_err(),
+            make_temp_dir(&base2, "s", None).unwrap_err(),
             SecureDirError::Symlink(_)
         ));
     }
@@ -428,15 +343,15 @@ mod tests {
     fn an_empty_session_dir_is_removed_and_made_again() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("b");
-        let a = make_temp_dir(&base, "s", None, None).unwrap();
-        let b = make_temp_dir(&base, "s", None, None).unwrap();
+        let a = make_temp_dir(&base, "s", None).unwrap();
+        let b = make_temp_dir(&base, "s", None).unwrap();
         std::fs::remove_dir(&a).unwrap();
         remove_empty_session_dir(&a);
         assert!(base.join("s").is_dir(), "b still lives there");
         std::fs::remove_dir(&b).unwrap();
         remove_empty_session_dir(&b);
         assert!(!base.join("s").exists());
-        let c = make_temp_dir(&base, "s", None, None).unwrap();
+        let c = make_temp_dir(&base, "s", None).unwrap();
         assert!(c.is_dir() && c.starts_with(base.join("s")));
     }
 
@@ -444,8 +359,8 @@ mod tests {
     fn a_sweep_removes_only_empty_session_dirs() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("b");
-        let live = make_temp_dir(&base, "busy", None, None).unwrap();
-        let done = make_temp_dir(&base, "idle", None, None).unwrap();
+        let live = make_temp_dir(&base, "busy", None).unwrap();
+        let done = make_temp_dir(&base, "idle", None).unwrap();
         std::fs::remove_dir(&done).unwrap();
         std::fs::write(base.join("subagentd.sock.lock"), b"").unwrap();
         std::os::unix::fs::symlink(root.path(), base.join("link")).unwrap();
@@ -458,36 +373,12 @@ mod tests {
     }
 
     #[test]
-    fn a_spare_temp_dir_is_moved_into_the_session_and_a_missing_one_is_made() {
-        let root = tempfile::tempdir().unwrap();
-        let base = root.path().join("b");
-        let name = make_spare_temp_dir(&base).unwrap();
-        assert!(base.join(SPARE_TEMP).join(&name).is_dir());
-        let t = make_temp_dir(&base, "s", None, Some(name.clone())).unwrap();
-        assert_eq!(t, base.join("s").join(&name));
-        assert!(!base.join(SPARE_TEMP).join(&name).exists());
-        // Gone meanwhile (swept): a new dir is made.
-        let t2 = make_temp_dir(&base, "s", None, Some("c00000000".into())).unwrap();
-        assert!(t2.is_dir() && t2.starts_with(base.join("s")) && t2 != t);
-        // A symlink put in the spare's place is never followed.
-        std::os::unix::fs::symlink(root.path(), base.join(SPARE_TEMP).join("c11111111")).unwrap();
-        let t3 = make_temp_dir(&base, "s", None, Some("c11111111".into())).unwrap();
-        assert!(!t3.is_symlink() && t3 != base.join("s").join("c11111111"));
-        // The sweep keeps young spares and the .spare dir itself.
-        let young = make_spare_temp_dir(&base).unwrap();
-        sweep_empty_session_dirs(&base);
-        assert!(base.join(SPARE_TEMP).join(&young).is_dir());
-        sweep_old_spares(&base.join(SPARE_TEMP), std::time::Duration::ZERO);
-        assert!(!base.join(SPARE_TEMP).join(&young).exists());
-    }
-
-    #[test]
     fn group_writable_component_is_refused() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("b");
         std::fs::create_dir(&base).unwrap();
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let err = make_temp_dir(&base, "s", None, None).unwrap_err();
+        let err = make_temp_dir(&base, "s", None).unwrap_err();
         assert!(matches!(err, SecureDirError::Writable { .. }), "{err}");
     }
 
@@ -496,7 +387,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         for bad in ["..", ".", "a/b", ""] {
             assert!(matches!(
-                make_temp_dir(root.path(), bad, None, None).unwrap_err(),
+                make_temp_dir(root.path(), bad, None).unwrap_err(),
                 SecureDirError::BadName(_)
             ));
         }

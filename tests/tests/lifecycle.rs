@@ -76,8 +76,8 @@ fn success_writes_log_artifacts_and_result() {
         serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
     assert_eq!(rec["state"], "succeeded");
     assert_eq!(rec["finalized"], true);
-    // The spare temp files made ahead of need (run.json's changes, result.md,
-    // the notice, exit.json's reserve) were used or removed: the folder
+    // The temp files of the run's atomic writes (run.json's changes,
+    // result.md, exit.json's reserve) were renamed into place: the folder
     // holds the documented files only.
     let names = || -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(&run_dir)
@@ -99,7 +99,7 @@ fn success_writes_log_artifacts_and_result() {
         "runner.lock",
         "runner.log",
     ];
-    wait_until(Duration::from_secs(10), "the unused spares to go", || {
+    wait_until(Duration::from_secs(10), "only the documented files", || {
         names() == want_names
     });
     // The temp dir is removed when the run ends.

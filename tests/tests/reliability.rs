@@ -37,6 +37,21 @@ fn a_corrupt_run_json_makes_that_run_lost_and_the_daemon_still_starts() {
         .unwrap()
         .join("20200101T000000.000000Z-00000000");
     std::fs::create_dir_all(half.join("artifacts")).unwrap();
+    // So is a draft folder, even one holding a whole record: it was never
+    // renamed to its run id, so its spawn was never answered.
+    let drafted = "20200101T000000.000001Z-00000001";
+    let draft = dir
+        .parent()
+        .unwrap()
+        .join(format!("{drafted}.tmp-0123abcd"));
+    std::fs::create_dir_all(draft.join("artifacts")).unwrap();
+    let mut rec: Value = serde_json::from_slice(
+        &std::fs::read(dir.parent().unwrap().join(&good).join("run.json")).unwrap(),
+    )
+    .unwrap();
+    rec["run_id"] = json!(drafted);
+    rec["run_dir"] = json!(dir.parent().unwrap().join(drafted));
+    std::fs::write(draft.join("run.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
     d.restart();
     let mut c = d.conn();
     let st = c.call("check_agent_run", json!({"run_id": bad})).unwrap();
@@ -54,6 +69,10 @@ fn a_corrupt_run_json_makes_that_run_lost_and_the_daemon_still_starts() {
         "succeeded"
     );
     assert!(!half.exists());
+    assert!(!draft.exists());
+    assert!(c
+        .call("check_agent_run", json!({"run_id": drafted}))
+        .is_err());
     // Its notice was taken before the file broke: it is not handed out again.
     let n = c.call("take_notices", json!({"session_id": s})).unwrap();
     assert_eq!(n["notices"], json!([]), "{n}");

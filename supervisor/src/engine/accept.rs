@@ -2,15 +2,17 @@
 //! (folder, temp dir, runner.json, run.json) before anyone is told its id.
 //! A failure part-way removes what was made.
 
+use super::draft::{create_file, RunDraft, Sync};
 use super::probe::HostProbe;
+use super::workctx::Worktree;
 use super::{EngineError, Inner};
 use crate::ids::{check_session_id, RunId};
 use crate::paths::RunFiles;
 use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
-use std::os::unix::fs::DirBuilderExt;
-use std::path::Path;
-use subagent_runner::atomic::fsync_dir;
+use crate::uids::UidLease;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use subagent_runner::spec::RunnerSpec;
 
 /// Fails when a mechanism the run requires is missing on this host.
@@ -269,29 +271,54 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
     Ok(())
 }
 
-fn storage(op: &str, path: &Path, e: impl std::fmt::Display) -> EngineError {
-    EngineError::Storage(format!("{op} {}: {e}", path.display()))
+/// Where a new run lives and works, fixed before anything is composed.
+struct RunPlace {
+    id: RunId,
+    /// Its folder where it will live (the paths its records hold).
+    files: RunFiles,
+    temp_dir: PathBuf,
+    worktree: Option<Worktree>,
+    /// Where the child works: its worktree, else the project.
+    workdir: PathBuf,
 }
 
-fn mkdir_private(path: &Path, recursive: bool) -> Result<(), EngineError> {
-    std::fs::DirBuilder::new()
-        .recursive(recursive)
-        .mode(0o700)
-        .create(path)
-        .map_err(|e| storage("create", path, e))
+/// What the child is told of where it works.
+struct WorkingContext {
+    /// The `[working-context]` block of its first message.
+    block: String,
+    /// The git snapshot the block shows (kept in the record).
+    git: policy::workctx::GitSnapshot,
 }
 
-/// What the composition of this run depends on.
-#[allow(clippy::too_many_arguments)]
+/// Records the spawn in the session's working context and takes the git
+/// snapshot of where the child will work. Blocking.
+fn working_context(
+    inner: &Inner,
+    p: &SpawnParams,
+    workdir: &Path,
+) -> Result<WorkingContext, EngineError> {
+    let session_state = inner
+        .sessions
+        .on_spawn(
+            &p.session.id,
+            &p.session.project_dir,
+            p.session.recent_files.as_deref(),
+        )
+        .map_err(EngineError::Storage)?;
+    let git = crate::gitsnap::snapshot(workdir, inner.cfg.git_budget);
+    let block = policy::workctx::render_block(workdir, &session_state.recent_files, &git);
+    Ok(WorkingContext { block, git })
+}
+
+/// What the composition of this run's context depends on (kept in
+/// runner.json, so that a restart can compose it again with a handoff
+/// note).
 fn compose_input(
     inner: &Inner,
     p: &SpawnParams,
     plan: &Plan,
-    workdir: &Path,
-    files: &RunFiles,
-    temp_dir: &Path,
-    worktree: Option<&super::workctx::Worktree>,
-    tools_json: &str,
+    place: &RunPlace,
+    tools_json: String,
     working_context: String,
 ) -> policy::compose::ComposeInput {
     let settings = &inner.cfg.settings;
@@ -315,20 +342,20 @@ fn compose_input(
         .unwrap_or(policy::DEFAULT_MAX_RESTARTS);
     policy::compose::ComposeInput {
         playbook,
-        project_instructions: super::instructions::project_instructions(workdir),
+        project_instructions: super::instructions::project_instructions(&place.workdir),
         agent: plan.agent.as_ref().map(|d| policy::compose::Sourced {
             path: d.source.clone(),
             text: d.body.clone(),
         }),
         tools,
-        tools_json: tools_json.to_owned(),
+        tools_json,
         paths: policy::compose::SessionPaths {
             session_id: p.session.id.clone(),
-            temp_dir: temp_dir.to_path_buf(),
-            artifact_dir: files.artifacts(),
-            worktree_dir: worktree.map(|w| w.dir.clone()),
-            log_path: files.log(),
-            delta_path: files.delta(),
+            temp_dir: place.temp_dir.clone(),
+            artifact_dir: place.files.artifacts(),
+            worktree_dir: place.worktree.as_ref().map(|w| w.dir.clone()),
+            log_path: place.files.log(),
+            delta_path: place.files.delta(),
         },
         task: p.task.clone(),
         context: p.context.clone(),
@@ -338,262 +365,262 @@ fn compose_input(
     }
 }
 
-/// The text of context/first_message.md.
-pub fn first_message(context: Option<&str>, task: &str) -> String {
-    let context = context.filter(|c| !c.trim().is_empty()).unwrap_or("(none)");
-    format!("Context: {context}\nTask: {task}\n")
+/// Composes the first attempt's context and writes it into `context_dir`:
+/// system.md, first_message.md, tools.json, plan.json and plan-1.json.
+fn write_context_files(
+    context_dir: &Path,
+    input: &policy::compose::ComposeInput,
+) -> Result<(), EngineError> {
+    let composed = policy::compose::compose(input, 1, None);
+    for (name, bytes) in [
+        ("system.md", composed.system_md.as_bytes()),
+        ("first_message.md", composed.first_message_md.as_bytes()),
+        ("tools.json", input.tools_json.as_bytes()),
+        ("plan.json", composed.plan_json.as_bytes()),
+    ] {
+        // Composed again from runner.json's inputs: not fsynced.
+        create_file(&context_dir.join(name), bytes, Sync::Derived)?;
+    }
+    // The first attempt's plan: a second name for plan.json's file (a
+    // restart replaces plan.json and leaves this one).
+    let plan_1 = context_dir.join("plan-1.json");
+    std::fs::hard_link(context_dir.join("plan.json"), &plan_1)
+        .map_err(|e| EngineError::Storage(format!("link {}: {e}", plan_1.display())))
 }
 
-/// Records a new run: leases its uid (root daemons), fills a spare run
-/// folder (see [`super::spare`]) with its context files, runner.json and
-/// run.json, makes its temp dir, and publishes the folder under its run
-/// id, durably. Blocking.
+/// The child's environment: the daemon's allowed variables, the request's,
+/// and the run's paths.
+fn child_env(
+    inner: &Inner,
+    p: &SpawnParams,
+    place: &RunPlace,
+) -> Result<BTreeMap<String, String>, EngineError> {
+    let show = |p: &Path| p.display().to_string();
+    let paths = policy::ChildPaths {
+        run_id: place.id.to_string(),
+        session_id: p.session.id.clone(),
+        temp_dir: show(&place.temp_dir),
+        artifact_dir: show(&place.files.artifacts()),
+        log_path: show(&place.files.log()),
+        context_dir: show(&place.files.context()),
+        delta_path: show(&place.files.delta()),
+    };
+    policy::child_env(
+        &inner.daemon_env,
+        &inner.cfg.settings.env_allow,
+        &p.env,
+        &paths,
+    )
+    .map_err(|e| EngineError::invalid("env", e.to_string()))
+}
+
+/// The run's sandbox: its rights, the request's and the config's roots,
+/// its paths and its limits.
+fn sandbox_spec(
+    inner: &Inner,
+    p: &SpawnParams,
+    plan: &Plan,
+    place: &RunPlace,
+    env: &BTreeMap<String, String>,
+    own_uid: bool,
+) -> policy::sandbox::SandboxSpec {
+    let files = &place.files;
+    let programs = super::program::for_run(
+        inner,
+        p,
+        &plan.command[0],
+        env,
+        &place.workdir,
+        &place.temp_dir,
+        files,
+    );
+    let mut roots = p.sandbox.clone();
+    let settings = &inner.cfg.settings;
+    roots.read_paths.extend(settings.read_paths.iter().cloned());
+    roots
+        .write_paths
+        .extend(settings.write_paths.iter().cloned());
+    policy::sandbox::sandbox_spec(&policy::sandbox::SandboxInputs {
+        grants: plan.grants,
+        request: roots,
+        paths: policy::sandbox::fs::RunPaths {
+            temp_dir: place.temp_dir.clone(),
+            artifact_dir: files.artifacts(),
+            context_dir: files.context(),
+            delta_dir: files.delta_dir(),
+            project_dir: place.workdir.clone(),
+            programs,
+        },
+        memory_mb: plan
+            .limits
+            .memory_mb
+            .unwrap_or(policy::sandbox::DEFAULT_MEMORY_MB),
+        pids: plan.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
+        fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
+        disk_bytes: plan.limits.disk_bytes(),
+        require: Some(inner.cfg.required(plan.grants.network)),
+        own_uid,
+    })
+}
+
+/// runner.json: everything the run's runner needs. `uid` is the run's own
+/// uid, when it has one.
+fn runner_spec(
+    inner: &Inner,
+    p: &SpawnParams,
+    plan: &Plan,
+    place: &RunPlace,
+    input: policy::compose::ComposeInput,
+    uid: Option<u32>,
+) -> Result<RunnerSpec, EngineError> {
+    let files = &place.files;
+    let env = child_env(inner, p, place)?;
+    let sandbox = sandbox_spec(inner, p, plan, place, &env, uid.is_some());
+    // The child's uid: its own, or the one `run_as` user. Its files
+    // (project, context) are reached through idmapped mounts and its own
+    // dirs live in its scratch file system: nothing on disk becomes its.
+    let run_as = match uid {
+        Some(u) => Some((u, u)),
+        None => inner.cfg.run_as.map(|r| (r.uid, r.gid)),
+    };
+    Ok(RunnerSpec {
+        run_id: place.id.to_string(),
+        argv: plan.command.clone(),
+        env,
+        cwd: place.workdir.clone(),
+        log_path: files.log(),
+        exit_path: files.exit(),
+        wall_time_s: plan.limits.wall_time_s(),
+        output_bytes: plan.limits.output_bytes(),
+        kill_grace_ms: inner.cfg.kill_grace_ms,
+        sandbox,
+        cgroup_plan: inner.probe.cgroups.clone(),
+        run_as,
+        keep_temp: p.keep_temp,
+        restart: Some(subagent_runner::spec::RestartSpec {
+            max_attempts: input.max_attempts,
+            // The inputs stay with the run (not in the child's context
+            // dir), for a restart to compose again.
+            compose: Some(input),
+            compose_input: None,
+            context_dir: files.context(),
+            artifact_dir: files.artifacts(),
+            attempt_file: files.dir.join("attempt.json"),
+            share_gid: None,
+        }),
+    })
+}
+
+/// run.json of a run just accepted.
+fn accepted_record(
+    p: &SpawnParams,
+    plan: &Plan,
+    place: RunPlace,
+    git: policy::workctx::GitSnapshot,
+    max_attempts: u32,
+    uid: Option<u32>,
+) -> RunRecord {
+    RunRecord {
+        format: RECORD_FORMAT,
+        run_id: place.id.to_string(),
+        session_id: p.session.id.clone(),
+        audience: p.session.audience,
+        project_dir: p.session.project_dir.clone(),
+        task: p.task.clone(),
+        context: p.context.clone(),
+        command: plan.command.clone(),
+        env: p.env.clone(),
+        limits: plan.limits,
+        keep_temp: p.keep_temp,
+        state: RunState::Accepted,
+        exit_code: None,
+        signal: None,
+        reason: None,
+        cancel_requested: false,
+        created_at_ms: crate::timefmt::now_ms(),
+        started_at_ms: None,
+        ended_at_ms: None,
+        temp_dir: place.temp_dir,
+        run_dir: place.files.dir,
+        runner_pid: None,
+        runner_start_ticks: None,
+        log_truncated: false,
+        finalized: false,
+        finalize_error: None,
+        sandbox: p.sandbox.clone(),
+        isolation: None,
+        resources: None,
+        agent: plan.agent.as_ref().map(|d| d.name.clone()),
+        tools: plan.tools.clone(),
+        rights: Some(plan.grants),
+        git: Some(git),
+        worktree: place.worktree,
+        delta: None,
+        max_attempts,
+        attempts: None,
+        kept: None,
+        uid,
+    }
+}
+
+/// A uid of its own for the run (root daemons without `run_as`).
+fn lease_uid(inner: &Inner) -> Result<Option<UidLease>, EngineError> {
+    let Some(pool) = &inner.uids else {
+        return Ok(None);
+    };
+    pool.lease().map(Some).map_err(|e| EngineError::Sandbox {
+        mechanism: "per_run_uid",
+        why: e.to_string(),
+    })
+}
+
+/// Records a new run: leases its uid (root daemons), makes its temp dir
+/// (and worktree), writes its folder (context files, runner.json, run.json)
+/// under a draft name and renames it to the run id, durably. What was made
+/// is removed if any step fails. Blocking.
 pub(crate) fn create_run(
     inner: &Inner,
     p: &SpawnParams,
     plan: &Plan,
-) -> Result<(RunRecord, Option<crate::uids::UidLease>), EngineError> {
-    let id = RunId::new();
+) -> Result<(RunRecord, Option<UidLease>), EngineError> {
     let session = &p.session.id;
-    let runs_dir = inner.layout.runs_dir(session);
-    mkdir_private(&runs_dir, true)?;
-    // `files` is where the run will live (its paths go into every record);
-    // `stage` is the spare folder filled until it is renamed there.
-    let files = RunFiles {
-        dir: runs_dir.join(id.as_str()),
+    let mut draft = RunDraft::begin(
+        inner.layout.runs_dir(session),
+        RunId::new(),
+        lease_uid(inner)?,
+    )?;
+    let temp_dir = draft.make_temp_dir(&inner.cfg.temp_base, session)?;
+    let worktree = match p.isolation {
+        Some(crate::protocol::Isolation::Worktree) => {
+            Some(draft.make_worktree(&p.session.project_dir, &inner.layout.session_dir(session))?)
+        }
+        _ => None,
     };
-    let stage = RunFiles {
-        dir: inner
-            .spare
-            .take()
-            .map_err(|e| EngineError::Storage(e.to_string()))?,
-    };
-    let fill = |path: &Path, bytes: &[u8], sync: bool| {
-        super::spare::fill(path, bytes, sync).map_err(|e| EngineError::Storage(e.to_string()))
-    };
-    let mut temp_dir = None;
-    let mut made_worktree: Option<super::workctx::Worktree> = None;
-    let lease = match &inner.uids {
-        Some(pool) => Some(pool.lease().map_err(|e| EngineError::Sandbox {
-            mechanism: "per_run_uid",
-            why: e.to_string(),
-        })?),
-        None => None,
-    };
-    let result = (|| {
-        // The child's uid: its own, or the one `run_as` user. Its files
-        // (project, context) are reached through idmapped mounts and its
-        // own dirs live in its scratch file system: nothing on disk needs
-        // to become its.
-        let child = match &lease {
-            Some(l) => Some((l.uid, l.uid)),
-            None => inner.cfg.run_as.map(|r| (r.uid, r.gid)),
-        };
-        let t = crate::securedir::make_temp_dir(
-            &inner.cfg.temp_base,
-            session,
-            None,
-            inner.spare.take_temp(),
-        )
-        .map_err(|e| EngineError::Workspace(e.to_string()))?;
-        temp_dir = Some(t.clone());
-        // The working context: the session's recent files, an optional
-        // worktree, and the git snapshot of where the child will work.
-        let worktree = match p.isolation {
-            Some(crate::protocol::Isolation::Worktree) => {
-                let w = super::workctx::create_worktree(
-                    &p.session.project_dir,
-                    &inner.layout.session_dir(session),
-                    id.as_str(),
-                )?;
-                made_worktree = Some(w.clone());
-                Some(w)
-            }
-            _ => None,
-        };
-        let session_state = inner
-            .sessions
-            .on_spawn(
-                session,
-                &p.session.project_dir,
-                p.session.recent_files.as_deref(),
-            )
-            .map_err(EngineError::Storage)?;
-        let workdir = worktree
+    let place = RunPlace {
+        id: draft.id().clone(),
+        files: draft.files(),
+        temp_dir,
+        workdir: worktree
             .as_ref()
-            .map_or(p.session.project_dir.clone(), |w| w.dir.clone());
-        let git = crate::gitsnap::snapshot(&workdir, inner.cfg.git_budget);
-        // The child's context: composed from recorded inputs (kept in
-        // runner.json),
-        // so a restart can compose it again with a handoff note.
-        let listed = plan.tools.clone().unwrap_or_default();
-        let tools_json = inner.tools.tools_json(&listed);
-        let input = compose_input(
-            inner,
-            p,
-            plan,
-            &workdir,
-            &files,
-            &t,
-            worktree.as_ref(),
-            &tools_json,
-            policy::workctx::render_block(&workdir, &session_state.recent_files, &git),
-        );
-        let composed = policy::compose::compose(&input, 1, None);
-        let ctx = stage.context();
-        for (name, bytes) in [
-            ("system.md", composed.system_md.as_bytes()),
-            ("first_message.md", composed.first_message_md.as_bytes()),
-            ("tools.json", tools_json.as_bytes()),
-            ("plan.json", composed.plan_json.as_bytes()),
-        ] {
-            let path = ctx.join(name);
-            // Derived from the inputs in runner.json, which is durable: not
-            // fsynced.
-            fill(&path, bytes, false)?;
-        }
-        // The first attempt's plan: a second name for plan.json's file, no
-        // new inode (a restart replaces plan.json and leaves this one).
-        let plan_1 = ctx.join("plan-1.json");
-        std::fs::hard_link(ctx.join("plan.json"), &plan_1)
-            .map_err(|e| storage("link", &plan_1, e))?;
-        let show = |p: &Path| p.display().to_string();
-        let paths = policy::ChildPaths {
-            run_id: id.to_string(),
-            session_id: session.clone(),
-            temp_dir: show(&t),
-            artifact_dir: show(&files.artifacts()),
-            log_path: show(&files.log()),
-            context_dir: show(&files.context()),
-            delta_path: show(&files.delta()),
-        };
-        let env = policy::child_env(
-            &inner.daemon_env,
-            &inner.cfg.settings.env_allow,
-            &p.env,
-            &paths,
-        )
-        .map_err(|e| EngineError::invalid("env", e.to_string()))?;
-        let programs =
-            super::program::for_run(inner, p, &plan.command[0], &env, &workdir, &t, &files);
-        let mut roots = p.sandbox.clone();
-        roots
-            .read_paths
-            .extend(inner.cfg.settings.read_paths.iter().cloned());
-        roots
-            .write_paths
-            .extend(inner.cfg.settings.write_paths.iter().cloned());
-        let sandbox = policy::sandbox::sandbox_spec(&policy::sandbox::SandboxInputs {
-            grants: plan.grants,
-            request: roots,
-            paths: policy::sandbox::fs::RunPaths {
-                temp_dir: t.clone(),
-                artifact_dir: files.artifacts(),
-                context_dir: files.context(),
-                delta_dir: files.delta_dir(),
-                project_dir: workdir.clone(),
-                programs,
-            },
-            memory_mb: plan
-                .limits
-                .memory_mb
-                .unwrap_or(policy::sandbox::DEFAULT_MEMORY_MB),
-            pids: plan.limits.pids.unwrap_or(policy::sandbox::DEFAULT_PIDS),
-            fsize_bytes: policy::sandbox::DEFAULT_FSIZE_BYTES,
-            disk_bytes: plan.limits.disk_bytes(),
-            require: Some(inner.cfg.required(plan.grants.network)),
-            own_uid: lease.is_some(),
-        });
-        let spec = RunnerSpec {
-            run_id: id.to_string(),
-            argv: plan.command.clone(),
-            env,
-            cwd: workdir.clone(),
-            log_path: files.log(),
-            exit_path: files.exit(),
-            wall_time_s: plan.limits.wall_time_s(),
-            output_bytes: plan.limits.output_bytes(),
-            kill_grace_ms: inner.cfg.kill_grace_ms,
-            sandbox,
-            cgroup_plan: inner.probe.cgroups.clone(),
-            run_as: child,
-            keep_temp: p.keep_temp,
-            restart: Some(subagent_runner::spec::RestartSpec {
-                max_attempts: input.max_attempts,
-                // The inputs stay with the run (not in the child's context
-                // dir), for a restart to compose again.
-                compose: Some(input.clone()),
-                compose_input: None,
-                context_dir: files.context(),
-                artifact_dir: files.artifacts(),
-                attempt_file: files.dir.join("attempt.json"),
-                share_gid: None,
-            }),
-        };
-        // Compact: only the runner reads it (about 15 KB pretty-printed).
-        let bytes = serde_json::to_vec(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
-        fill(&stage.runner_spec(), &bytes, true)?;
-        let rec = RunRecord {
-            format: RECORD_FORMAT,
-            run_id: id.to_string(),
-            session_id: session.clone(),
-            audience: p.session.audience,
-            project_dir: p.session.project_dir.clone(),
-            task: p.task.clone(),
-            context: p.context.clone(),
-            command: plan.command.clone(),
-            env: p.env.clone(),
-            limits: plan.limits,
-            keep_temp: p.keep_temp,
-            state: RunState::Accepted,
-            exit_code: None,
-            signal: None,
-            reason: None,
-            cancel_requested: false,
-            created_at_ms: crate::timefmt::now_ms(),
-            started_at_ms: None,
-            ended_at_ms: None,
-            temp_dir: t,
-            run_dir: files.dir.clone(),
-            runner_pid: None,
-            runner_start_ticks: None,
-            log_truncated: false,
-            finalized: false,
-            finalize_error: None,
-            sandbox: p.sandbox.clone(),
-            isolation: None,
-            resources: None,
-            agent: plan.agent.as_ref().map(|d| d.name.clone()),
-            tools: plan.tools.clone(),
-            rights: Some(plan.grants),
-            git: Some(git),
-            worktree,
-            delta: None,
-            max_attempts: input.max_attempts,
-            attempts: None,
-            kept: None,
-            uid: lease.as_ref().map(|l| l.uid),
-        };
-        fill(&stage.record(), &rec.to_bytes(), true)?;
-        // Published whole: the folder's files and their names are durable
-        // (the spare was fsynced when made); one rename gives it its name.
-        std::fs::rename(&stage.dir, &files.dir)
-            .map_err(|e| storage("rename into place", &files.dir, e))?;
-        fsync_dir(&runs_dir).map_err(|e| EngineError::Storage(e.to_string()))?;
-        Ok(rec)
-    })();
-    if result.is_err() {
-        if let Some(w) = &made_worktree {
-            let _ = super::workctx::remove_worktree(&p.session.project_dir, w, id.as_str());
-        }
-        let _ = std::fs::remove_dir_all(&stage.dir);
-        let _ = std::fs::remove_dir_all(&files.dir);
-        if let Some(t) = temp_dir {
-            let _ = std::fs::remove_dir_all(&t);
-            crate::securedir::remove_empty_session_dir(&t);
-        }
-    }
-    result.map(|rec| (rec, lease))
+            .map_or(p.session.project_dir.clone(), |w| w.dir.clone()),
+        worktree,
+    };
+    let work = working_context(inner, p, &place.workdir)?;
+    let tools_json = inner
+        .tools
+        .tools_json(plan.tools.as_deref().unwrap_or_default());
+    let input = compose_input(inner, p, plan, &place, tools_json, work.block);
+    let staged = draft.staged();
+    write_context_files(&staged.context(), &input)?;
+    let max_attempts = input.max_attempts;
+    let spec = runner_spec(inner, p, plan, &place, input, draft.uid())?;
+    // Compact: only the runner reads it (about 15 KB pretty-printed).
+    let bytes = serde_json::to_vec(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
+    create_file(&staged.runner_spec(), &bytes, Sync::Durable)?;
+    let rec = accepted_record(p, plan, place, work.git, max_attempts, draft.uid());
+    create_file(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
+    let lease = draft.publish()?;
+    Ok((rec, lease))
 }
 
 #[cfg(test)]
@@ -685,11 +712,5 @@ mod tests {
             e.to_string(),
             "subagents are not available to Public sessions"
         );
-    }
-
-    #[test]
-    fn first_message_format() {
-        assert_eq!(first_message(Some("bg"), "t"), "Context: bg\nTask: t\n");
-        assert_eq!(first_message(None, "t"), "Context: (none)\nTask: t\n");
     }
 }

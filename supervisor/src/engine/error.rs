@@ -81,9 +81,6 @@ pub enum StorageError {
     /// A session's state could not be saved.
     #[error(transparent)]
     Session(#[from] crate::sessions::SessionError),
-    /// The spare folders could not be set up.
-    #[error(transparent)]
-    Spare(#[from] super::spare::SpareError),
     /// `subagentd --check` could not make its temporary state dir.
     #[error("check: {0}")]
     Check(#[source] std::io::Error),
@@ -112,9 +109,6 @@ pub enum InternalError {
     /// The config's tool policy is invalid (it was checked when loaded).
     #[error("config: {0}")]
     ToolPolicy(#[source] policy::toolpolicy::ToolError),
-    /// The thread that makes spare folders could not be started.
-    #[error("starting the spare-maker thread: {0}")]
-    SpareMaker(#[source] std::io::Error),
     /// An accepted run's id does not parse.
     #[error("bad run id")]
     BadRunId,

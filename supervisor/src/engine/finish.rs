@@ -161,8 +161,7 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: Runne
 /// Returns the notice when it was newly stored.
 fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, FinishError> {
     let files = rec.files();
-    subagent_runner::atomic::write_atomic_from(
-        &files.result_spare(),
+    subagent_runner::atomic::write_atomic(
         &files.result(),
         crate::result_md::render(rec).as_bytes(),
     )?;
@@ -177,7 +176,7 @@ fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, F
     let fresh = sup
         .inner
         .notices
-        .store(&notice, ended, Some(&files.notice_spare()))?;
+        .store(&notice, ended)?;
     if !rec.keep_temp {
         // Its session dir stays for the session's next run; empty ones are
         // swept (see `sweep_temp_dirs`).
@@ -261,8 +260,7 @@ struct Finalized {
 
 /// The delta report (recorded first when something was merged, so that no
 /// restart merges it again), result.md and the notice (tried three times),
-/// then the terminal record with `finalized` or `finalize_error`, then the
-/// run's unused spare files recycled. Blocking.
+/// then the terminal record with `finalized` or `finalize_error`. Blocking.
 fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
     if rec.delta.is_none() {
         // Exactly once: the report is recorded before anything else of the
@@ -306,14 +304,6 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
         Some(e) => rec.finalize_error = Some(e.to_string()),
     }
     let saved = rec.save();
-    if saved.is_ok() && rec.finalized {
-        // The spare temp files this run did not need (run.json's last spare,
-        // or more if it never started): nothing will write its folder
-        // again. Kept for new spares rather than deleted.
-        for p in rec.files().unused_spares() {
-            sup.inner.spare.recycle(&p);
-        }
-    }
     Finalized {
         record: rec,
         saved,

@@ -161,8 +161,6 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     })
     .await
     .unwrap_or_else(|e| Err(LaunchError::Task(e)));
-    // The spawn path is over for this run: make the next spare folder now.
-    sup.inner.spare.refill();
     match launched {
         Ok((l, running, saved)) => {
             let id = running.run_id.clone();

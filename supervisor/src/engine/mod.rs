@@ -3,18 +3,19 @@
 //! through a pidfd and finishes the run exactly once. The daemon serves it
 //! over the socket; `subagent run` embeds it in-process.
 //!
-//! - [`accept`]: validating a spawn and recording it durably.
+//! - [`accept`]: validating a spawn and recording it durably; [`draft`]:
+//!   a run folder being made, undone unless published.
 //! - [`launch`]: starting a runner process; [`spawn`]: the `posix_spawn`
 //!   that does it.
 //! - [`finish`]: turning exit.json into the terminal state, result.md and
 //!   the notice.
 //! - [`recover`]: picking up the state dir's runs when the engine starts.
-//! - [`spare`]: run folders made ahead of need, off the spawn path.
 //! - [`warm`]: runners started before they have a run.
 //! - [`program`]: the agent program's chain, for its execute rules;
 //!   [`instructions`]: the project's instructions file.
 
 pub mod accept;
+pub mod draft;
 pub mod error;
 pub mod finish;
 pub mod instructions;
@@ -24,7 +25,6 @@ pub mod pidfd;
 pub mod probe;
 pub mod program;
 pub mod recover;
-pub mod spare;
 pub mod spawn;
 pub mod warm;
 pub mod workctx;
@@ -140,7 +140,6 @@ pub(crate) struct Inner {
     accepting: AtomicBool,
     probe: probe::HostProbe,
     tools: policy::toolpolicy::ToolPolicy,
-    spare: Arc<spare::SparePool>,
     warm: Arc<warm::WarmRunners>,
     /// Per-run uids (a root daemon without `run_as`).
     uids: Option<crate::uids::UidPool>,
@@ -151,10 +150,6 @@ pub(crate) struct Inner {
 
 /// Warm runners kept waiting: enough for back-to-back spawns.
 const WARM_RUNNERS: usize = 2;
-
-/// Spare run folders kept ready: enough for back-to-back spawns; a burst
-/// beyond them makes its folders on the spot.
-const SPARE_RUN_DIRS: usize = 4;
 
 /// A handle on the engine; cheap to clone.
 #[derive(Clone)]
@@ -216,16 +211,6 @@ impl Supervisor {
         } else {
             None
         };
-        let spare = {
-            let dir = layout.spare();
-            let temp_base = cfg.temp_base.clone();
-            blocking(move || {
-                spare::SparePool::open(dir, Some(temp_base), SPARE_RUN_DIRS)
-                    .map_err(|e| EngineError::StateDir(e.into()))
-            })
-            .await?
-        };
-        let spare = Arc::new(spare);
         let warm = Arc::new(warm::WarmRunners::new(cfg.runner.clone(), cfg.warm_runners));
         let probe = probe::probe();
         let (queue, rx) = mpsc::unbounded_channel();
@@ -243,14 +228,11 @@ impl Supervisor {
             accepting: AtomicBool::new(true),
             probe,
             tools,
-            spare: spare.clone(),
             warm: warm.clone(),
             uids,
             leases: Mutex::new(BTreeMap::new()),
             _state_lock: lock,
         });
-        spare::SparePool::start_maker(&spare)
-            .map_err(|e| EngineError::Unexpected(InternalError::SpareMaker(e)))?;
         tokio::spawn(sweep_temp_dirs(inner.cfg.temp_base.clone()));
         let sup = Supervisor { inner };
         recover::recover(&sup).await;
@@ -482,9 +464,6 @@ impl Supervisor {
         // nobody would reap them.
         let warm = self.inner.warm.clone();
         tokio::task::spawn_blocking(move || warm.close());
-        // Unclaimed spare temp dirs are removed, not left to the hourly
-        // sweep (a few rmdirs, done here so that they happen before exit).
-        self.inner.spare.release_temps();
     }
 
     /// Replaces the record with `next`, durably, and publishes it to

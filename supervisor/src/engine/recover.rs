@@ -48,10 +48,12 @@ fn load_all(layout: &StateLayout) -> Vec<RunRecord> {
         let session = s.file_name().to_string_lossy().into_owned();
         for r in runs.flatten() {
             let path = r.path().join("run.json");
-            if !path.exists() {
-                // The engine stopped while recording this run: its spawn was
+            let draft = super::draft::is_draft_name(&r.file_name().to_string_lossy());
+            if draft || !path.exists() {
+                // The engine stopped while recording this run (its folder
+                // still has its draft name, or no run.json): its spawn was
                 // never answered, so nobody knows it. Leave nothing behind.
-                tracing::warn!(dir = %r.path().display(), "removing a half-made run folder (no run.json)");
+                tracing::warn!(dir = %r.path().display(), "removing a half-made run folder");
                 let _ = std::fs::remove_dir_all(r.path());
                 continue;
             }
