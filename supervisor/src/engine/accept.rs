@@ -74,77 +74,82 @@ fn merge_limits(first: policy::Limits, then: policy::Limits) -> policy::Limits {
     }
 }
 
-/// Resolves a spawn: finds the definition, filters the tools, derives the
-/// rights, picks the command and the limits. Blocking (reads definitions).
-pub fn plan(
-    tools: &policy::toolpolicy::ToolPolicy,
-    settings: &policy::config::Config,
-    p: &SpawnParams,
-) -> Result<Plan, EngineError> {
-    let agent = match &p.agent {
-        None => None,
-        Some(name) => {
-            let found = crate::agents::discover(&p.session.project_dir);
-            // A malformed file of that name is an error even when another
-            // directory has a valid one: never silently run a different
-            // definition than the one that was meant.
-            if let Some(e) = found.error_for(name) {
-                return Err(EngineError::invalid(
-                    "agent",
-                    format!("the definition of {name:?} cannot be used: {e}"),
-                ));
-            }
-            match found.get(name) {
-                Some(d) => Some(d.clone()),
-                None => {
-                    let names = found.names();
-                    let why = if names.is_empty() {
-                        format!("no agent named {name:?}; no definitions were found")
-                    } else {
-                        format!("no agent named {name:?}; available: {}", names.join(", "))
-                    };
-                    return Err(EngineError::invalid("agent", why));
-                }
-            }
-        }
+/// The definition named `name` among those found for `project_dir`.
+/// Blocking (reads definitions).
+fn find_agent(
+    project_dir: &Path,
+    name: &str,
+) -> Result<policy::definition::Definition, EngineError> {
+    let found = crate::agents::discover(project_dir);
+    // A malformed file of that name is an error even when another
+    // directory has a valid one: never silently run a different
+    // definition than the one that was meant.
+    if let Some(e) = found.error_for(name) {
+        return Err(EngineError::invalid(
+            "agent",
+            format!("the definition of {name:?} cannot be used: {e}"),
+        ));
+    }
+    if let Some(d) = found.get(name) {
+        return Ok(d.clone());
+    }
+    let names = found.names();
+    let why = if names.is_empty() {
+        format!("no agent named {name:?}; no definitions were found")
+    } else {
+        format!("no agent named {name:?}; available: {}", names.join(", "))
     };
-    let def_tools = agent.as_ref().and_then(|d| d.tools.clone());
-    let child_tools = match (&p.session.tools, &def_tools) {
-        (Some(parent), _) => Some(
-            tools
-                .child_tools(p.session.audience, parent, def_tools.as_deref())
-                .map_err(|e| match e {
-                    policy::toolpolicy::ToolError::Unknown { field, names } if field == "agent tools" => {
-                        let file = agent.as_ref().map(|d| d.source.display().to_string()).unwrap_or_default();
-                        EngineError::invalid("agent", format!("{file}: unknown tools: {}", names.join(", ")))
-                    }
-                    policy::toolpolicy::ToolError::Unknown { field, names } => {
-                        EngineError::invalid(&field, format!("unknown tools: {}", names.join(", ")))
-                    }
-                    other => EngineError::Internal(other.to_string()),
-                })?,
-        ),
-        (None, Some(_)) => {
-            return Err(EngineError::invalid(
+    Err(EngineError::invalid("agent", why))
+}
+
+/// The child's tools: the parent's, filtered by the audience and the
+/// definition (None without session.tools).
+fn child_tools(
+    tools: &policy::toolpolicy::ToolPolicy,
+    p: &SpawnParams,
+    agent: Option<&policy::definition::Definition>,
+) -> Result<Option<Vec<String>>, EngineError> {
+    use policy::toolpolicy::ToolError;
+    let def_tools = agent.and_then(|d| d.tools.as_deref());
+    let Some(parent) = &p.session.tools else {
+        return match def_tools {
+            Some(_) => Err(EngineError::invalid(
                 "session.tools",
                 "required when the agent's definition lists tools (the child's tools are the parent's, filtered)",
-            ))
-        }
-        (None, None) => None,
+            )),
+            None => Ok(None),
+        };
     };
-    let switches = policy::sandbox::SandboxRequest {
-        // A definition can ask for less network, never more.
-        network: match agent.as_ref().and_then(|d| d.network) {
-            Some(false) => Some(false),
-            _ => p.sandbox.network,
-        },
-        ..p.sandbox.clone()
-    };
-    let classes = child_tools.as_ref().map(|t| tools.classes(t));
-    let grants = policy::sandbox::grants(classes.as_ref(), &switches);
+    let filtered = tools
+        .child_tools(p.session.audience, parent, def_tools)
+        .map_err(|e| match e {
+            ToolError::Unknown { field, names } if field == "agent tools" => {
+                let file = agent
+                    .map(|d| d.source.display().to_string())
+                    .unwrap_or_default();
+                EngineError::invalid(
+                    "agent",
+                    format!("{file}: unknown tools: {}", names.join(", ")),
+                )
+            }
+            ToolError::Unknown { field, names } => {
+                EngineError::invalid(&field, format!("unknown tools: {}", names.join(", ")))
+            }
+            other => EngineError::Internal(other.to_string()),
+        })?;
+    Ok(Some(filtered))
+}
+
+/// The agent program's argv: the request's, else the definition's, else
+/// the config's.
+fn pick_command(
+    p: &SpawnParams,
+    agent: Option<&policy::definition::Definition>,
+    settings: &policy::config::Config,
+) -> Result<Vec<String>, EngineError> {
     let command = if !p.command.is_empty() {
         p.command.clone()
-    } else if let Some(c) = agent.as_ref().and_then(|d| d.command.clone()) {
+    } else if let Some(c) = agent.and_then(|d| d.command.clone()) {
         c
     } else if let Some(c) = settings.command.clone() {
         c
@@ -155,6 +160,32 @@ pub fn plan(
         ));
     };
     check_command(&command, "command")?;
+    Ok(command)
+}
+
+/// Resolves a spawn: finds the definition, filters the tools, derives the
+/// rights, picks the command and the limits. Blocking (reads definitions).
+pub fn plan(
+    tools: &policy::toolpolicy::ToolPolicy,
+    settings: &policy::config::Config,
+    p: &SpawnParams,
+) -> Result<Plan, EngineError> {
+    let agent = match &p.agent {
+        Some(name) => Some(find_agent(&p.session.project_dir, name)?),
+        None => None,
+    };
+    let child_tools = child_tools(tools, p, agent.as_ref())?;
+    let switches = policy::sandbox::SandboxRequest {
+        // A definition can ask for less network, never more.
+        network: match agent.as_ref().and_then(|d| d.network) {
+            Some(false) => Some(false),
+            _ => p.sandbox.network,
+        },
+        ..p.sandbox.clone()
+    };
+    let classes = child_tools.as_ref().map(|t| tools.classes(t));
+    let grants = policy::sandbox::grants(classes.as_ref(), &switches);
+    let command = pick_command(p, agent.as_ref(), settings)?;
     // The parent's own limits win; a definition only lowers the defaults.
     let from_def = agent.as_ref().map(|d| d.limits).unwrap_or_default();
     let limits = merge_limits(
@@ -172,32 +203,30 @@ pub fn plan(
     })
 }
 
-/// Checks a spawn's params; names the first offending field.
-pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
-    check_session_id(&p.session.id).map_err(|e| EngineError::invalid("session.id", e))?;
-    p.session.audience.check_may_spawn()?;
-    let dir = &p.session.project_dir;
+/// Checks that session.project_dir is an absolute path to a directory.
+fn check_project_dir(dir: &Path) -> Result<(), EngineError> {
+    let field = "session.project_dir";
     if !dir.is_absolute() {
         return Err(EngineError::invalid(
-            "session.project_dir",
+            field,
             format!("{} is not an absolute path", dir.display()),
         ));
     }
     match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(EngineError::invalid(
-                "session.project_dir",
-                format!("{} is not a directory", dir.display()),
-            ))
-        }
-        Err(e) => {
-            return Err(EngineError::invalid(
-                "session.project_dir",
-                format!("{}: {e}", dir.display()),
-            ))
-        }
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(EngineError::invalid(
+            field,
+            format!("{} is not a directory", dir.display()),
+        )),
+        Err(e) => Err(EngineError::invalid(
+            field,
+            format!("{}: {e}", dir.display()),
+        )),
     }
+}
+
+/// Checks the task and the context: a task, neither over 64 KiB.
+fn check_texts(p: &SpawnParams) -> Result<(), EngineError> {
     if p.task.trim().is_empty() {
         return Err(EngineError::invalid("task", "must not be empty"));
     }
@@ -216,26 +245,26 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
             format!("over the limit of {MAX_TASK} bytes (64 KiB)"),
         ));
     }
-    check_command(&p.command, "command")?;
-    if p.max_restarts.is_some_and(|n| n > policy::MAX_RESTARTS) {
-        return Err(EngineError::invalid(
-            "max_restarts",
-            format!("must be at most {}", policy::MAX_RESTARTS),
-        ));
+    Ok(())
+}
+
+/// Checks an agent name: `[a-z0-9-]+`.
+fn check_agent_name(a: &str) -> Result<(), EngineError> {
+    let ok = !a.is_empty()
+        && a.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        return Ok(());
     }
-    if let Some(a) = &p.agent {
-        if !a
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            || a.is_empty()
-        {
-            return Err(EngineError::invalid(
-                "agent",
-                format!("{a:?} is not an agent name ([a-z0-9-]+)"),
-            ));
-        }
-    }
-    policy::env::validate_request_env(&p.env).map_err(|e| match e {
+    Err(EngineError::invalid(
+        "agent",
+        format!("{a:?} is not an agent name ([a-z0-9-]+)"),
+    ))
+}
+
+/// Checks the request's env: names, values, and no name the supervisor sets.
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), EngineError> {
+    policy::env::validate_request_env(env).map_err(|e| match e {
         policy::EnvError::InvalidName(n) => {
             EngineError::invalid("env", format!("invalid variable name {n:?}"))
         }
@@ -245,13 +274,14 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
         policy::EnvError::Reserved(n) => {
             EngineError::invalid(&format!("env.{n}"), "reserved: the supervisor sets it")
         }
-    })?;
-    p.limits
-        .validate()
-        .map_err(|(f, why)| EngineError::invalid(&format!("limits.{f}"), why))?;
+    })
+}
+
+/// Checks the sandbox's read and write paths: absolute, and existing.
+fn check_roots(sandbox: &policy::sandbox::SandboxRequest) -> Result<(), EngineError> {
     for (field, list) in [
-        ("sandbox.read_paths", &p.sandbox.read_paths),
-        ("sandbox.write_paths", &p.sandbox.write_paths),
+        ("sandbox.read_paths", &sandbox.read_paths),
+        ("sandbox.write_paths", &sandbox.write_paths),
     ] {
         for (i, path) in list.iter().enumerate() {
             if !path.is_absolute() {
@@ -269,6 +299,29 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
         }
     }
     Ok(())
+}
+
+/// Checks a spawn's params; names the first offending field.
+pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
+    check_session_id(&p.session.id).map_err(|e| EngineError::invalid("session.id", e))?;
+    p.session.audience.check_may_spawn()?;
+    check_project_dir(&p.session.project_dir)?;
+    check_texts(p)?;
+    check_command(&p.command, "command")?;
+    if p.max_restarts.is_some_and(|n| n > policy::MAX_RESTARTS) {
+        return Err(EngineError::invalid(
+            "max_restarts",
+            format!("must be at most {}", policy::MAX_RESTARTS),
+        ));
+    }
+    if let Some(a) = &p.agent {
+        check_agent_name(a)?;
+    }
+    check_env(&p.env)?;
+    p.limits
+        .validate()
+        .map_err(|(f, why)| EngineError::invalid(&format!("limits.{f}"), why))?;
+    check_roots(&p.sandbox)
 }
 
 /// Where a new run lives and works, fixed before anything is composed.
