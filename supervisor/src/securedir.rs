@@ -219,13 +219,7 @@ fn open_base(base: &Path, owner: u32) -> Result<PrivateDir, SecureDirError> {
 
 /// Creates a child's temp dir `<base>/<session>/c<8 hex>` (base =
 /// `/tmp/subagentd-<uid>`), verifying each component. Returns its path.
-/// With `child` (a `run_as` uid:gid), the parents become traversable
-/// (0711, never listable) and the temp dir belongs to the child.
-pub fn make_temp_dir(
-    base: &Path,
-    session: &str,
-    child: Option<(u32, u32)>,
-) -> Result<PathBuf, SecureDirError> {
+pub fn make_temp_dir(base: &Path, session: &str) -> Result<PathBuf, SecureDirError> {
     let owner = crate::paths::uid();
     let base_dir = open_base(base, owner)?;
     // Empty session dirs are swept away (`sweep_empty_session_dirs`, by any
@@ -246,18 +240,9 @@ pub fn make_temp_dir(
             }
             Err(e) => return Err(e),
         };
-        if child.is_some() {
-            base_dir.set_mode(0o711)?;
-            session_dir.set_mode(0o711)?;
-        }
         let leaf = format!("c{}", crate::ids::random_hex8());
         match session_dir.create_child(&leaf, owner) {
-            Ok(dir) => {
-                if let Some((uid, gid)) = child {
-                    dir.set_owner(uid, gid)?;
-                }
-                return Ok(dir.path);
-            }
+            Ok(dir) => return Ok(dir.path),
             Err(SecureDirError::Sys {
                 errno: Errno::EEXIST,
                 ..
@@ -315,7 +300,7 @@ mod tests {
     fn creates_private_dirs_and_refuses_symlinks() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("subagentd-test");
-        let t = make_temp_dir(&base, "sess", None).unwrap();
+        let t = make_temp_dir(&base, "sess").unwrap();
         assert!(t.starts_with(base.join("sess")));
         let name = t.file_name().unwrap().to_str().unwrap();
         assert!(name.starts_with('c') && name.len() == 9, "{name}");
@@ -326,7 +311,7 @@ mod tests {
         let elsewhere = root.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, base.join("evil")).unwrap();
-        let err = make_temp_dir(&base, "evil", None).unwrap_err();
+        let err = make_temp_dir(&base, "evil").unwrap_err();
         assert!(matches!(err, SecureDirError::Symlink(_)), "{err}");
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
 
@@ -334,7 +319,7 @@ mod tests {
         let base2 = root.path().join("subagentd-link");
         std::os::unix::fs::symlink(&elsewhere, &base2).unwrap();
         assert!(matches!(
-            make_temp_dir(&base2, "s", None).unwrap_err(),
+            make_temp_dir(&base2, "s").unwrap_err(),
             SecureDirError::Symlink(_)
         ));
     }
@@ -343,15 +328,15 @@ mod tests {
     fn an_empty_session_dir_is_removed_and_made_again() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("b");
-        let a = make_temp_dir(&base, "s", None).unwrap();
-        let b = make_temp_dir(&base, "s", None).unwrap();
+        let a = make_temp_dir(&base, "s").unwrap();
+        let b = make_temp_dir(&base, "s").unwrap();
         std::fs::remove_dir(&a).unwrap();
         remove_empty_session_dir(&a);
         assert!(base.join("s").is_dir(), "b still lives there");
         std::fs::remove_dir(&b).unwrap();
         remove_empty_session_dir(&b);
         assert!(!base.join("s").exists());
-        let c = make_temp_dir(&base, "s", None).unwrap();
+        let c = make_temp_dir(&base, "s").unwrap();
         assert!(c.is_dir() && c.starts_with(base.join("s")));
     }
 
@@ -359,8 +344,8 @@ mod tests {
     fn a_sweep_removes_only_empty_session_dirs() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("b");
-        let live = make_temp_dir(&base, "busy", None).unwrap();
-        let done = make_temp_dir(&base, "idle", None).unwrap();
+        let live = make_temp_dir(&base, "busy").unwrap();
+        let done = make_temp_dir(&base, "idle").unwrap();
         std::fs::remove_dir(&done).unwrap();
         std::fs::write(base.join("subagentd.sock.lock"), b"").unwrap();
         std::os::unix::fs::symlink(root.path(), base.join("link")).unwrap();
@@ -378,7 +363,7 @@ mod tests {
         let base = root.path().join("b");
         std::fs::create_dir(&base).unwrap();
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let err = make_temp_dir(&base, "s", None).unwrap_err();
+        let err = make_temp_dir(&base, "s").unwrap_err();
         assert!(matches!(err, SecureDirError::Writable { .. }), "{err}");
     }
 
@@ -387,7 +372,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         for bad in ["..", ".", "a/b", ""] {
             assert!(matches!(
-                make_temp_dir(root.path(), bad, None).unwrap_err(),
+                make_temp_dir(root.path(), bad).unwrap_err(),
                 SecureDirError::BadName(_)
             ));
         }

@@ -183,8 +183,8 @@ async fn run(args: Args) -> Result<()> {
     }
     if let Some(r) = args.runner {
         // Runners are started from `/`: a relative path would not be found.
-        cfg.runner = std::path::absolute(&r)
-            .with_context(|| format!("the runner {}", r.display()))?;
+        cfg.runner =
+            std::path::absolute(&r).with_context(|| format!("the runner {}", r.display()))?;
     }
     if let Some(user) = args.run_as.as_ref().or(file.run_as.as_ref()) {
         let r = subagentd::runas::parse(user).map_err(anyhow::Error::msg)?;
@@ -232,7 +232,10 @@ async fn run(args: Args) -> Result<()> {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if args.check {
-        let runner = args.runner.as_deref().and_then(|r| std::path::absolute(r).ok());
+        let runner = args
+            .runner
+            .as_deref()
+            .and_then(|r| std::path::absolute(r).ok());
         return check(args.config.as_deref(), runner);
     }
     init_tracing(args.log_format);

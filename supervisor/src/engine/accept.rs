@@ -3,6 +3,7 @@
 //! A failure part-way removes what was made.
 
 use super::draft::{create_file, RunDraft, Sync};
+use super::error::{InternalError, StorageError};
 use super::probe::HostProbe;
 use super::workctx::Worktree;
 use super::{EngineError, Inner};
@@ -135,7 +136,7 @@ fn child_tools(
             ToolError::Unknown { field, names } => {
                 EngineError::invalid(&field, format!("unknown tools: {}", names.join(", ")))
             }
-            other => EngineError::Internal(other.to_string()),
+            other => EngineError::Unexpected(InternalError::ToolPolicy(other)),
         })?;
     Ok(Some(filtered))
 }
@@ -357,7 +358,7 @@ fn working_context(
             &p.session.project_dir,
             p.session.recent_files.as_deref(),
         )
-        .map_err(EngineError::Storage)?;
+        .map_err(|e| EngineError::StateDir(e.into()))?;
     let git = crate::gitsnap::snapshot(workdir, inner.cfg.git_budget);
     let block = policy::workctx::render_block(workdir, &session_state.recent_files, &git);
     Ok(WorkingContext { block, git })
@@ -438,7 +439,7 @@ fn write_context_files(
     // restart replaces plan.json and leaves this one).
     let plan_1 = context_dir.join("plan-1.json");
     std::fs::hard_link(context_dir.join("plan.json"), &plan_1)
-        .map_err(|e| EngineError::Storage(format!("link {}: {e}", plan_1.display())))
+        .map_err(|e| EngineError::StateDir(StorageError::io("link", &plan_1)(e)))
 }
 
 /// The child's environment: the daemon's allowed variables, the request's,
@@ -668,7 +669,8 @@ pub(crate) fn create_run(
     let max_attempts = input.max_attempts;
     let spec = runner_spec(inner, p, plan, &place, input, draft.uid())?;
     // Compact: only the runner reads it (about 15 KB pretty-printed).
-    let bytes = serde_json::to_vec(&spec).map_err(|e| EngineError::Internal(e.to_string()))?;
+    let bytes =
+        serde_json::to_vec(&spec).map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
     create_file(&staged.runner_spec(), &bytes, Sync::Durable)?;
     let rec = accepted_record(p, plan, place, work.git, max_attempts, draft.uid());
     create_file(&staged.record(), &rec.to_bytes(), Sync::Durable)?;

@@ -7,6 +7,7 @@
 //! half made; recovery removes draft folders a crash left (see
 //! [`is_draft_name`]).
 
+use super::error::{StorageError, WorkspaceError};
 use super::workctx::Worktree;
 use super::EngineError;
 use crate::ids::RunId;
@@ -36,8 +37,12 @@ pub enum Sync {
     Derived,
 }
 
-fn storage(op: &str, path: &Path, e: impl std::fmt::Display) -> EngineError {
-    EngineError::Storage(format!("{op} {}: {e}", path.display()))
+fn storage(op: &'static str, path: &Path, source: std::io::Error) -> EngineError {
+    EngineError::StateDir(StorageError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 fn mkdir_private(path: &Path, recursive: bool) -> Result<(), EngineError> {
@@ -145,8 +150,8 @@ impl RunDraft {
         temp_base: &Path,
         session: &str,
     ) -> Result<PathBuf, EngineError> {
-        let t = crate::securedir::make_temp_dir(temp_base, session, None)
-            .map_err(|e| EngineError::Workspace(e.to_string()))?;
+        let t = crate::securedir::make_temp_dir(temp_base, session)
+            .map_err(|e| EngineError::RunDirs(WorkspaceError::TempDir(e)))?;
         self.temp_dir = Some(t.clone());
         Ok(t)
     }
@@ -169,12 +174,12 @@ impl RunDraft {
     /// Gives the folder its run id, durably (its own entries, the rename,
     /// the runs folder), and keeps everything made; returns the uid lease.
     pub fn publish(mut self) -> Result<Option<UidLease>, EngineError> {
-        fsync_dir(&self.draft_dir).map_err(|e| EngineError::Storage(e.to_string()))?;
+        fsync_dir(&self.draft_dir).map_err(|e| EngineError::StateDir(e.into()))?;
         let dest = self.files().dir;
         std::fs::rename(&self.draft_dir, &dest)
             .map_err(|e| storage("rename into place", &dest, e))?;
         self.renamed = true;
-        fsync_dir(&self.runs_dir).map_err(|e| EngineError::Storage(e.to_string()))?;
+        fsync_dir(&self.runs_dir).map_err(|e| EngineError::StateDir(e.into()))?;
         self.published = true;
         Ok(self.lease.take())
     }

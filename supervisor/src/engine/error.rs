@@ -81,12 +81,12 @@ pub enum StorageError {
     /// A session's state could not be saved.
     #[error(transparent)]
     Session(#[from] crate::sessions::SessionError),
+    /// A file-system step of the atomic-write helpers failed.
+    #[error(transparent)]
+    Atomic(#[from] subagent_runner::atomic::AtomicError),
     /// `subagentd --check` could not make its temporary state dir.
     #[error("check: {0}")]
     Check(#[source] std::io::Error),
-    /// A cause given as text by a caller without a typed one.
-    #[error("{0}")]
-    Text(String),
 }
 
 /// Why a run's directories could not be made.
@@ -95,9 +95,9 @@ pub enum WorkspaceError {
     /// The run's worktree.
     #[error(transparent)]
     Worktree(#[from] super::workctx::WorktreeError),
-    /// A cause given as text by a caller without a typed one.
-    #[error("{0}")]
-    Text(String),
+    /// The run's temp dir.
+    #[error(transparent)]
+    TempDir(#[from] crate::securedir::SecureDirError),
 }
 
 /// Something that should not happen.
@@ -112,6 +112,9 @@ pub enum InternalError {
     /// An accepted run's id does not parse.
     #[error("bad run id")]
     BadRunId,
+    /// runner.json could not be encoded.
+    #[error("encoding runner.json: {0}")]
+    Encode(#[source] serde_json::Error),
     /// `subagentd --check` built invalid spawn params.
     #[error("check: {0}")]
     CheckParams(#[source] serde_json::Error),
@@ -121,9 +124,6 @@ pub enum InternalError {
         /// The bound, in seconds.
         secs: u64,
     },
-    /// A cause given as text by a caller without a typed one.
-    #[error("{0}")]
-    Text(String),
 }
 
 impl EngineError {
@@ -133,27 +133,6 @@ impl EngineError {
             field: field.to_owned(),
             problem: problem.to_string(),
         }
-    }
-}
-
-// Constructors under the names of the text variants these replaced, so
-// that callers not yet moved to the typed variants (engine/accept.rs)
-// build unchanged; each takes a typed cause or a String.
-#[allow(non_snake_case)]
-impl EngineError {
-    /// [`EngineError::StateDir`].
-    pub fn Storage(cause: impl Into<StorageError>) -> EngineError {
-        EngineError::StateDir(cause.into())
-    }
-
-    /// [`EngineError::RunDirs`].
-    pub fn Workspace(cause: impl Into<WorkspaceError>) -> EngineError {
-        EngineError::RunDirs(cause.into())
-    }
-
-    /// [`EngineError::Unexpected`].
-    pub fn Internal(cause: impl Into<InternalError>) -> EngineError {
-        EngineError::Unexpected(cause.into())
     }
 }
 
@@ -168,24 +147,6 @@ impl StorageError {
             path: path.to_path_buf(),
             source,
         }
-    }
-}
-
-impl From<String> for StorageError {
-    fn from(text: String) -> StorageError {
-        StorageError::Text(text)
-    }
-}
-
-impl From<String> for WorkspaceError {
-    fn from(text: String) -> WorkspaceError {
-        WorkspaceError::Text(text)
-    }
-}
-
-impl From<String> for InternalError {
-    fn from(text: String) -> InternalError {
-        InternalError::Text(text)
     }
 }
 
@@ -241,14 +202,22 @@ mod tests {
                 "state dir: create /s/sessions: Permission denied (os error 13)",
             ),
             (
-                EngineError::Storage("fsync /s: gone".to_owned()),
+                EngineError::StateDir(StorageError::Atomic(
+                    subagent_runner::atomic::AtomicError::Io {
+                        op: "fsync directory",
+                        path: PathBuf::from("/s"),
+                        source: io(),
+                    },
+                )),
                 codes::STORAGE,
-                "state dir: fsync /s: gone",
+                "state dir: fsync directory /s: Permission denied (os error 13)",
             ),
             (
-                EngineError::Workspace("mkdir /t: gone".to_owned()),
+                EngineError::RunDirs(WorkspaceError::TempDir(
+                    crate::securedir::SecureDirError::BadName("a/b".to_owned()),
+                )),
                 codes::WORKSPACE,
-                "run directories: mkdir /t: gone",
+                "run directories: \"a/b\": not a single path component",
             ),
             (
                 EngineError::Unexpected(InternalError::BadRunId),

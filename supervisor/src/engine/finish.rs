@@ -173,10 +173,7 @@ fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, F
         result_path: files.result(),
         ended_at: rfc3339_ms(ended),
     };
-    let fresh = sup
-        .inner
-        .notices
-        .store(&notice, ended)?;
+    let fresh = sup.inner.notices.store(&notice, ended)?;
     if !rec.keep_temp {
         // Its session dir stays for the session's next run; empty ones are
         // swept (see `sweep_temp_dirs`).

@@ -32,10 +32,9 @@ pub enum WorktreeError {
         /// The limit, in seconds.
         secs: u64,
     },
-    /// No thread could be started for the checkout (the reason as the
-    /// guard gives it).
-    #[error("git worktree add: {0}")]
-    Thread(String),
+    /// No thread could be started for the checkout.
+    #[error("git worktree add: could not start a thread: {0}")]
+    Thread(#[source] std::io::Error),
     /// The run's branch could not be made.
     #[error("create branch {branch}: {}", source.message())]
     Branch {
@@ -65,9 +64,9 @@ pub enum WorktreeError {
     /// The repository no longer passes the check.
     #[error(transparent)]
     Check(#[from] crate::gitsnap::precheck::PrecheckError),
-    /// The repository could not be opened (the reason as gitsnap gives it).
-    #[error("{0}")]
-    Open(String),
+    /// The repository could not be opened.
+    #[error(transparent)]
+    Open(#[from] crate::gitsnap::OpenError),
     /// The worktree could not be pruned.
     #[error("prune worktree {name}: {}", source.message())]
     Prune {

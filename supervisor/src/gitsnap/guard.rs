@@ -14,7 +14,7 @@ use std::time::Duration;
 static BUSY: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 
 /// Why bounded work gave no result.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum GuardError {
     /// Earlier work on the repository has not ended.
     #[error("earlier work on the repository is still running")]
@@ -25,7 +25,7 @@ pub enum GuardError {
     TimedOut,
     /// No thread could be started.
     #[error("could not start a thread: {0}")]
-    Spawn(String),
+    Spawn(#[source] std::io::Error),
 }
 
 /// Marks a repository busy until dropped.
@@ -85,7 +85,7 @@ pub fn bounded<T: Send + 'static>(
                 cv.notify_all();
             }
         })
-        .map_err(|e| GuardError::Spawn(e.to_string()))?;
+        .map_err(GuardError::Spawn)?;
     let (lock, cv) = &*shared;
     let st = lock.lock().unwrap_or_else(PoisonError::into_inner);
     let (mut st, _) = cv
@@ -119,15 +119,13 @@ mod tests {
             },
             move |v| u.store(v == 7, Ordering::SeqCst),
         );
-        assert_eq!(r, Err(GuardError::TimedOut));
+        assert!(matches!(r, Err(GuardError::TimedOut)), "{r:?}");
         // Still running: the repository is busy; another one is not.
         let again = bounded(repo.clone(), Duration::from_secs(5), "t", || 1, |_| {});
-        assert_eq!(again, Err(GuardError::Busy));
+        assert!(matches!(again, Err(GuardError::Busy)), "{again:?}");
         let other = PathBuf::from("/test/guard/other");
-        assert_eq!(
-            bounded(other, Duration::from_secs(5), "t", || 2, |_| {}),
-            Ok(2)
-        );
+        let ok = bounded(other, Duration::from_secs(5), "t", || 2, |_| {});
+        assert!(matches!(ok, Ok(2)), "{ok:?}");
         release.send(()).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {

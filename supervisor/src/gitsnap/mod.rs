@@ -62,20 +62,28 @@ pub fn snapshot(dir: &Path, budget: Duration) -> GitSnapshot {
     }
 }
 
+/// Why the repository [`precheck::check`] found could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// libgit2 could not open it.
+    #[error("broken repository: {}", .0.message())]
+    Broken(#[source] git2::Error),
+    /// Its `core.worktree` points elsewhere.
+    #[error("the work tree is set elsewhere ({}): not followed", .0.display())]
+    WorkTreeElsewhere(PathBuf),
+}
+
 /// Opens the repository [`precheck::check`] found, and no other: its work
 /// tree must be where its `.git` is (no `core.worktree` elsewhere).
-pub fn open_found(found: &precheck::Found) -> Result<Repository, String> {
+pub fn open_found(found: &precheck::Found) -> Result<Repository, OpenError> {
     let repo = Repository::open_ext(
         &found.root,
         RepositoryOpenFlags::NO_SEARCH,
         std::iter::empty::<&std::ffi::OsStr>(),
     )
-    .map_err(|e| format!("broken repository: {}", e.message()))?;
+    .map_err(OpenError::Broken)?;
     match repo.workdir().map(clean) {
-        Some(w) if w != found.root => Err(format!(
-            "the work tree is set elsewhere ({}): not followed",
-            w.display()
-        )),
+        Some(w) if w != found.root => Err(OpenError::WorkTreeElsewhere(w)),
         _ => Ok(repo),
     }
 }
@@ -83,7 +91,7 @@ pub fn open_found(found: &precheck::Found) -> Result<Repository, String> {
 fn compute(found: &precheck::Found) -> GitSnapshot {
     let repo = match open_found(found) {
         Ok(r) => r,
-        Err(why) => return unavailable(why),
+        Err(why) => return unavailable(why.to_string()),
     };
     let Some(worktree) = repo.workdir().map(clean) else {
         return unavailable("a bare repository has no work tree");
