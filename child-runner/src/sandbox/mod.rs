@@ -40,10 +40,27 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[error("required mechanism {mechanism} cannot be enforced: {why}")]
 pub struct SandboxError {
-    /// The mechanism.
+    /// The mechanism, as the config's `require` names it.
     pub mechanism: &'static str,
-    /// Why.
-    pub why: String,
+    /// What stands in its way.
+    pub why: Obstacle,
+}
+
+/// What keeps a required mechanism from being set up.
+#[derive(Debug, thiserror::Error)]
+pub enum Obstacle {
+    /// The host or the runner lacks what it needs.
+    #[error("{0}")]
+    Host(&'static str),
+    /// The run's cgroups could not be made.
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    /// The seccomp filters could not be compiled.
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
+    /// The idmapped mounts' user namespaces could not be made.
+    #[error(transparent)]
+    Idmap(#[from] idmap::IdmapError),
 }
 
 /// A step of the sandbox failed in the run's init or agent process.
@@ -267,7 +284,7 @@ fn limits(
         Err(e) if required(spec, Mechanism::Cgroup) => {
             return Err(SandboxError {
                 mechanism: Mechanism::Cgroup.as_str(),
-                why: e.to_string(),
+                why: e.into(),
             })
         }
         Err(e) => {
@@ -312,14 +329,14 @@ pub fn prepare(
     run_id: &str,
     run_as: Option<(u32, u32)>,
 ) -> Result<Prepared, SandboxError> {
-    let fail = |m: Mechanism, why: String| SandboxError {
+    let fail = |m: Mechanism, why: Obstacle| SandboxError {
         mechanism: m.as_str(),
         why,
     };
     if !caps::effective_has(caps::CAP_SYS_ADMIN) {
         return Err(fail(
             Mechanism::Namespaces,
-            "the runner holds no CAP_SYS_ADMIN for the run's namespaces".into(),
+            Obstacle::Host("the runner holds no CAP_SYS_ADMIN for the run's namespaces"),
         ));
     }
     if run_as.is_some()
@@ -327,25 +344,25 @@ pub fn prepare(
     {
         return Err(fail(
             Mechanism::CapabilityDrop,
-            "the run's own uid needs CAP_SETUID and CAP_SETGID".into(),
+            Obstacle::Host("the run's own uid needs CAP_SETUID and CAP_SETGID"),
         ));
     }
     let landlock_abi = landlock::kernel_abi();
     if landlock_abi <= 0 && required(spec, Mechanism::Landlock) {
         return Err(fail(
             Mechanism::Landlock,
-            "the kernel has no Landlock".into(),
+            Obstacle::Host("the kernel has no Landlock"),
         ));
     }
     let seccomp = match seccomp::compile(&spec.seccomp) {
         Ok(c) => Some(c),
         Err(e) if required(spec, Mechanism::Seccomp) => {
-            return Err(fail(Mechanism::Seccomp, e.to_string()))
+            return Err(fail(Mechanism::Seccomp, e.into()))
         }
         Err(_) => None,
     };
     let (userns, owners) =
-        idmaps(spec, run_as).map_err(|e| fail(Mechanism::Namespaces, e.to_string()))?;
+        idmaps(spec, run_as).map_err(|e| fail(Mechanism::Namespaces, e.into()))?;
     let mut notes = Vec::new();
     let (cgroups, rlimits) = limits(spec, plan, run_id, &mut notes)?;
     let namespaces = namespaces::RunNamespaces { net: !spec.network };

@@ -3,7 +3,7 @@
 //! A failure part-way removes what was made.
 
 use super::draft::{create_file, RunDraft, Sync};
-use super::error::{InternalError, StorageError};
+use super::error::{InternalError, SandboxCause, StorageError};
 use super::probe::HostProbe;
 use super::workctx::Worktree;
 use super::{EngineError, Inner};
@@ -25,7 +25,7 @@ pub fn check_required(
         if let Some(why) = probe.missing(m) {
             return Err(EngineError::Sandbox {
                 mechanism: m.as_str(),
-                why,
+                why: SandboxCause::Missing(why),
             });
         }
     }
@@ -624,7 +624,7 @@ fn lease_uid(inner: &Inner) -> Result<Option<UidLease>, EngineError> {
     };
     pool.lease().map(Some).map_err(|e| EngineError::Sandbox {
         mechanism: "per_run_uid",
-        why: e.to_string(),
+        why: e.into(),
     })
 }
 

@@ -35,10 +35,10 @@ pub enum EngineError {
     /// A required sandbox mechanism is unavailable.
     #[error("sandbox: required mechanism {mechanism} cannot be enforced on this host: {why}")]
     Sandbox {
-        /// The mechanism.
+        /// The mechanism, as the config's `require` names it.
         mechanism: &'static str,
-        /// Why.
-        why: String,
+        /// What stands in its way.
+        why: SandboxCause,
     },
     /// The daemon is shutting down.
     #[error("the supervisor is shutting down and accepts no new runs")]
@@ -46,6 +46,20 @@ pub enum EngineError {
     /// Something unexpected.
     #[error("internal error: {0}")]
     Unexpected(InternalError),
+}
+
+/// What keeps a required sandbox mechanism from being enforced.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxCause {
+    /// The host probe at start found it missing, for this reason.
+    #[error("{0}")]
+    Missing(String),
+    /// The per-run uids cannot be had.
+    #[error(transparent)]
+    Uids(#[from] crate::uids::UidError),
+    /// The `run_as` user cannot be used.
+    #[error(transparent)]
+    RunAs(#[from] crate::runas::RunAsError),
 }
 
 /// Why the state dir could not record something.

@@ -179,7 +179,7 @@ impl Supervisor {
         if let Some(r) = &cfg.run_as {
             crate::runas::check(r).map_err(|why| EngineError::Sandbox {
                 mechanism: "run_as",
-                why: why.to_string(),
+                why: why.into(),
             })?;
         }
         let lock = {
@@ -191,19 +191,19 @@ impl Supervisor {
             .tool_policy()
             .map_err(|e| EngineError::Unexpected(InternalError::ToolPolicy(e)))?;
         let uids = if cfg.run_as.is_none() && nix::unistd::geteuid().is_root() {
-            let sandbox = |why: String| EngineError::Sandbox {
+            let sandbox = |why: crate::uids::UidError| EngineError::Sandbox {
                 mechanism: "per_run_uid",
-                why,
+                why: why.into(),
             };
             let (first, count) = match &cfg.settings.uid_range {
-                Some(r) => crate::uids::parse_range(r).map_err(|e| sandbox(e.to_string()))?,
+                Some(r) => crate::uids::parse_range(r).map_err(sandbox)?,
                 None => (crate::uids::DEFAULT_FIRST, crate::uids::DEFAULT_COUNT),
             };
             let dir = cfg.uid_lock_dir.clone();
             let pool = blocking(move || {
                 crate::uids::UidPool::open(first, count, &dir).map_err(|e| EngineError::Sandbox {
                     mechanism: "per_run_uid",
-                    why: e.to_string(),
+                    why: e.into(),
                 })
             })
             .await?;
