@@ -22,7 +22,7 @@
 //!   capabilities, rlimits, cgroups, namespaces) and reporting it.
 //! - [`launch`]: starting an attempt: the run's init and the agent command.
 //! - [`init`]: pid 1 of the run's PID namespace: builds the root, reaps.
-//! - [`warm`]: a runner started before its run, waiting for it on a socket.
+//! - [`gate`]: waiting for the daemon's word that the run is recorded.
 //! - [`restart`]: restarting a child that exits 75, with its handoff note.
 //! - [`safefile`]: reading a file a child controls (no links, no FIFOs,
 //!   a size bound).
@@ -33,6 +33,7 @@
 
 pub mod atomic;
 pub mod exit_record;
+pub mod gate;
 pub mod init;
 pub mod launch;
 pub mod lockfd;
@@ -45,7 +46,6 @@ pub mod spec;
 pub mod supervise;
 pub mod sys;
 pub mod testsupport;
-pub mod warm;
 
 /// Milliseconds since the Unix epoch, as recorded in exit.json.
 pub fn now_unix_ms() -> u64 {

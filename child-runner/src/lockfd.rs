@@ -3,10 +3,13 @@
 use std::io::Write;
 use std::os::fd::{FromRawFd, RawFd};
 
+/// runner.lock, adopted: open and locked until this process dies.
+pub struct AdoptedLock(RawFd);
+
 /// Takes ownership of the lock descriptor `fd`: marks it close-on-exec
 /// (the agent must not inherit it), writes our pid into it, and leaks it so
 /// it stays open (and locked) until this process dies.
-pub fn adopt(fd: RawFd) -> Result<(), crate::sys::SysError> {
+pub fn adopt(fd: RawFd) -> Result<AdoptedLock, crate::sys::SysError> {
     // SAFETY: fcntl(F_SETFD) only changes a descriptor flag; an invalid fd
     // is reported as EBADF.
     if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
@@ -26,7 +29,17 @@ pub fn adopt(fd: RawFd) -> Result<(), crate::sys::SysError> {
             source,
         });
     std::mem::forget(file);
-    result
+    result.map(|()| AdoptedLock(fd))
+}
+
+impl AdoptedLock {
+    /// Takes our pid out of runner.lock again: no agent of the run was
+    /// started, so a restarted daemon may start the run afresh.
+    pub fn clear(&self) {
+        // SAFETY: ftruncate on the descriptor this process keeps open for
+        // its whole life; it touches no memory of ours.
+        unsafe { libc::ftruncate(self.0, 0) };
+    }
 }
 
 /// Keeps the run's uid lease `fd` open (close-on-exec) until this process

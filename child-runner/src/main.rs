@@ -1,25 +1,30 @@
-//! `subagent-runner [--lock-fd N [--uid-lock-fd M]] RUNNER_JSON`: runs one
-//! subagent; see the library docs. `subagent-runner --warm`: the same, for
-//! a run handed over later on the socket at fd 0 (see
-//! `subagent_runner::warm`).
+//! `subagent-runner --lock-fd 3 --spec-fd 4 [--uid-lock-fd 5] [--gate-fd 6]`:
+//! runs one subagent; see the library docs. Every input is a descriptor
+//! the daemon hands over, so the runner opens no path of the state dir
+//! before it knows its run is recorded:
 //!
-//! `--lock-fd N` is runner.lock, opened and flock'ed by the daemon and handed
-//! over: the runner writes its pid into it and holds it until it dies, so a
-//! restarted daemon can tell a live runner from a dead one. `--uid-lock-fd
-//! M` is the lease on the run's own uid, held the same way.
+//! - `--lock-fd`: runner.lock, opened and flock'ed by the daemon. The
+//!   runner writes its pid into it and holds it until it dies, so a
+//!   restarted daemon can tell a live runner from a dead one.
+//! - `--spec-fd`: runner.json, read once.
+//! - `--uid-lock-fd`: the lease on the run's own uid, held the same way.
+//! - `--gate-fd`: the read end of a pipe. The runner prepares the first
+//!   attempt's sandbox, then waits for one byte on it, which the daemon
+//!   writes once the run is on disk; only then does the agent start. End
+//!   of file instead: the run was never recorded, so the runner undoes what
+//!   it made, clears its pid from runner.lock and exits 3.
 //!
-//! Exit status: 0 when exit.json was written, 2 when the runner could not do
-//! its job (the reason is on stderr, which the daemon keeps as runner.log).
+//! Exit status: 0 when exit.json was written, 2 when the runner could not
+//! do its job (the reason is on stderr, which the daemon keeps as
+//! runner.log), 3 when the run was called off at the gate.
 
-use std::path::PathBuf;
+use std::os::fd::RawFd;
 use std::process::ExitCode;
 use subagent_runner::spec::RunnerSpec;
-use subagent_runner::{lockfd, supervise};
+use subagent_runner::{gate, lockfd, supervise};
 
-fn usage() -> ExitCode {
-    say("usage: subagent-runner [--lock-fd N [--uid-lock-fd M]] RUNNER_JSON | subagent-runner --warm");
-    ExitCode::from(2)
-}
+const USAGE: &str =
+    "usage: subagent-runner --lock-fd N --spec-fd N [--uid-lock-fd N] [--gate-fd N]";
 
 /// Writes a line to stderr (runner.log), ignoring failure: a full disk must
 /// not turn into a panic.
@@ -31,78 +36,78 @@ fn say(msg: &str) {
 /// The room held for exit.json.
 const EXIT_RESERVE_BYTES: usize = 64 * 1024;
 
-fn main() -> ExitCode {
-    let main_started = std::time::Instant::now();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (lock_fd, uid_fd, spec_path, started) = match args.as_slice() {
-        [flag] if flag == "--warm" => {
-            match subagent_runner::warm::wait(subagent_runner::warm::SOCKET_FD) {
-                // The daemon let this warm runner go.
-                Ok(None) => return ExitCode::SUCCESS,
-                Ok(Some(h)) => {
-                    if let Err(e) = subagent_runner::warm::install_stdio(&h.log) {
-                        say(&format!("{e}"));
-                        return ExitCode::from(2);
-                    }
-                    drop(h.log);
-                    // The start is timed from the hand-over, not from the wait.
-                    (
-                        Some(std::os::fd::IntoRawFd::into_raw_fd(h.lock)),
-                        h.uid_lock.map(std::os::fd::IntoRawFd::into_raw_fd),
-                        h.spec,
-                        std::time::Instant::now(),
-                    )
-                }
-                Err(e) => {
-                    say(&format!("warm runner: {e}"));
-                    return ExitCode::from(2);
-                }
-            }
-        }
-        [flag, fd, spec] if flag == "--lock-fd" => match fd.parse::<i32>() {
-            Ok(fd) => (Some(fd), None, PathBuf::from(spec), main_started),
-            Err(_) => return usage(),
-        },
-        [flag, fd, uflag, ufd, spec] if flag == "--lock-fd" && uflag == "--uid-lock-fd" => {
-            match (fd.parse::<i32>(), ufd.parse::<i32>()) {
-                (Ok(fd), Ok(ufd)) if ufd > 2 && ufd != fd => {
-                    (Some(fd), Some(ufd), PathBuf::from(spec), main_started)
-                }
-                _ => return usage(),
-            }
-        }
-        [spec] => (None, None, PathBuf::from(spec), main_started),
-        _ => return usage(),
-    };
-    run(lock_fd, uid_fd, &spec_path, started)
+/// The descriptors named on the command line.
+struct Fds {
+    lock: RawFd,
+    spec: RawFd,
+    uid_lock: Option<RawFd>,
+    gate: Option<RawFd>,
 }
 
-/// Runs the run of `spec_path`, holding runner.lock (`lock_fd`).
-fn run(
-    lock_fd: Option<i32>,
-    uid_fd: Option<i32>,
-    spec_path: &std::path::Path,
-    main_started: std::time::Instant,
-) -> ExitCode {
-    if let Some(fd) = lock_fd {
-        if let Err(e) = lockfd::adopt(fd) {
+/// Parses `--name N` pairs; each name once, numbers above 2.
+fn parse(args: &[String]) -> Option<Fds> {
+    let (mut lock, mut spec, mut uid_lock, mut gate) = (None, None, None, None);
+    for pair in args.chunks(2) {
+        let [name, n] = pair else { return None };
+        let fd: RawFd = n.parse().ok().filter(|&fd| fd > 2)?;
+        let slot = match name.as_str() {
+            "--lock-fd" => &mut lock,
+            "--spec-fd" => &mut spec,
+            "--uid-lock-fd" => &mut uid_lock,
+            "--gate-fd" => &mut gate,
+            _ => return None,
+        };
+        if slot.replace(fd).is_some() {
+            return None;
+        }
+    }
+    Some(Fds {
+        lock: lock?,
+        spec: spec?,
+        uid_lock,
+        gate,
+    })
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(fds) = parse(&args) else {
+        say(USAGE);
+        return ExitCode::from(2);
+    };
+    let lock = match lockfd::adopt(fds.lock) {
+        Ok(lock) => lock,
+        Err(e) => {
             say(&format!("{e}"));
             return ExitCode::from(2);
         }
-    }
-    if let Some(fd) = uid_fd {
+    };
+    if let Some(fd) = fds.uid_lock {
         if let Err(e) = lockfd::hold(fd) {
             say(&format!("{e}"));
             return ExitCode::from(2);
         }
     }
-    let spec = match RunnerSpec::load(spec_path) {
+    let spec = match RunnerSpec::read_fd(fds.spec) {
         Ok(spec) => spec,
         Err(e) => {
             say(&format!("{e}"));
             return ExitCode::from(2);
         }
     };
+    let ready = supervise::Ready::prepare(&spec);
+    if let Some(fd) = fds.gate {
+        if !gate::wait(fd) {
+            ready.abandon();
+            lock.clear();
+            return ExitCode::from(3);
+        }
+    }
+    run(&spec, ready)
+}
+
+/// Runs the run of `spec`, its first attempt made `ready`.
+fn run(spec: &RunnerSpec, ready: supervise::Ready) -> ExitCode {
     // Room for exit.json, kept from the start: if the child fills the disk,
     // the record is still written, into the reserved file.
     let reserve = subagent_runner::atomic::Reserved::create(&spec.exit_path, EXIT_RESERVE_BYTES);
@@ -112,7 +117,7 @@ fn run(
             spec.run_id
         ));
     }
-    let record = match supervise::run(&spec, main_started) {
+    let record = match supervise::run(spec, ready) {
         Ok(record) => record,
         Err(e) => {
             say(&format!("run {}: {e}", spec.run_id));
@@ -128,4 +133,30 @@ fn run(
         return ExitCode::from(2);
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn descriptors_are_named_once_each() {
+        let f = parse(&args("--lock-fd 3 --spec-fd 4 --gate-fd 6")).unwrap();
+        assert_eq!((f.lock, f.spec, f.uid_lock, f.gate), (3, 4, None, Some(6)));
+        for bad in [
+            "",
+            "--lock-fd 3",
+            "--lock-fd 3 --spec-fd",
+            "--lock-fd 3 --spec-fd 1",
+            "--lock-fd 3 --spec-fd 4 --lock-fd 5",
+            "--lock-fd 3 --spec-fd 4 --other 5",
+            "--lock-fd x --spec-fd 4",
+        ] {
+            assert!(parse(&args(bad)).is_none(), "{bad}");
+        }
+    }
 }

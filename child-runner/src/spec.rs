@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::os::fd::{FromRawFd, RawFd};
+use std::path::PathBuf;
 
 /// Grace between SIGTERM and SIGKILL when a run is cancelled.
 pub const DEFAULT_KILL_GRACE_MS: u64 = 5000;
@@ -78,41 +79,45 @@ fn default_grace() -> u64 {
 /// runner.json could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    /// It could not be read.
-    #[error("read {path}: {source}")]
+    /// It could not be read from its descriptor.
+    #[error("read runner.json from fd {fd}: {source}")]
     Read {
-        /// runner.json's path.
-        path: PathBuf,
+        /// The descriptor the daemon handed over.
+        fd: RawFd,
         /// The underlying error.
         source: std::io::Error,
     },
     /// It is not a valid spec.
-    #[error("parse {path}: {source}")]
-    Parse {
-        /// runner.json's path.
-        path: PathBuf,
-        /// The underlying error.
-        source: serde_json::Error,
-    },
+    #[error("parse runner.json: {0}")]
+    Parse(#[from] serde_json::Error),
     /// It names no program.
-    #[error("{0}: argv is empty")]
-    EmptyArgv(PathBuf),
+    #[error("runner.json: argv is empty")]
+    EmptyArgv,
 }
 
+/// The largest runner.json read (the daemon writes a few tens of KiB).
+const MAX_SPEC_BYTES: u64 = 16 << 20;
+
 impl RunnerSpec {
-    /// Reads and checks runner.json.
-    pub fn load(path: &Path) -> Result<Self, SpecError> {
-        let bytes = std::fs::read(path).map_err(|source| SpecError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let spec: RunnerSpec =
-            serde_json::from_slice(&bytes).map_err(|source| SpecError::Parse {
-                path: path.to_path_buf(),
-                source,
-            })?;
+    /// Reads and checks runner.json from `fd`, which the daemon opened on
+    /// it and handed over; takes ownership of `fd` and closes it.
+    pub fn read_fd(fd: RawFd) -> Result<Self, SpecError> {
+        use std::io::Read;
+        // SAFETY: the daemon handed this descriptor to this process alone;
+        // nothing else in the runner owns it.
+        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        let mut bytes = Vec::new();
+        file.take(MAX_SPEC_BYTES)
+            .read_to_end(&mut bytes)
+            .map_err(|source| SpecError::Read { fd, source })?;
+        Self::parse(&bytes)
+    }
+
+    /// Parses and checks runner.json's bytes.
+    pub fn parse(bytes: &[u8]) -> Result<Self, SpecError> {
+        let spec: RunnerSpec = serde_json::from_slice(bytes)?;
         if spec.argv.is_empty() {
-            return Err(SpecError::EmptyArgv(path.to_path_buf()));
+            return Err(SpecError::EmptyArgv);
         }
         Ok(spec)
     }

@@ -100,11 +100,53 @@ impl Loop {
     }
 }
 
-/// Runs the agent command to its end and returns how it ended. The caller
-/// writes the record to exit.json.
-/// `main_started` is when the runner's `main` began; the time from it to
-/// the first attempt is reported as `runner_start` in `setup_us`.
-pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, RunnerError> {
+/// What the run's first attempt makes ready before the daemon says go:
+/// the runner's own user namespace (unprivileged runners), the scratch
+/// file system and the attempt's sandbox. None of it touches the run
+/// folder, which may not have its name yet.
+pub struct Ready {
+    /// Lines for child.log, once it is open.
+    notes: Vec<String>,
+    scratch: Result<Scratch, sandbox::mountapi::MountError>,
+    /// The first attempt's sandbox; absent when there is no scratch.
+    first: Option<Result<sandbox::Prepared, sandbox::SandboxError>>,
+}
+
+impl Ready {
+    /// Gets the first attempt ready.
+    pub fn prepare(spec: &RunnerSpec) -> Ready {
+        let mut notes = Vec::new();
+        if !sandbox::caps::effective_has(sandbox::caps::CAP_SYS_ADMIN) {
+            // An unprivileged runner makes the run's namespaces from a user
+            // namespace of its own.
+            if let Err(e) = sandbox::namespaces::enter_own_user_ns() {
+                notes.push(format!("[subagentd: {e}]\n"));
+            }
+        }
+        let scratch = scratch_for(spec);
+        let first = scratch.is_ok().then(|| prepare_attempt(spec));
+        Ready {
+            notes,
+            scratch,
+            first,
+        }
+    }
+
+    /// Undoes what was made, for a run that will not start.
+    pub fn abandon(self) {
+        if let Some(Ok(p)) = &self.first {
+            p.cgroups().remove();
+        }
+    }
+}
+
+fn prepare_attempt(spec: &RunnerSpec) -> Result<sandbox::Prepared, sandbox::SandboxError> {
+    sandbox::prepare(&spec.sandbox, &spec.cgroup_plan, &spec.run_id, spec.run_as)
+}
+
+/// Runs the agent command to its end, starting from `ready`, and returns
+/// how it ended. The caller writes the record to exit.json.
+pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
     let mask = handled_signals();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(setup("sigprocmask"))?;
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
@@ -122,14 +164,15 @@ pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, Runne
         .checked_add(Duration::from_secs(spec.wall_time_s))
         .unwrap_or(started + Duration::from_secs(100 * 365 * 24 * 3600));
     let first_start = now_unix_ms();
-    if !sandbox::caps::effective_has(sandbox::caps::CAP_SYS_ADMIN) {
-        // An unprivileged runner makes the run's namespaces from a user
-        // namespace of its own.
-        if let Err(e) = sandbox::namespaces::enter_own_user_ns() {
-            sink.note(&format!("[subagentd: {e}]\n"));
-        }
+    let Ready {
+        notes,
+        scratch,
+        mut first,
+    } = ready;
+    for n in notes {
+        sink.note(&n);
     }
-    let scratch = match scratch_for(spec) {
+    let scratch = match scratch {
         Ok(s) => s,
         Err(e) => {
             let reason = format!(
@@ -152,11 +195,8 @@ pub fn run(spec: &RunnerSpec, main_started: Instant) -> Result<ExitRecord, Runne
                 ));
             }
         }
-        let runner_start_us = main_started.elapsed().as_micros() as u64;
-        let mut rec = attempt_once(spec, &sfd, &mut sink, &scratch, deadline)?;
-        if attempt == 1 {
-            rec.setup_us.insert("runner_start".into(), runner_start_us);
-        }
+        let prepared = first.take().unwrap_or_else(|| prepare_attempt(spec));
+        let mut rec = attempt_once(spec, &sfd, &mut sink, &scratch, prepared, deadline)?;
         let mut continue_me =
             rec.outcome == Outcome::Exited && rec.exit_code == Some(crate::restart::EXIT_CONTINUE);
         // A cancel that arrived as the attempt ended is not lost: no restart.
@@ -349,21 +389,19 @@ fn attempt_once(
     sfd: &SignalFd,
     sink: &mut LogSink,
     scratch: &Scratch,
+    prepared: Result<sandbox::Prepared, sandbox::SandboxError>,
     deadline: Instant,
 ) -> Result<ExitRecord, RunnerError> {
     let (pipe, pipe_w) = output_pipe()?;
     let started_at_ms = now_unix_ms();
-    let prepare_started = Instant::now();
-    let prepared =
-        match sandbox::prepare(&spec.sandbox, &spec.cgroup_plan, &spec.run_id, spec.run_as) {
-            Ok(p) => p,
-            Err(e) => {
-                let reason = format!("sandbox: {e}; the agent was not started");
-                sink.note(&format!("[subagentd: {reason}]\n"));
-                return Ok(not_started(started_at_ms, None, reason));
-            }
-        };
-    let prepare_us = prepare_started.elapsed().as_micros() as u64;
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            let reason = format!("sandbox: {e}; the agent was not started");
+            sink.note(&format!("[subagentd: {reason}]\n"));
+            return Ok(not_started(started_at_ms, None, reason));
+        }
+    };
     let started = match launch::start(spec, pipe_w, &prepared, scratch) {
         Ok(s) => s,
         Err(e) => {
@@ -401,7 +439,6 @@ fn attempt_once(
     };
     let (outcome, exit_code, signal, reason) = judge(spec, &st, &resources);
     let mut setup_us = std::collections::BTreeMap::new();
-    setup_us.insert("prepare".to_owned(), prepare_us);
     setup_us.insert("fork_to_exec".to_owned(), started.fork_to_exec_us);
     Ok(ExitRecord {
         outcome,

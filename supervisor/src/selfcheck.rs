@@ -61,7 +61,6 @@ pub async fn probe_run(
         require: Some(Vec::new()),
         ..settings
     };
-    cfg.warm_runners = 0;
     let sup = Supervisor::start(cfg).await?;
     let params = serde_json::from_value(serde_json::json!({
         "session": {"id": "check", "audience": "personal", "project_dir": project},

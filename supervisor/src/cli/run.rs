@@ -119,8 +119,6 @@ async fn backend(ctx: &Ctx) -> Result<Backend> {
         cfg.run_as = Some(crate::runas::parse(user).map_err(anyhow::Error::msg)?);
     }
     cfg.settings = file;
-    // One run, then exit: a warm runner would only be started and let go.
-    cfg.warm_runners = 0;
     let sup = Supervisor::start(cfg).await?;
     Ok(Backend::Embedded(sup))
 }

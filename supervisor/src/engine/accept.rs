@@ -4,6 +4,7 @@
 
 use super::draft::{create_file, RunDraft, Sync};
 use super::error::{InternalError, SandboxCause, StorageError};
+use super::launch::{start_runner, Launched, RunnerFiles};
 use super::probe::HostProbe;
 use super::workctx::Worktree;
 use super::{EngineError, Inner};
@@ -13,6 +14,7 @@ use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
 use crate::uids::UidLease;
 use std::collections::BTreeMap;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use subagent_runner::spec::RunnerSpec;
 
@@ -433,7 +435,7 @@ fn write_context_files(
         ("plan.json", composed.plan_json.as_bytes()),
     ] {
         // Composed again from runner.json's inputs: not fsynced.
-        create_file(&context_dir.join(name), bytes, Sync::Derived)?;
+        create_file(&context_dir.join(name), bytes)?;
     }
     // The first attempt's plan: a second name for plan.json's file (a
     // restart replaces plan.json and leaves this one).
@@ -628,15 +630,28 @@ fn lease_uid(inner: &Inner) -> Result<Option<UidLease>, EngineError> {
     })
 }
 
+/// A run just recorded.
+pub(crate) struct Created {
+    /// Its record, as accepted.
+    pub rec: RunRecord,
+    /// Its uid lease, while no runner holds it.
+    pub lease: Option<UidLease>,
+    /// Its runner, when it was started at once (gate open).
+    pub runner: Option<Launched>,
+}
+
 /// Records a new run: leases its uid (root daemons), makes its temp dir
 /// (and worktree), writes its folder (context files, runner.json, run.json)
-/// under a draft name and renames it to the run id, durably. What was made
-/// is removed if any step fails. Blocking.
+/// under a draft name and renames it to the run id, durably. With
+/// `start_now` the runner is started while the records are made durable,
+/// and let go once they are. What was made is removed if any step fails.
+/// Blocking.
 pub(crate) fn create_run(
     inner: &Inner,
     p: &SpawnParams,
     plan: &Plan,
-) -> Result<(RunRecord, Option<UidLease>), EngineError> {
+    start_now: bool,
+) -> Result<Created, EngineError> {
     let session = &p.session.id;
     let mut draft = RunDraft::begin(
         inner.layout.runs_dir(session),
@@ -671,11 +686,75 @@ pub(crate) fn create_run(
     // Compact: only the runner reads it (about 15 KB pretty-printed).
     let bytes =
         serde_json::to_vec(&spec).map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
-    create_file(&staged.runner_spec(), &bytes, Sync::Durable)?;
+    draft.write(&staged.runner_spec(), &bytes, Sync::Durable)?;
     let rec = accepted_record(p, plan, place, work.git, max_attempts, draft.uid());
-    create_file(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
-    let lease = draft.publish()?;
-    Ok((rec, lease))
+    draft.write(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
+    let handed = start_now.then(|| handed_files(&draft)).flatten();
+    let (lease, runner) = publish(inner, draft, handed)?;
+    Ok(Created { rec, lease, runner })
+}
+
+/// The files a runner started at once gets; `None` (the run is then queued
+/// as usual) when they cannot be opened.
+fn handed_files(draft: &RunDraft) -> Option<RunnerFiles> {
+    RunnerFiles::open(&draft.staged())
+        .map_err(
+            |e| tracing::warn!(run_id = %draft.id(), "starting the runner: {e}; the run is queued"),
+        )
+        .ok()
+}
+
+/// Publishes the draft while, on another thread, a runner is started with
+/// `handed` behind its gate; then opens the gate. The runner holds the uid
+/// lease from then on. When publishing fails, the runner is called off
+/// before the draft is undone.
+fn publish(
+    inner: &Inner,
+    mut draft: RunDraft,
+    handed: Option<RunnerFiles>,
+) -> Result<(Option<UidLease>, Option<Launched>), EngineError> {
+    let uid_lock = draft
+        .lease()
+        .and_then(|l| l.lock().try_clone_to_owned().ok());
+    let id = draft.id().clone();
+    let (published, runner) = std::thread::scope(|s| {
+        let start = handed.as_ref().map(|h| {
+            s.spawn(|| {
+                start_runner(
+                    &inner.cfg.runner,
+                    h,
+                    uid_lock.as_ref().map(|f| f.as_fd()),
+                    true,
+                )
+            })
+        });
+        let published = draft.publish();
+        let runner = match start.map(|t| t.join()) {
+            Some(Ok(Ok(l))) => Some(l),
+            Some(Ok(Err(e))) => {
+                tracing::warn!(run_id = %id, "starting the runner: {e}; the run is queued");
+                None
+            }
+            _ => None,
+        };
+        (published, runner)
+    });
+    if let Err(e) = published {
+        if let Some(r) = runner {
+            let how = r.call_off();
+            tracing::warn!(run_id = %id, "recording the run failed ({e}); its runner was called off and {how}");
+        }
+        return Err(e);
+    }
+    let lease = draft.take_lease();
+    match runner {
+        Some(mut r) => {
+            r.open_gate();
+            drop(lease);
+            Ok((None, Some(r)))
+        }
+        None => Ok((lease, None)),
+    }
 }
 
 #[cfg(test)]

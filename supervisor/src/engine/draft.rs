@@ -5,7 +5,9 @@
 //! The folder is written as `runs/<run id>.tmp-<8 hex>` and renamed to
 //! `runs/<run id>` once run.json is in it, so a run folder is never seen
 //! half made; recovery removes draft folders a crash left (see
-//! [`is_draft_name`]).
+//! [`is_draft_name`]). The records are written first and fsynced together
+//! when the draft is published, so that a runner started meanwhile (see
+//! `launch`) overlaps the wait.
 
 use super::error::{StorageError, WorkspaceError};
 use super::workctx::Worktree;
@@ -53,8 +55,8 @@ fn mkdir_private(path: &Path, recursive: bool) -> Result<(), EngineError> {
         .map_err(|e| storage("create", path, e))
 }
 
-/// Makes the new file `path` (0600) holding `bytes`.
-pub fn create_file(path: &Path, bytes: &[u8], sync: Sync) -> Result<(), EngineError> {
+/// Makes the new file `path` (0600) holding `bytes`, not yet fsynced.
+pub fn create_file(path: &Path, bytes: &[u8]) -> Result<std::fs::File, EngineError> {
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -63,10 +65,7 @@ pub fn create_file(path: &Path, bytes: &[u8], sync: Sync) -> Result<(), EngineEr
         .open(path)
         .map_err(|e| storage("create", path, e))?;
     f.write_all(bytes).map_err(|e| storage("write", path, e))?;
-    if sync == Sync::Durable {
-        f.sync_all().map_err(|e| storage("fsync", path, e))?;
-    }
-    Ok(())
+    Ok(f)
 }
 
 /// A worktree made for the run, with what removing it needs.
@@ -87,6 +86,8 @@ pub struct RunDraft {
     temp_dir: Option<PathBuf>,
     worktree: Option<MadeWorktree>,
     lease: Option<UidLease>,
+    /// The records, fsynced when the draft is published.
+    durable: Vec<(PathBuf, std::fs::File)>,
     published: bool,
 }
 
@@ -109,6 +110,7 @@ impl RunDraft {
             temp_dir: None,
             worktree: None,
             lease,
+            durable: Vec::new(),
             published: false,
         };
         mkdir_private(&draft.draft_dir, false)?;
@@ -171,9 +173,28 @@ impl RunDraft {
         Ok(w)
     }
 
-    /// Gives the folder its run id, durably (its own entries, the rename,
-    /// the runs folder), and keeps everything made; returns the uid lease.
-    pub fn publish(mut self) -> Result<Option<UidLease>, EngineError> {
+    /// The run's uid lease, while the draft holds it.
+    pub fn lease(&self) -> Option<&UidLease> {
+        self.lease.as_ref()
+    }
+
+    /// Writes the new file `path` in the draft; a [`Sync::Durable`] one is
+    /// fsynced when the draft is published.
+    pub fn write(&mut self, path: &Path, bytes: &[u8], sync: Sync) -> Result<(), EngineError> {
+        let f = create_file(path, bytes)?;
+        if sync == Sync::Durable {
+            self.durable.push((path.to_path_buf(), f));
+        }
+        Ok(())
+    }
+
+    /// Makes the records durable and gives the folder its run id, durably
+    /// (its own entries, the rename, the runs folder). Everything made is
+    /// kept from then on; a failure leaves it to be undone on drop.
+    pub fn publish(&mut self) -> Result<(), EngineError> {
+        for (path, f) in self.durable.drain(..) {
+            f.sync_all().map_err(|e| storage("fsync", &path, e))?;
+        }
         fsync_dir(&self.draft_dir).map_err(|e| EngineError::StateDir(e.into()))?;
         let dest = self.files().dir;
         std::fs::rename(&self.draft_dir, &dest)
@@ -181,7 +202,13 @@ impl RunDraft {
         self.renamed = true;
         fsync_dir(&self.runs_dir).map_err(|e| EngineError::StateDir(e.into()))?;
         self.published = true;
-        Ok(self.lease.take())
+        Ok(())
+    }
+
+    /// Takes the uid lease out of a published draft (to hold until the
+    /// run's runner has it).
+    pub fn take_lease(&mut self) -> Option<UidLease> {
+        self.lease.take()
     }
 }
 
@@ -223,16 +250,20 @@ mod tests {
     fn a_published_draft_is_the_run_folder_and_nothing_else_is_left() {
         let root = tempfile::tempdir().unwrap();
         let runs = root.path().join("s").join("runs");
-        let draft = RunDraft::begin(runs.clone(), RunId::new(), None).unwrap();
+        let mut draft = RunDraft::begin(runs.clone(), RunId::new(), None).unwrap();
         let (files, staged) = (draft.files(), draft.staged());
         assert!(is_draft_name(
             staged.dir.file_name().unwrap().to_str().unwrap()
         ));
-        create_file(&staged.record(), b"{}", Sync::Durable).unwrap();
-        create_file(&staged.context().join("a"), b"x", Sync::Derived).unwrap();
+        draft.write(&staged.record(), b"{}", Sync::Durable).unwrap();
+        draft
+            .write(&staged.context().join("a"), b"x", Sync::Derived)
+            .unwrap();
         // A draft's files are new: an existing one is never written through.
-        assert!(create_file(&staged.record(), b"[]", Sync::Durable).is_err());
-        assert!(draft.publish().unwrap().is_none());
+        assert!(draft.write(&staged.record(), b"[]", Sync::Durable).is_err());
+        draft.publish().unwrap();
+        assert!(draft.take_lease().is_none());
+        drop(draft);
         assert_eq!(std::fs::read(files.record()).unwrap(), b"{}");
         assert_eq!(std::fs::read(files.context().join("a")).unwrap(), b"x");
         assert!(files.artifacts().is_dir() && files.delta_dir().is_dir());
@@ -247,7 +278,8 @@ mod tests {
         let mut draft = RunDraft::begin(runs.clone(), RunId::new(), None).unwrap();
         let t = draft.make_temp_dir(&base, "s").unwrap();
         assert!(t.is_dir());
-        create_file(&draft.staged().record(), b"{}", Sync::Durable).unwrap();
+        let record = draft.staged().record();
+        draft.write(&record, b"{}", Sync::Durable).unwrap();
         drop(draft);
         assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 0);
         assert!(!t.exists() && !base.join("s").exists());

@@ -111,10 +111,6 @@ fn runner_log_tail(rec: &RunRecord) -> String {
 /// finishes the run again from exit.json; result.md is rewritten and the
 /// notice is not stored twice (see `NoticeStore::store`).
 pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: RunnerExit) {
-    // A runner is gone: start its replacement among the warm runners now,
-    // while no run of ours is starting.
-    let warm = sup.inner.warm.clone();
-    tokio::task::spawn_blocking(move || warm.fill());
     let mut rec = slot.rec.lock().await;
     if !rec.state.is_terminal() {
         let mut next = rec.clone();

@@ -1,13 +1,16 @@
-//! Launching a run: one `subagent-runner` process per run, in its own
-//! session so it outlives the daemon, holding the run's runner.lock, and
-//! watched through a pidfd. The run goes to a warm runner when one waits
-//! ([`super::warm`]); else a runner is started with `posix_spawn`
-//! ([`super::spawn`]).
+//! Launching a run: one `subagent-runner` process per run, started with
+//! `posix_spawn` ([`super::spawn`]) in its own session so it outlives the
+//! daemon, holding the run's runner.lock, and watched through a pidfd.
+//!
+//! A run spawned while a slot is free gets its runner at once, gated: the
+//! runner starts and prepares the sandbox while the daemon makes the run's
+//! records durable, and starts the agent only when the daemon opens the
+//! gate (see `subagent_runner::gate`).
 
 use super::{finish, pidfd, Slot, Supervisor};
 use crate::paths::RunFiles;
-use crate::record::RunState;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use crate::record::{RunRecord, RunState};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,14 +38,17 @@ pub enum LaunchError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// runner.log could not be opened.
+    /// runner.log, or runner.json for reading, could not be opened.
     #[error("open {}: {source}", path.display())]
-    OpenLog {
-        /// runner.log.
+    Open {
+        /// The file.
         path: PathBuf,
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The gate's pipe could not be made.
+    #[error("pipe for the runner's gate: {0}")]
+    Gate(#[source] nix::Error),
     /// The runner could not be spawned.
     #[error(transparent)]
     Spawn(#[from] super::spawn::SpawnError),
@@ -62,65 +68,106 @@ pub struct Launched {
     pub start_ticks: u64,
     /// A pidfd on it.
     pub pidfd: OwnedFd,
+    /// The write end of its gate, while it waits there.
+    gate: Option<OwnedFd>,
 }
 
-/// Starts the runner for the run in `files`: hands it to a warm runner when
-/// one waits (see [`super::warm`]), else starts one. Blocking.
-/// With `uid_lock` (the run's uid lease), the runner holds that too.
+/// The numbers the runner finds its descriptors at.
+const LOCK_FD: RawFd = 3;
+const SPEC_FD: RawFd = 4;
+const UID_LOCK_FD: RawFd = 5;
+const GATE_FD: RawFd = 6;
+
+/// Opens `path` for the runner: runner.log to append to, runner.json to
+/// read (never through a link).
+fn open_for_runner(path: &Path, append: bool) -> Result<std::fs::File, LaunchError> {
+    let mut o = std::fs::OpenOptions::new();
+    if append {
+        o.create(true).append(true).mode(0o600);
+    } else {
+        o.read(true).custom_flags(libc::O_NOFOLLOW);
+    }
+    o.open(path).map_err(|source| LaunchError::Open {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// What a runner is handed from its run folder: runner.lock (locked),
+/// runner.log and runner.json. Opened before the folder may be renamed.
+pub struct RunnerFiles {
+    lock: std::fs::File,
+    log: std::fs::File,
+    spec: std::fs::File,
+}
+
+impl RunnerFiles {
+    /// Opens them in the run folder `files` (as it is named now).
+    pub fn open(files: &RunFiles) -> Result<RunnerFiles, LaunchError> {
+        let path = files.runner_lock();
+        let lock = super::lockfile::open(&path)?;
+        match super::lockfile::try_lock(&lock) {
+            Ok(true) => {}
+            Ok(false) => return Err(LaunchError::Held { path }),
+            Err(source) => return Err(LaunchError::Flock { path, source }),
+        }
+        Ok(RunnerFiles {
+            lock,
+            log: open_for_runner(&files.runner_log(), true)?,
+            spec: open_for_runner(&files.runner_spec(), false)?,
+        })
+    }
+}
+
+/// Starts a runner with `handed`. With `uid_lock` (the run's uid lease),
+/// the runner holds that too. With `gated`, it prepares the first attempt
+/// and waits until [`Launched::open_gate`]. Blocking.
 pub fn start_runner(
     runner: &Path,
-    warm: &super::warm::WarmRunners,
-    files: &RunFiles,
+    handed: &RunnerFiles,
     uid_lock: Option<BorrowedFd<'_>>,
+    gated: bool,
 ) -> Result<Launched, LaunchError> {
-    let path = files.runner_lock();
-    let lock = super::lockfile::open(&path)?;
-    match super::lockfile::try_lock(&lock) {
-        Ok(true) => {}
-        Ok(false) => return Err(LaunchError::Held { path }),
-        Err(source) => return Err(LaunchError::Flock { path, source }),
+    let gate = if gated {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(LaunchError::Gate)?;
+        Some((r, w))
+    } else {
+        None
+    };
+    let mut fds = vec![
+        (handed.lock.as_fd(), LOCK_FD),
+        (handed.spec.as_fd(), SPEC_FD),
+    ];
+    let mut args = vec![
+        "--lock-fd".to_owned(),
+        LOCK_FD.to_string(),
+        "--spec-fd".to_owned(),
+        SPEC_FD.to_string(),
+    ];
+    if let Some(fd) = uid_lock {
+        fds.push((fd, UID_LOCK_FD));
+        args.extend(["--uid-lock-fd".to_owned(), UID_LOCK_FD.to_string()]);
     }
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(files.runner_log())
-        .map_err(|source| LaunchError::OpenLog {
-            path: files.runner_log(),
-            source,
-        })?;
-    if let Some(l) = warm.hand_over(&files.runner_spec(), lock.as_fd(), log.as_fd(), uid_lock) {
-        return Ok(l);
+    if let Some((r, _)) = &gate {
+        fds.push((r.as_fd(), GATE_FD));
+        args.extend(["--gate-fd".to_owned(), GATE_FD.to_string()]);
     }
-    let mut args = vec!["--lock-fd".to_owned(), super::spawn::LOCK_FD.to_string()];
-    if uid_lock.is_some() {
-        args.extend([
-            "--uid-lock-fd".to_owned(),
-            super::spawn::UID_LOCK_FD.to_string(),
-        ]);
-    }
-    args.push(files.runner_spec().display().to_string());
     // The runner reads its signals through a signalfd, so they are blocked
-    // from its first instruction and an early cancel is never lost. It gets
-    // runner.lock as fd 3 and holds it until it dies.
+    // from its first instruction and an early cancel is never lost.
     let pid = super::spawn::spawn(&super::spawn::RunnerSpawn {
         program: runner,
         args: &args,
-        stdin: None,
-        output: Some(log.as_fd()),
-        lock: Some(lock.as_fd()),
-        uid_lock,
+        output: Some(handed.log.as_fd()),
+        fds: &fds,
         blocked: subagent_runner::supervise::handled_signals(),
     })?;
-    drop(log);
-    drop(lock);
-    Launched::of(pid)
+    Launched::of(pid, gate.map(|(_, w)| w))
 }
 
 impl Launched {
     /// A handle on the runner just started as `pid` (its pidfd and start
     /// time).
-    pub fn of(pid: i32) -> Result<Launched, LaunchError> {
+    fn of(pid: i32, gate: Option<OwnedFd>) -> Result<Launched, LaunchError> {
         let pidfd = pidfd::open(pid)?;
         let start_ticks = subagent_runner::procstat::read_stat(pid)
             .map(|s| s.start_ticks)
@@ -129,7 +176,42 @@ impl Launched {
             pid,
             start_ticks,
             pidfd,
+            gate,
         })
+    }
+
+    /// Lets a gated runner start the agent. A runner that died meanwhile is
+    /// seen through its pidfd like any other.
+    pub fn open_gate(&mut self) {
+        if let Some(w) = self.gate.take() {
+            let _ = nix::unistd::write(&w, &[subagent_runner::gate::GO]);
+        }
+    }
+
+    /// Calls a gated runner's run off: it undoes what it made and exits
+    /// (status 3) without starting the agent. Waits for it and says how it
+    /// ended. Blocking.
+    pub fn call_off(mut self) -> pidfd::RunnerExit {
+        drop(self.gate.take());
+        pidfd::reap(&self.pidfd)
+    }
+}
+
+/// `rec` as running with runner `l`.
+pub(crate) fn running(mut rec: RunRecord, l: &Launched) -> RunRecord {
+    rec.state = RunState::Running;
+    rec.started_at_ms = Some(crate::timefmt::now_ms());
+    rec.runner_pid = Some(l.pid);
+    rec.runner_start_ticks = Some(l.start_ticks);
+    rec
+}
+
+impl Slot {
+    /// Notes the run's runner, for cancels; returns its pidfd to watch.
+    pub(crate) fn set_runner(&self, l: Launched) -> Arc<OwnedFd> {
+        let fd = Arc::new(l.pidfd);
+        *self.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), l.pid));
+        fd
     }
 }
 
@@ -142,39 +224,21 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     }
     let files = rec.files();
     let runner = sup.inner.cfg.runner.clone();
-    let warm = sup.inner.warm.clone();
-    let accepted = rec.clone();
     let lease = rec.id().and_then(|id| sup.take_lease(&id));
-    // The runner is started and the running state recorded (durably) in
-    // one blocking task: one hand-off to the blocking pool less per run.
     let launched = tokio::task::spawn_blocking(move || {
         // The runner holds the uid lease from here on; ours goes with
         // this task.
-        let l = start_runner(&runner, &warm, &files, lease.as_ref().map(|l| l.lock()))?;
-        let mut next = accepted;
-        next.state = RunState::Running;
-        next.started_at_ms = Some(crate::timefmt::now_ms());
-        next.runner_pid = Some(l.pid);
-        next.runner_start_ticks = Some(l.start_ticks);
-        let saved = next.save();
-        Ok((l, next, saved))
+        let handed = RunnerFiles::open(&files)?;
+        start_runner(&runner, &handed, lease.as_ref().map(|l| l.lock()), false)
     })
     .await
     .unwrap_or_else(|e| Err(LaunchError::Task(e)));
     match launched {
-        Ok((l, running, saved)) => {
-            let id = running.run_id.clone();
-            if let Err(e) = saved {
-                // The runner is already going; keep watching it.
-                tracing::error!(run_id = %id, "recording the running state: {e}");
-            }
-            *rec = running;
-            slot.published.send_replace(rec.clone());
-            let fd = Arc::new(l.pidfd);
-            *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), l.pid));
-            tracing::info!(run_id = %id, runner_pid = l.pid, "run started");
+        Ok(l) => {
+            *rec = running(rec.clone(), &l);
+            let fd = slot.set_runner(l);
             drop(rec);
-            watch(sup, slot, fd).await;
+            run_started(sup, slot, permit, fd).await;
         }
         Err(reason) => {
             let mut next = rec.clone();
@@ -189,6 +253,30 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
             finish::finalize(&sup, &slot).await;
         }
     }
+}
+
+/// Records the running state of a run whose runner is going (durably)
+/// and publishes it, then watches the runner (`fd`) and finishes the run.
+/// Holds `permit` until the run has ended.
+pub(crate) async fn run_started(
+    sup: Supervisor,
+    slot: Arc<Slot>,
+    permit: OwnedSemaphorePermit,
+    fd: Arc<OwnedFd>,
+) {
+    let rec = slot.rec.lock().await;
+    let (id, pid) = (rec.run_id.clone(), rec.runner_pid.unwrap_or(0));
+    let to_save = rec.clone();
+    match tokio::task::spawn_blocking(move || to_save.save()).await {
+        Ok(Ok(())) => {}
+        // The runner is already going; keep watching it.
+        Ok(Err(e)) => tracing::error!(run_id = %id, "recording the running state: {e}"),
+        Err(e) => tracing::error!(run_id = %id, "recording the running state: {e}"),
+    }
+    slot.published.send_replace(rec.clone());
+    tracing::info!(run_id = %id, runner_pid = pid, "run started");
+    drop(rec);
+    watch(sup, slot, fd).await;
     drop(permit);
 }
 

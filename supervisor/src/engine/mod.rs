@@ -10,7 +10,6 @@
 //! - [`finish`]: turning exit.json into the terminal state, result.md and
 //!   the notice.
 //! - [`recover`]: picking up the state dir's runs when the engine starts.
-//! - [`warm`]: runners started before they have a run.
 //! - [`program`]: the agent program's chain, for its execute rules;
 //!   [`instructions`]: the project's instructions file.
 
@@ -26,7 +25,6 @@ pub mod probe;
 pub mod program;
 pub mod recover;
 pub mod spawn;
-pub mod warm;
 pub mod workctx;
 
 pub use error::EngineError;
@@ -40,7 +38,7 @@ use error::InternalError;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch, Semaphore};
@@ -69,9 +67,6 @@ pub struct Config {
     pub settings: policy::config::Config,
     /// The git snapshot's time budget (2 s; zero simulates a slow repo).
     pub git_budget: std::time::Duration,
-    /// Warm runners kept waiting (see [`warm`]); 0 for an engine that runs
-    /// one run and exits (`subagent run`).
-    pub warm_runners: usize,
 }
 
 impl Config {
@@ -94,7 +89,6 @@ impl Config {
             uid_lock_dir: PathBuf::from(crate::uids::LOCK_DIR),
             settings: Default::default(),
             git_budget: crate::gitsnap::BUDGET,
-            warm_runners: WARM_RUNNERS,
         }
     }
 }
@@ -140,16 +134,14 @@ pub(crate) struct Inner {
     accepting: AtomicBool,
     probe: probe::HostProbe,
     tools: policy::toolpolicy::ToolPolicy,
-    warm: Arc<warm::WarmRunners>,
+    /// Runs queued and not yet handed a slot by the dispatcher.
+    waiting: AtomicUsize,
     /// Per-run uids (a root daemon without `run_as`).
     uids: Option<crate::uids::UidPool>,
     /// The uid leases of runs not started yet.
     leases: Mutex<BTreeMap<RunId, crate::uids::UidLease>>,
     _state_lock: std::fs::File,
 }
-
-/// Warm runners kept waiting: enough for back-to-back spawns.
-const WARM_RUNNERS: usize = 2;
 
 /// A handle on the engine; cheap to clone.
 #[derive(Clone)]
@@ -211,7 +203,6 @@ impl Supervisor {
         } else {
             None
         };
-        let warm = Arc::new(warm::WarmRunners::new(cfg.runner.clone(), cfg.warm_runners));
         let probe = probe::probe();
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
@@ -228,7 +219,7 @@ impl Supervisor {
             accepting: AtomicBool::new(true),
             probe,
             tools,
-            warm: warm.clone(),
+            waiting: AtomicUsize::new(0),
             uids,
             leases: Mutex::new(BTreeMap::new()),
             _state_lock: lock,
@@ -236,7 +227,6 @@ impl Supervisor {
         tokio::spawn(sweep_temp_dirs(inner.cfg.temp_base.clone()));
         let sup = Supervisor { inner };
         recover::recover(&sup).await;
-        let _ = tokio::task::spawn_blocking(move || warm.fill()).await;
         tokio::spawn(dispatch(sup.clone(), rx));
         Ok(sup)
     }
@@ -272,34 +262,67 @@ impl Supervisor {
         Some(slot)
     }
 
-    /// Records a new run durably and queues it; returns its id. The run
-    /// has not started when this returns.
+    /// Records a new run durably and starts it when a slot is free and no
+    /// run waits for one, else queues it; returns its id. The agent has not
+    /// necessarily started when this returns.
     pub async fn spawn(&self, params: SpawnParams) -> Result<RunId, EngineError> {
         if !self.inner.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
         accept::validate(&params)?;
+        let permit = self.free_slot();
+        let start_now = permit.is_some();
         let inner = self.inner.clone();
-        let rec = blocking(move || {
+        let created = blocking(move || {
             let plan = accept::plan(&inner.tools, &inner.cfg.settings, &params)?;
             accept::check_required(&inner.probe, &inner.cfg.required(plan.grants.network))?;
-            accept::create_run(&inner, &params, &plan)
+            accept::create_run(&inner, &params, &plan, start_now)
         })
         .await?;
-        let (rec, lease) = rec;
-        let id = rec
+        let id = created
+            .rec
             .id()
             .ok_or(EngineError::Unexpected(InternalError::BadRunId))?;
-        if let Some(l) = lease {
+        tracing::info!(run_id = %id, "run accepted");
+        if let Some(l) = created.lease {
             self.hold_lease(&id, l);
         }
-        self.insert(rec);
-        self.inner
-            .queue
-            .send(id.clone())
-            .map_err(|_| EngineError::ShuttingDown)?;
-        tracing::info!(run_id = %id, "run accepted");
+        match (created.runner, permit) {
+            (Some(l), Some(permit)) => {
+                let rec = launch::running(created.rec, &l);
+                let slot = Slot::new(rec);
+                let fd = slot.set_runner(l);
+                self.inner
+                    .runs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id.clone(), slot.clone());
+                tokio::spawn(launch::run_started(self.clone(), slot, permit, fd));
+            }
+            _ => {
+                self.insert(created.rec);
+                self.enqueue(id.clone())?;
+            }
+        }
         Ok(id)
+    }
+
+    /// A slot for a run to start at once: only when none is queued, so
+    /// that runs start in the order they were accepted.
+    fn free_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if self.inner.waiting.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        self.inner.slots.clone().try_acquire_owned().ok()
+    }
+
+    /// Queues an accepted run for the dispatcher.
+    pub(crate) fn enqueue(&self, id: RunId) -> Result<(), EngineError> {
+        self.inner.waiting.fetch_add(1, Ordering::SeqCst);
+        self.inner.queue.send(id).map_err(|_| {
+            self.inner.waiting.fetch_sub(1, Ordering::SeqCst);
+            EngineError::ShuttingDown
+        })
     }
 
     /// Keeps a run's uid lease until its runner has it.
@@ -460,10 +483,6 @@ impl Supervisor {
     /// Refuses new spawns from now on (shutdown).
     pub fn stop_accepting(&self) {
         self.inner.accepting.store(false, Ordering::SeqCst);
-        // Warm runners are let go (and reaped) now: after the daemon exits,
-        // nobody would reap them.
-        let warm = self.inner.warm.clone();
-        tokio::task::spawn_blocking(move || warm.close());
     }
 
     /// Replaces the record with `next`, durably, and publishes it to
@@ -509,6 +528,7 @@ async fn dispatch(sup: Supervisor, mut rx: mpsc::UnboundedReceiver<RunId>) {
         let Ok(permit) = sup.inner.slots.clone().acquire_owned().await else {
             return;
         };
+        sup.inner.waiting.fetch_sub(1, Ordering::SeqCst);
         let Ok(slot) = sup.slot(&id) else { continue };
         tokio::spawn(launch::run_lifecycle(sup.clone(), slot, permit));
     }

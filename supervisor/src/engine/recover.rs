@@ -230,7 +230,7 @@ async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
                     }
                 }
             }
-            let _ = sup.inner.queue.send(id);
+            let _ = sup.enqueue(id);
             Recovered::Queued
         }
         _ => {
