@@ -547,3 +547,56 @@ fn a_failing_log_write_is_recorded_and_the_child_runs_on() {
     );
     assert!(c.call("ping", json!({})).is_ok());
 }
+
+/// The final run.json is saved after the finished notice goes out. A crash
+/// between the two leaves run.json `running` beside exit.json, result.md
+/// and the stored notice: the next start finishes the run the same way and
+/// hands the notice out once.
+#[test]
+fn a_crash_after_the_notice_and_before_the_last_save_repeats_nothing() {
+    let mut d = Daemon::start();
+    let s = session("lastsave");
+    let mut c = d.conn();
+    let run = c.spawn(&s, &["true"], json!({}));
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    drop(c);
+    d.stop();
+    let dir = Path::new(st["log_path"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let mut rec: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap()).unwrap();
+    assert_eq!(rec["finalized"], true, "{rec}");
+    let result = std::fs::read(dir.join("result.md")).unwrap();
+    rec["state"] = json!("running");
+    rec["finalized"] = json!(false);
+    rec["exit_code"] = Value::Null;
+    rec["ended_at_ms"] = Value::Null;
+    // Nothing was merged, so the report was not saved on its own either.
+    rec["delta"] = Value::Null;
+    std::fs::write(dir.join("run.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
+    d.restart();
+    let mut c = d.conn();
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(st["exit_code"], 0, "{st}");
+    assert_eq!(std::fs::read(dir.join("result.md")).unwrap(), result);
+    let n = c.call("take_notices", json!({"session_id": s})).unwrap();
+    let ids: Vec<&Value> = n["notices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| &n["run_id"])
+        .collect();
+    assert_eq!(ids, [&json!(run)], "{n}");
+    let n = c.call("take_notices", json!({"session_id": s})).unwrap();
+    assert_eq!(n["notices"], json!([]), "{n}");
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap()).unwrap();
+    assert_eq!(
+        (&saved["state"], &saved["finalized"]),
+        (&json!("succeeded"), &json!(true))
+    );
+}
