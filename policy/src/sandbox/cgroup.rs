@@ -120,11 +120,8 @@ pub fn plan(mountinfo: &str, self_cgroup: &str, v2_controllers: Option<&str>) ->
         _ => Via::Rlimit,
     };
     let (memory, pids) = (pick("memory"), pick("pids"));
-    // Joining a v2 cgroup costs each run about 7 ms on the hosts measured
-    // (the writer side of cgroup_threadgroup_rwsem waits for an RCU grace
-    // period). When v1 controllers hold both limits (hybrid hosts), the v1
-    // pids cgroup lists every process of the run for the whole-tree kill,
-    // so no v2 cgroup is made.
+    // Hybrid hosts (both limits on v1, whose pids cgroup lists the run for the kill) get no v2
+    // cgroup, since joining one waits for an RCU grace period.
     let v2 = if matches!(memory, Via::V1(_)) && matches!(pids, Via::V1(_)) {
         None
     } else {

@@ -83,7 +83,7 @@ pub const BWRAP_ARGS: [&str; 9] = [
 
 /// Flushes every file system's dirty data, so that a part is not measured
 /// while the kernel writes back an earlier part's files (the log part
-/// leaves 600 MB; writeback takes a core of this 2-core host for seconds).
+/// leaves 600 MB to write back).
 fn settle() {
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
