@@ -79,8 +79,8 @@ pub struct ExitRecord {
     /// folder (artifacts and delta), and what was left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept: Option<Kept>,
-    /// How long each sandbox step took, in µs (prepare, fork_to_exec, and
-    /// each step applied in the child), for the last attempt.
+    /// How long the last attempt's start took, in µs: `prepare`, `fork_to_exec` and, on the
+    /// first attempt, `runner_start`.
     #[serde(default)]
     pub setup_us: std::collections::BTreeMap<String, u64>,
 }
