@@ -57,8 +57,7 @@ pub struct RestartSpec {
     /// The composition's recorded inputs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compose: Option<policy::compose::ComposeInput>,
-    /// compose.json holding them, from a daemon that wrote them apart
-    /// (before `compose` existed); read only when `compose` is absent.
+    /// A compose.json holding them instead; read only when `compose` is absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compose_input: Option<PathBuf>,
     /// The context dir the composed files go to.

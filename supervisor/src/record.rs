@@ -144,8 +144,7 @@ pub struct RunRecord {
     /// The child's tools (None: no tool policy was given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
-    /// The OS rights the run got (absent in records older than the tool
-    /// policy).
+    /// The OS rights the run got (a record may lack them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rights: Option<policy::sandbox::Grants>,
     /// The git snapshot taken at spawn.
@@ -370,8 +369,8 @@ pub struct RunStatus {
     /// The child's tools; null when the parent gave no tool list.
     #[serde(default)]
     pub tools: Option<Vec<String>>,
-    /// The OS rights the run got (from its tools and switches); null for
-    /// runs recorded before the tool policy existed.
+    /// The OS rights the run got (from its tools and switches); null when
+    /// its record has none.
     #[serde(default)]
     pub rights: Option<policy::sandbox::Grants>,
     /// The git snapshot taken at spawn.

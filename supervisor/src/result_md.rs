@@ -305,7 +305,7 @@ fn isolation(s: &mut String, rec: &RunRecord) {
         ("root", &iso.root),
         ("disk", &iso.disk),
     ];
-    // A record from before a mechanism existed has no word on it.
+    // A record without a word on a mechanism shows no line for it.
     for (name, e) in rows.into_iter().filter(|(_, e)| !e.detail.is_empty()) {
         let mark = if e.enforced {
             "enforced"

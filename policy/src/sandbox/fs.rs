@@ -207,7 +207,7 @@ mod tests {
     use super::*;
     use crate::sandbox::tests::paths;
 
-    fn legacy(req: &SandboxRequest) -> Grants {
+    fn without_tools(req: &SandboxRequest) -> Grants {
         crate::sandbox::grants(None, req)
     }
 
@@ -215,7 +215,7 @@ mod tests {
     fn the_child_reaches_only_its_own_dirs_and_the_system() {
         let r = rules(
             &paths(),
-            &legacy(&SandboxRequest::default()),
+            &without_tools(&SandboxRequest::default()),
             &SandboxRequest::default(),
         );
         let p = paths();
@@ -258,7 +258,7 @@ mod tests {
             write_paths: vec!["/data/rw".into()],
             ..Default::default()
         };
-        let r = rules(&paths(), &legacy(&req), &req);
+        let r = rules(&paths(), &without_tools(&req), &req);
         assert_eq!(
             access_to(&r, Path::new("/work/project/a")),
             Some(Access::ReadWrite)
@@ -275,7 +275,7 @@ mod tests {
     fn proc_is_readable_but_never_writable() {
         let r = rules(
             &paths(),
-            &legacy(&SandboxRequest::default()),
+            &without_tools(&SandboxRequest::default()),
             &SandboxRequest::default(),
         );
         assert_eq!(
@@ -288,7 +288,7 @@ mod tests {
     fn run_paths_must_exist_but_system_paths_may_be_missing() {
         let r = rules(
             &paths(),
-            &legacy(&SandboxRequest::default()),
+            &without_tools(&SandboxRequest::default()),
             &SandboxRequest::default(),
         );
         for rule in &r.rules {

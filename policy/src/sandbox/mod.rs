@@ -104,8 +104,7 @@ pub struct RlimitSpec {
 pub struct SandboxSpec {
     /// The file-system rules.
     pub fs: fs::FsRules,
-    /// The child's root file system (absent in a runner.json written
-    /// before it existed: such a run is refused).
+    /// The child's root file system (a runner.json without one is refused).
     #[serde(default)]
     pub mounts: mounts::MountPlan,
     /// Whether the child may use the network.
