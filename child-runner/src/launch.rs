@@ -20,7 +20,7 @@ use std::time::Instant;
 #[derive(Debug, thiserror::Error)]
 #[error("cannot execute {program:?}: {reason}")]
 pub struct LaunchError {
-    /// argv[0].
+    /// `argv[0]`.
     pub program: String,
     /// The shell's convention: 127 when not found, 126 otherwise.
     pub code: i32,

@@ -2,7 +2,7 @@
 //! runner from a reused pid by its start time, and walks a socket peer's
 //! ancestors.
 
-/// One process as /proc/<pid>/stat shows it.
+/// One process as `/proc/<pid>/stat` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcStat {
     /// Its pid.
@@ -15,7 +15,7 @@ pub struct ProcStat {
     pub start_ticks: u64,
 }
 
-/// Parses the text of /proc/<pid>/stat. The command name may hold spaces
+/// Parses the text of `/proc/<pid>/stat`. The command name may hold spaces
 /// and parentheses, so fields are counted after the last ')'.
 pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let open = text.find('(')?;
@@ -34,7 +34,7 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     })
 }
 
-/// Reads /proc/<pid>/stat; `None` when the process is gone.
+/// Reads `/proc/<pid>/stat`; `None` when the process is gone.
 pub fn read_stat(pid: i32) -> Option<ProcStat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_stat(&text)

@@ -14,7 +14,7 @@ pub const DEFAULT_KILL_GRACE_MS: u64 = 5000;
 pub struct RunnerSpec {
     /// The run this runner serves (for messages only).
     pub run_id: String,
-    /// The agent program and its arguments; argv[0] is looked up in the
+    /// The agent program and its arguments; `argv[0]` is looked up in the
     /// child's PATH when it holds no slash.
     pub argv: Vec<String>,
     /// The child's complete environment.

@@ -9,7 +9,7 @@
 //!   plan.json), a pure function of its inputs.
 //! - [`config`]: the config file, parsed from its text.
 //! - [`definition`]: subagent definitions (Markdown with YAML front matter).
-//! - [`env`]: the allowlisted environment a child starts with.
+//! - [`env`](mod@env): the allowlisted environment a child starts with.
 //! - [`limits`]: resource limits with their defaults.
 //! - [`tools`]: the tool catalog and capability classes.
 //! - [`toolpolicy`]: audiences' tool sets and the child-tools filter.

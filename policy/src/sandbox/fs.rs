@@ -44,7 +44,7 @@ pub struct FsRule {
 pub struct FsRules {
     /// The rules, in a fixed order.
     pub rules: Vec<FsRule>,
-    /// Also grant read access to the child's own /proc/<pid> (resolved
+    /// Also grant read access to the child's own `/proc/<pid>` (resolved
     /// after fork, so it is the child's and no one else's).
     pub proc_self: bool,
 }

@@ -68,7 +68,7 @@ pub enum RunnerExit {
 }
 
 impl std::fmt::Display for RunnerExit {
-    /// The wording of a `lost` reason: "the runner <this> and ...".
+    /// The wording of a `lost` reason: `the runner <this> and ...`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
             RunnerExit::Exited(status) => write!(f, "exited with status {status}"),
