@@ -79,8 +79,8 @@ pub struct ExitRecord {
     /// folder (artifacts and delta), and what was left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept: Option<Kept>,
-    /// How long the last attempt's start took, in µs: `prepare`, `fork_to_exec` and, on the
-    /// first attempt, `runner_start`.
+    /// How long the last attempt's start took, in µs: `fork_to_exec`, from
+    /// the clone of its init to the agent's exec.
     #[serde(default)]
     pub setup_us: std::collections::BTreeMap<String, u64>,
 }
