@@ -222,10 +222,10 @@ fn open_base(base: &Path, owner: u32) -> Result<PrivateDir, SecureDirError> {
 pub fn make_temp_dir(base: &Path, session: &str) -> Result<PathBuf, SecureDirError> {
     let owner = crate::paths::uid();
     let base_dir = open_base(base, owner)?;
-    // Empty session dirs are swept away (`sweep_empty_session_dirs`, by any
-    // daemon of this uid, at any time); if that happens between making the
-    // session dir and opening it, or between opening it and making the leaf,
-    // the call fails with ENOENT and the session dir is made again.
+    // An empty session dir is removed when a run of it ends (by any daemon
+    // of this uid, at any time); if that happens between making the session
+    // dir and opening it, or between opening it and making the leaf, the
+    // call fails with ENOENT and the session dir is made again.
     let mut retries = 5;
     loop {
         // Swept away (it was empty) between its mkdir and its open: again.
@@ -269,9 +269,7 @@ pub fn remove_empty_session_dir(temp_dir: &Path) {
 
 /// Removes every empty session dir under `base` (a file, a symlink or a
 /// non-empty dir is left alone); returns how many went. The engine runs it
-/// at start and every few minutes, not when each run ends: back-to-back
-/// runs of one session then reuse its dir instead of making and removing
-/// it each time.
+/// at start, for what a crash left.
 pub fn sweep_empty_session_dirs(base: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(base) else {
         return 0;

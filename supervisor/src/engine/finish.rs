@@ -171,9 +171,8 @@ fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, F
     };
     let fresh = sup.inner.notices.store(&notice, ended)?;
     if !rec.keep_temp {
-        // Its session dir stays for the session's next run; empty ones are
-        // swept (see `sweep_temp_dirs`).
         remove_tree(&rec.temp_dir);
+        crate::securedir::remove_empty_session_dir(&rec.temp_dir);
     }
     Ok(fresh.then_some(notice))
 }

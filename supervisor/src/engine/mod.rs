@@ -224,7 +224,9 @@ impl Supervisor {
             leases: Mutex::new(BTreeMap::new()),
             _state_lock: lock,
         });
-        tokio::spawn(sweep_temp_dirs(inner.cfg.temp_base.clone()));
+        // Empty session dirs a crash left behind (a run's end removes its own).
+        let base = inner.cfg.temp_base.clone();
+        blocking(move || Ok(crate::securedir::sweep_empty_session_dirs(&base))).await?;
         let sup = Supervisor { inner };
         recover::recover(&sup).await;
         tokio::spawn(dispatch(sup.clone(), rx));
@@ -505,20 +507,6 @@ impl Supervisor {
             }
         }
         saved
-    }
-}
-
-/// How often empty session temp dirs are removed.
-const TEMP_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// Removes empty session dirs under the temp base now and every
-/// [`TEMP_SWEEP_EVERY`]. Runs until the runtime stops.
-async fn sweep_temp_dirs(base: PathBuf) {
-    loop {
-        let b = base.clone();
-        let _ = tokio::task::spawn_blocking(move || crate::securedir::sweep_empty_session_dirs(&b))
-            .await;
-        tokio::time::sleep(TEMP_SWEEP_EVERY).await;
     }
 }
 
