@@ -548,10 +548,10 @@ fn a_failing_log_write_is_recorded_and_the_child_runs_on() {
     assert!(c.call("ping", json!({})).is_ok());
 }
 
-/// The final run.json is saved after the finished notice goes out. A crash
-/// between the two leaves run.json `running` beside exit.json, result.md
-/// and the stored notice: the next start finishes the run the same way and
-/// hands the notice out once.
+/// A crash after the notice is stored and before run.json is saved final
+/// leaves run.json `running` beside exit.json, result.md and the stored
+/// notice: the next start finishes the run the same way and hands the
+/// notice out once.
 #[test]
 fn a_crash_after_the_notice_and_before_the_last_save_repeats_nothing() {
     let mut d = Daemon::start();

@@ -1,8 +1,8 @@
 //! Finishing a run, exactly once: the terminal state from exit.json (or
 //! `lost` when there is none), then result.md, the durable notice, the temp
-//! dir's removal, the notice sent out, and finally `finalized` in run.json.
-//! Each step is idempotent, so a crash part-way is finished again on
-//! restart without doubling anything.
+//! dir's removal, and finally `finalized` in run.json. Each step is
+//! idempotent, so a crash part-way is finished again on restart without
+//! doubling anything.
 
 use super::pidfd::RunnerExit;
 use super::{Slot, Supervisor};
@@ -225,6 +225,9 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
         return;
     };
     let mut next = done.record;
+    if let Err(e) = &done.saved {
+        tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
+    }
     if let Some(e) = &next.finalize_error {
         // Left unfinalized: the next start of the engine tries again.
         // Waiters are released with the reason.
@@ -235,29 +238,21 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
     if let Some(n) = done.notice {
         let _ = sup.inner.finished.send(n);
     }
-    // Saved after the notice went out: what it promises (result.md, the
-    // stored notice) is durable already, and a crash before this save
-    // finishes the run again from exit.json, which repeats nothing.
-    let to_save = rec.clone();
-    match tokio::task::spawn_blocking(move || to_save.save()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(run_id = %rec.run_id, "recording the run as finalized: {e}"),
-        Err(e) => tracing::error!(run_id = %rec.run_id, "recording the run as finalized: {e}"),
-    }
 }
 
 /// What the blocking part of [`finalize`] did.
 struct Finalized {
-    /// The record as it now stands, not yet saved.
+    /// The record as it now stands (saved unless `saved` says otherwise).
     record: RunRecord,
+    /// Whether the last save of run.json worked.
+    saved: Result<(), crate::record::RecordError>,
     /// The notice, when newly stored.
     notice: Option<Notice>,
 }
 
 /// The delta report (recorded first when something was merged, so that no
 /// restart merges it again), result.md and the notice (tried three times),
-/// then the terminal record with `finalized` or `finalize_error`, for the
-/// caller to save. Blocking.
+/// then the terminal record with `finalized` or `finalize_error`. Blocking.
 fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
     if rec.delta.is_none() {
         // Exactly once: the report is recorded before anything else of the
@@ -300,8 +295,10 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
         }
         Some(e) => rec.finalize_error = Some(e.to_string()),
     }
+    let saved = rec.save();
     Finalized {
         record: rec,
+        saved,
         notice,
     }
 }
