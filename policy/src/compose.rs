@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The built-in operating rules of every subagent.
 pub const CORE_RULES: &str = "\
@@ -28,10 +28,10 @@ pub const EXIT_CONTINUE: i32 = 75;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Caps {
-    /// Per layer.
+    /// Characters of one layer.
     #[serde(default = "default_file")]
     pub max_file_chars: usize,
-    /// All layers together.
+    /// Characters of all layers together; the task is never cut.
     #[serde(default = "default_total")]
     pub max_total_chars: usize,
 }
@@ -55,26 +55,25 @@ impl Default for Caps {
 /// A text and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sourced {
-    /// Its file.
+    /// Recorded as the layer's source in plan.json.
     pub path: PathBuf,
-    /// Its content.
     pub text: String,
 }
 
 /// The run's paths as the child sees them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionPaths {
-    /// The parent session.
+    /// The parent's session.
     pub session_id: String,
-    /// Scratch space.
+    /// Scratch space, deleted when the run ends.
     pub temp_dir: PathBuf,
-    /// Where results go.
+    /// Where the child leaves its results for the parent.
     pub artifact_dir: PathBuf,
-    /// The worktree, with worktree isolation.
+    /// Set only with worktree isolation.
     pub worktree_dir: Option<PathBuf>,
-    /// child.log.
+    /// child.log: the child's stdout and stderr.
     pub log_path: PathBuf,
-    /// Where the delta goes.
+    /// Where the child lists the project files it wrote, edited and read.
     pub delta_path: PathBuf,
 }
 
@@ -89,17 +88,14 @@ pub struct ComposeInput {
     pub agent: Option<Sourced>,
     /// The child's tools: (name, one-line description), in order.
     pub tools: Vec<(String, String)>,
-    /// tools.json, canonical.
+    /// tools.json, canonical: hashed into the stable prefix.
     pub tools_json: String,
-    /// The paths.
     pub paths: SessionPaths,
-    /// The task.
     pub task: String,
-    /// Its context.
+    /// Background for the task; blank is shown as `(none)`.
     pub context: Option<String>,
     /// The `[working-context]` block.
     pub working_context: String,
-    /// The caps.
     pub caps: Caps,
     /// Attempts allowed in all (1 + max_restarts).
     pub max_attempts: u32,
@@ -108,7 +104,6 @@ pub struct ComposeInput {
 /// One layer in plan.json.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerPlan {
-    /// Its name.
     pub name: String,
     /// The file it is in (`system.md` or `first_message.md`).
     pub file: String,
@@ -120,7 +115,7 @@ pub struct LayerPlan {
     pub injected_chars: usize,
     /// injected_chars / 4.
     pub approx_tokens: usize,
-    /// Cut at a cap.
+    /// Cut at a cap (the text ends with a truncation notice).
     pub truncated: bool,
     /// sha256 of the injected bytes.
     pub sha256: String,
@@ -129,9 +124,8 @@ pub struct LayerPlan {
 /// A layer left out, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Omitted {
-    /// The layer.
     pub name: String,
-    /// Why.
+    /// A sentence for people, e.g. `no rules_file configured`.
     pub reason: String,
 }
 
@@ -150,28 +144,26 @@ pub struct Plan {
     pub stable_prefix: String,
     /// The caps applied.
     pub caps: Caps,
-    /// Sums over the layers.
+    /// The sum of the layers' `raw_chars`.
     pub total_raw_chars: usize,
-    /// Sums over the layers.
+    /// The sum of the layers' `injected_chars`.
     pub total_injected_chars: usize,
-    /// Sums over the layers.
+    /// The sum of the layers' `approx_tokens`.
     pub total_approx_tokens: usize,
 }
 
 /// The composed files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Composed {
-    /// system.md.
     pub system_md: String,
-    /// first_message.md.
     pub first_message_md: String,
     /// plan.json (canonical, sorted keys).
     pub plan_json: String,
-    /// The plan.
+    /// plan.json's content.
     pub plan: Plan,
 }
 
-/// sha256 in hex.
+/// sha256 in lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
@@ -189,15 +181,6 @@ pub fn cap(text: &str, max: usize) -> (String, bool) {
     let notice = format!("\n[... truncated by subagentd: {max} of {total} characters shown]");
     let end = text.char_indices().nth(max).map_or(text.len(), |(i, _)| i);
     (format!("{}{notice}", &text[..end]), true)
-}
-
-struct Layer {
-    name: &'static str,
-    file: &'static str,
-    heading: Option<String>,
-    source: String,
-    text: String,
-    priority: u8,
 }
 
 fn contract() -> String {
@@ -224,233 +207,345 @@ fn session_block(p: &SessionPaths, attempt: u32, max_attempts: u32) -> String {
     )
 }
 
-/// Composes the context of `attempt` (1-based); `handoff` is the previous
-/// attempt's note.
-pub fn compose(input: &ComposeInput, attempt: u32, handoff: Option<&str>) -> Composed {
-    let mut layers = Vec::new();
-    let mut omitted = Vec::new();
-    let mut push = |name, file, heading: Option<&str>, source: String, text: String, priority| {
-        layers.push(Layer {
+/// The composed file a layer goes into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum File {
+    /// system.md: nothing in it depends on the run (its task, paths or
+    /// attempt), so a prompt cache can reuse it across runs.
+    System,
+    /// first_message.md: the run's task, handoff note, working context and
+    /// paths.
+    FirstMessage,
+}
+
+impl File {
+    fn name(self) -> &'static str {
+        match self {
+            File::System => "system.md",
+            File::FirstMessage => "first_message.md",
+        }
+    }
+}
+
+/// The source recorded for a text subagentd writes itself.
+const BUILT_IN: &str = "built-in";
+
+struct Layer {
+    name: &'static str,
+    file: File,
+    heading: Option<&'static str>,
+    source: String,
+    text: String,
+    /// Under the total cap, layers of higher priority are shrunk first.
+    priority: u8,
+}
+
+impl Layer {
+    fn system(
+        name: &'static str,
+        heading: &'static str,
+        source: impl Into<String>,
+        text: String,
+        priority: u8,
+    ) -> Layer {
+        Layer {
             name,
-            file,
-            heading: heading.map(str::to_owned),
-            source,
+            file: File::System,
+            heading: Some(heading),
+            source: source.into(),
             text,
             priority,
-        })
-    };
-    push(
-        "operating_rules",
-        "system.md",
-        Some("Operating rules"),
-        "built-in".into(),
-        CORE_RULES.to_owned(),
-        1,
-    );
-    match &input.playbook {
-        Some(s) if !s.text.trim().is_empty() => push(
-            "playbook",
-            "system.md",
-            Some("Operator playbook"),
-            s.path.display().to_string(),
-            s.text.trim().to_owned(),
-            6,
-        ),
-        Some(_) => omitted.push(Omitted {
-            name: "playbook".into(),
-            reason: "the rules file is empty".into(),
-        }),
-        None => omitted.push(Omitted {
-            name: "playbook".into(),
-            reason: "no rules_file configured".into(),
-        }),
+        }
     }
-    match &input.project_instructions {
-        Some(s) if !s.text.trim().is_empty() => push(
-            "project_instructions",
-            "system.md",
-            Some("Project instructions"),
-            s.path.display().to_string(),
-            s.text.trim().to_owned(),
-            5,
-        ),
-        Some(s) => omitted.push(Omitted {
-            name: "project_instructions".into(),
-            reason: format!("{} is empty", s.path.display()),
-        }),
-        None => omitted.push(Omitted {
-            name: "project_instructions".into(),
-            reason: "no project instructions found".into(),
-        }),
+
+    fn first_message(
+        name: &'static str,
+        source: impl Into<String>,
+        text: String,
+        priority: u8,
+    ) -> Layer {
+        Layer {
+            name,
+            file: File::FirstMessage,
+            heading: None,
+            source: source.into(),
+            text,
+            priority,
+        }
     }
-    match &input.agent {
-        Some(s) if !s.text.trim().is_empty() => push(
-            "agent",
-            "system.md",
-            Some("Your role"),
-            s.path.display().to_string(),
-            s.text.trim().to_owned(),
-            4,
-        ),
-        Some(s) => omitted.push(Omitted {
-            name: "agent".into(),
-            reason: format!("the definition {} has no body", s.path.display()),
-        }),
-        None => omitted.push(Omitted {
-            name: "agent".into(),
-            reason: "no agent definition given".into(),
-        }),
+}
+
+/// A system.md layer read from a file, and the reasons it is left out.
+struct FileLayer {
+    name: &'static str,
+    heading: &'static str,
+    priority: u8,
+    /// Recorded when there is no file.
+    missing: &'static str,
+    /// Recorded when the file holds only whitespace.
+    blank: fn(&Path) -> String,
+}
+
+const PLAYBOOK: FileLayer = FileLayer {
+    name: "playbook",
+    heading: "Operator playbook",
+    priority: 6,
+    missing: "no rules_file configured",
+    blank: |_| "the rules file is empty".into(),
+};
+
+const PROJECT_INSTRUCTIONS: FileLayer = FileLayer {
+    name: "project_instructions",
+    heading: "Project instructions",
+    priority: 5,
+    missing: "no project instructions found",
+    blank: |path| format!("{} is empty", path.display()),
+};
+
+const AGENT: FileLayer = FileLayer {
+    name: "agent",
+    heading: "Your role",
+    priority: 4,
+    missing: "no agent definition given",
+    blank: |path| format!("the definition {} has no body", path.display()),
+};
+
+/// The layers of one assembly in their order, and those left out.
+#[derive(Default)]
+struct Assembly {
+    layers: Vec<Layer>,
+    omitted: Vec<Omitted>,
+}
+
+impl Assembly {
+    fn add(&mut self, layer: Layer) {
+        self.layers.push(layer);
     }
-    if input.tools.is_empty() {
-        omitted.push(Omitted {
-            name: "tool_index".into(),
-            reason: "no tools".into(),
+
+    fn omit(&mut self, name: &str, reason: impl Into<String>) {
+        self.omitted.push(Omitted {
+            name: name.to_owned(),
+            reason: reason.into(),
         });
-    } else {
-        let index: String = input
-            .tools
-            .iter()
-            .map(|(n, d)| format!("- {n}: {d}\n"))
-            .collect();
-        push(
-            "tool_index",
-            "system.md",
-            Some("Tools (for awareness; the schemas come with each request)"),
-            "built-in".into(),
-            index.trim_end().to_owned(),
-            3,
-        );
     }
-    push(
-        "execution_contract",
-        "system.md",
-        Some("Execution contract"),
-        "built-in".into(),
-        contract(),
-        1,
-    );
+
+    fn add_file(&mut self, layer: &FileLayer, file: Option<&Sourced>) {
+        match file {
+            Some(s) if !s.text.trim().is_empty() => self.add(Layer::system(
+                layer.name,
+                layer.heading,
+                s.path.display().to_string(),
+                s.text.trim().to_owned(),
+                layer.priority,
+            )),
+            Some(s) => self.omit(layer.name, (layer.blank)(&s.path)),
+            None => self.omit(layer.name, layer.missing),
+        }
+    }
+
+    fn add_system_layers(&mut self, input: &ComposeInput) {
+        let rules = CORE_RULES.to_owned();
+        self.add(Layer::system(
+            "operating_rules",
+            "Operating rules",
+            BUILT_IN,
+            rules,
+            1,
+        ));
+        self.add_file(&PLAYBOOK, input.playbook.as_ref());
+        self.add_file(&PROJECT_INSTRUCTIONS, input.project_instructions.as_ref());
+        self.add_file(&AGENT, input.agent.as_ref());
+        if input.tools.is_empty() {
+            self.omit("tool_index", "no tools");
+        } else {
+            self.add(tool_index(&input.tools));
+        }
+        self.add(Layer::system(
+            "execution_contract",
+            "Execution contract",
+            BUILT_IN,
+            contract(),
+            1,
+        ));
+    }
+
+    fn add_first_message_layers(
+        &mut self,
+        input: &ComposeInput,
+        attempt: u32,
+        handoff: Option<&str>,
+    ) {
+        self.add(task_layer(input));
+        match handoff {
+            Some(note) => self.add(handoff_layer(note, attempt, input.max_attempts)),
+            None if attempt > 1 => self.omit("handoff", "the earlier attempt left no handoff.md"),
+            None => {}
+        }
+        let working_context = input.working_context.trim_end().to_owned();
+        self.add(Layer::first_message(
+            "working_context",
+            BUILT_IN,
+            working_context,
+            2,
+        ));
+        let session = session_block(&input.paths, attempt, input.max_attempts);
+        let session = session.trim_end().to_owned();
+        self.add(Layer::first_message("session", BUILT_IN, session, 1));
+    }
+
+    /// Writes each layer into its file, within the caps; a layer cut to
+    /// nothing is recorded as omitted.
+    fn render(self, caps: &Caps) -> Rendered {
+        let raw: Vec<usize> = self.layers.iter().map(|l| l.text.chars().count()).collect();
+        let budgets = budgets(&self.layers, &raw, caps);
+        let mut out = Rendered {
+            omitted: self.omitted,
+            ..Rendered::default()
+        };
+        for ((layer, raw_chars), budget) in self.layers.into_iter().zip(raw).zip(budgets) {
+            if budget == 0 && raw_chars > 0 {
+                out.omitted.push(Omitted {
+                    name: layer.name.into(),
+                    reason: "no room left under the total cap".into(),
+                });
+            } else {
+                out.write(layer, raw_chars, budget);
+            }
+        }
+        out
+    }
+}
+
+fn tool_index(tools: &[(String, String)]) -> Layer {
+    let index: String = tools.iter().map(|(n, d)| format!("- {n}: {d}\n")).collect();
+    Layer::system(
+        "tool_index",
+        "Tools (for awareness; the schemas come with each request)",
+        BUILT_IN,
+        index.trim_end().to_owned(),
+        3,
+    )
+}
+
+fn task_layer(input: &ComposeInput) -> Layer {
     let context = input
         .context
         .as_deref()
         .filter(|c| !c.trim().is_empty())
         .unwrap_or("(none)");
-    push(
-        "task",
-        "first_message.md",
-        None,
-        "request".into(),
-        format!("Context: {context}\nTask: {}", input.task),
-        0,
-    );
-    match handoff {
-        Some(h) => push(
-            "handoff",
-            "first_message.md",
-            None,
-            "handoff.md".into(),
-            format!("[handoff]\nAn earlier attempt ({} of {}) was cut off and left this note. Check the current state before you repeat anything it says it did.\n\n{}", attempt - 1, input.max_attempts, h.trim()),
-            2,
-        ),
-        None if attempt > 1 => omitted.push(Omitted { name: "handoff".into(), reason: "the earlier attempt left no handoff.md".into() }),
-        None => {}
-    }
-    push(
-        "working_context",
-        "first_message.md",
-        None,
-        "built-in".into(),
-        input.working_context.trim_end().to_owned(),
-        2,
-    );
-    push(
-        "session",
-        "first_message.md",
-        None,
-        "built-in".into(),
-        session_block(&input.paths, attempt, input.max_attempts)
-            .trim_end()
-            .to_owned(),
-        1,
-    );
+    let text = format!("Context: {context}\nTask: {}", input.task);
+    Layer::first_message("task", "request", text, 0)
+}
 
-    // Per-layer cap, then the total cap, shrinking the lowest-priority
-    // layers first.
-    let raw: Vec<usize> = layers.iter().map(|l| l.text.chars().count()).collect();
-    let mut budget: Vec<usize> = raw
-        .iter()
-        .map(|&r| r.min(input.caps.max_file_chars))
-        .collect();
+fn handoff_layer(note: &str, attempt: u32, max_attempts: u32) -> Layer {
+    let text = format!(
+        "[handoff]\nAn earlier attempt ({} of {max_attempts}) was cut off and left this note. Check the current state before you repeat anything it says it did.\n\n{}",
+        attempt - 1,
+        note.trim()
+    );
+    Layer::first_message("handoff", "handoff.md", text, 2)
+}
+
+/// How many characters of each layer are injected: each layer cut to the
+/// per-layer cap, then the lowest-priority layers (first in `layers` among
+/// equals) shrunk until the total fits. The task is never cut.
+fn budgets(layers: &[Layer], raw: &[usize], caps: &Caps) -> Vec<usize> {
+    let mut budget: Vec<usize> = raw.iter().map(|&r| r.min(caps.max_file_chars)).collect();
     let mut total: usize = budget.iter().sum();
     let mut order: Vec<usize> = (0..layers.len())
         .filter(|&i| layers[i].name != "task")
         .collect();
     order.sort_by_key(|&i| std::cmp::Reverse(layers[i].priority));
     for i in order {
-        if total <= input.caps.max_total_chars {
+        if total <= caps.max_total_chars {
             break;
         }
-        let cut = (total - input.caps.max_total_chars).min(budget[i]);
+        let cut = (total - caps.max_total_chars).min(budget[i]);
         budget[i] -= cut;
         total -= cut;
     }
-    let mut system = String::new();
-    let mut first = String::new();
-    let mut plans = Vec::new();
-    for (i, l) in layers.into_iter().enumerate() {
-        if budget[i] == 0 && raw[i] > 0 {
-            omitted.push(Omitted {
-                name: l.name.into(),
-                reason: "no room left under the total cap".into(),
-            });
-            continue;
-        }
-        let (text, truncated) = cap(&l.text, budget[i]);
-        let out = if l.file == "system.md" {
-            &mut system
-        } else {
-            &mut first
+    budget
+}
+
+/// The composed files so far, with the plan of each layer written.
+#[derive(Default)]
+struct Rendered {
+    system_md: String,
+    first_message_md: String,
+    layers: Vec<LayerPlan>,
+    omitted: Vec<Omitted>,
+}
+
+impl Rendered {
+    fn write(&mut self, layer: Layer, raw_chars: usize, budget: usize) {
+        let (text, truncated) = cap(&layer.text, budget);
+        let out = match layer.file {
+            File::System => &mut self.system_md,
+            File::FirstMessage => &mut self.first_message_md,
         };
         if !out.is_empty() {
             out.push('\n');
         }
-        if let Some(h) = &l.heading {
+        if let Some(h) = layer.heading {
             out.push_str(&format!("## {h}\n\n"));
         }
         out.push_str(&text);
         out.push('\n');
         let injected = text.chars().count();
-        plans.push(LayerPlan {
-            name: l.name.into(),
-            file: l.file.into(),
-            source: l.source,
-            raw_chars: raw[i],
+        self.layers.push(LayerPlan {
+            name: layer.name.into(),
+            file: layer.file.name().into(),
+            source: layer.source,
+            raw_chars,
             injected_chars: injected,
             approx_tokens: injected / 4,
             truncated,
             sha256: sha256_hex(text.as_bytes()),
         });
     }
-    let mut prefix = system.as_bytes().to_vec();
+}
+
+/// The hash of what a prompt cache can reuse across runs: system.md and
+/// tools.json.
+fn stable_prefix(system_md: &str, tools_json: &str) -> String {
+    let mut prefix = system_md.as_bytes().to_vec();
     prefix.push(0);
-    prefix.extend_from_slice(input.tools_json.as_bytes());
+    prefix.extend_from_slice(tools_json.as_bytes());
+    sha256_hex(&prefix)
+}
+
+/// Pretty JSON with sorted keys (a `Value`'s map is a BTreeMap), so equal
+/// plans give equal bytes.
+fn canonical_json(plan: &Plan) -> String {
+    let value = serde_json::to_value(plan).unwrap_or_default();
+    let mut json = serde_json::to_string_pretty(&value).unwrap_or_default();
+    json.push('\n');
+    json
+}
+
+/// Composes the context of `attempt` (1-based); `handoff` is the previous
+/// attempt's note.
+pub fn compose(input: &ComposeInput, attempt: u32, handoff: Option<&str>) -> Composed {
+    let mut assembly = Assembly::default();
+    assembly.add_system_layers(input);
+    assembly.add_first_message_layers(input, attempt, handoff);
+    let rendered = assembly.render(&input.caps);
+    let layers = rendered.layers;
     let plan = Plan {
         attempt,
         max_attempts: input.max_attempts,
-        total_raw_chars: plans.iter().map(|p| p.raw_chars).sum(),
-        total_injected_chars: plans.iter().map(|p| p.injected_chars).sum(),
-        total_approx_tokens: plans.iter().map(|p| p.approx_tokens).sum(),
-        layers: plans,
-        omitted,
-        stable_prefix: sha256_hex(&prefix),
+        total_raw_chars: layers.iter().map(|p| p.raw_chars).sum(),
+        total_injected_chars: layers.iter().map(|p| p.injected_chars).sum(),
+        total_approx_tokens: layers.iter().map(|p| p.approx_tokens).sum(),
+        layers,
+        omitted: rendered.omitted,
+        stable_prefix: stable_prefix(&rendered.system_md, &input.tools_json),
         caps: input.caps,
     };
-    let value = serde_json::to_value(&plan).unwrap_or_default();
-    let mut plan_json = serde_json::to_string_pretty(&value).unwrap_or_default();
-    plan_json.push('\n');
     Composed {
-        system_md: system,
-        first_message_md: first,
-        plan_json,
+        system_md: rendered.system_md,
+        first_message_md: rendered.first_message_md,
+        plan_json: canonical_json(&plan),
         plan,
     }
 }
@@ -572,6 +667,50 @@ mod tests {
                 .find(|l| l.name == "project_instructions")
                 .unwrap()
                 .truncated
+        );
+    }
+
+    #[test]
+    fn a_layer_cut_to_nothing_is_omitted_and_the_task_stays_whole() {
+        let mut tight = input();
+        tight.playbook = Some(Sourced {
+            path: "/etc/playbook.md".into(),
+            text: "Be careful.".into(),
+        });
+        let task_chars = "Context: Tests fail.\nTask: Fix the bug.".chars().count();
+        tight.caps = Caps {
+            max_file_chars: 20_000,
+            max_total_chars: task_chars,
+        };
+        let c = compose(&tight, 2, None);
+        let names: Vec<&str> = c.plan.layers.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["task"]);
+        assert_eq!(c.plan.total_injected_chars, task_chars);
+        let omitted: Vec<(&str, &str)> = c
+            .plan
+            .omitted
+            .iter()
+            .map(|o| (o.name.as_str(), o.reason.as_str()))
+            .collect();
+        let full = "no room left under the total cap";
+        assert_eq!(
+            omitted,
+            [
+                ("agent", "no agent definition given"),
+                ("handoff", "the earlier attempt left no handoff.md"),
+                ("operating_rules", full),
+                ("playbook", full),
+                ("project_instructions", full),
+                ("tool_index", full),
+                ("execution_contract", full),
+                ("working_context", full),
+                ("session", full),
+            ]
+        );
+        assert!(c.system_md.is_empty());
+        assert_eq!(
+            c.first_message_md,
+            "Context: Tests fail.\nTask: Fix the bug.\n"
         );
     }
 
