@@ -25,7 +25,7 @@ pub struct Definition {
     pub body: String,
     /// The file it came from.
     pub source: PathBuf,
-    /// Unknown fields, tolerated.
+    /// One message per unknown field, which is ignored.
     pub warnings: Vec<String>,
 }
 
@@ -33,13 +33,11 @@ pub struct Definition {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}:{line}: {}{message}", file.display(), field.as_ref().map(|f| format!("{f}: ")).unwrap_or_default())]
 pub struct DefinitionError {
-    /// The file.
     pub file: PathBuf,
     /// 1-based line (of the field, when one is at fault).
     pub line: usize,
     /// The field at fault, if any.
     pub field: Option<String>,
-    /// What is wrong.
     pub message: String,
 }
 
@@ -76,195 +74,220 @@ fn valid_name(s: &str) -> bool {
 
 /// Parses a definition. `claude` maps Claude Code tool names.
 pub fn parse(file: &Path, text: &str, claude: bool) -> Result<Definition, DefinitionError> {
-    let err = |line: usize, field: Option<&str>, message: String| DefinitionError {
-        file: file.to_path_buf(),
-        line,
-        field: field.map(str::to_owned),
-        message,
-    };
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut lines = text.split_inclusive('\n');
-    if lines.next().map(str::trim_end) != Some("---") {
-        return Err(err(
-            1,
-            None,
-            "expected YAML front matter opening with ---".into(),
-        ));
-    }
-    let mut front = String::new();
-    let mut front_lines = Vec::new();
-    let mut closed = false;
-    let mut consumed = text.find('\n').map_or(text.len(), |i| i + 1);
-    for l in lines.by_ref() {
-        consumed += l.len();
-        if l.trim_end() == "---" {
-            closed = true;
-            break;
-        }
-        front.push_str(l);
-        front_lines.push(l.to_owned());
-    }
-    if !closed {
-        return Err(err(
-            1,
-            None,
-            "the front matter is not closed with ---".into(),
-        ));
-    }
-    let body = text[consumed.min(text.len())..].trim().to_owned();
-    // The line of a top-level key (front matter starts on line 2).
-    let line_of = |key: &str| {
-        front_lines
-            .iter()
-            .position(|l| l.starts_with(&format!("{key}:")))
-            .map_or(1, |i| i + 2)
-    };
-    let map: serde_yaml::Mapping = match serde_yaml::from_str::<Value>(&front) {
-        Ok(Value::Mapping(m)) => m,
-        Ok(Value::Null) => serde_yaml::Mapping::new(),
-        Ok(_) => {
-            return Err(err(
-                2,
-                None,
-                "the front matter must be a mapping of fields".into(),
-            ))
-        }
-        Err(e) => {
-            let line = e.location().map_or(2, |l| l.line() + 1);
-            return Err(err(line, None, format!("invalid YAML: {e}")));
-        }
-    };
-    let get = |k: &str| map.get(Value::String(k.to_owned()));
-    let string = |k: &str| -> Result<Option<String>, DefinitionError> {
-        match get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(err(line_of(k), Some(k), "expected a string".into())),
-        }
-    };
-    let name = string("name")?.ok_or_else(|| err(2, Some("name"), "required".into()))?;
-    if !valid_name(&name) {
-        return Err(err(
-            line_of("name"),
-            Some("name"),
-            format!("{name:?} must match [a-z0-9-]+"),
-        ));
-    }
-    let description = string("description")?
-        .filter(|d| !d.trim().is_empty())
-        .ok_or_else(|| err(2, Some("description"), "required".into()))?;
-    let tools = match get("tools") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(
-            s.split(',')
-                .map(|t| t.trim().to_owned())
-                .filter(|t| !t.is_empty())
-                .collect(),
-        ),
-        Some(Value::Sequence(seq)) => Some(
-            seq.iter()
-                .map(|v| v.as_str().map(str::to_owned))
-                .collect::<Option<Vec<String>>>()
-                .ok_or_else(|| {
-                    err(
-                        line_of("tools"),
-                        Some("tools"),
-                        "expected a list of tool names".into(),
-                    )
-                })?,
-        ),
-        Some(_) => {
-            return Err(err(
-                line_of("tools"),
-                Some("tools"),
-                "expected a list or a comma-separated string".into(),
-            ))
-        }
-    };
-    let tools = tools.map(|ts: Vec<String>| {
-        if claude {
-            ts.into_iter()
-                .map(|t| {
-                    CLAUDE_TOOLS
-                        .iter()
-                        .find(|(c, _)| *c == t)
-                        .map_or(t, |(_, ours)| (*ours).to_owned())
-                })
-                .collect()
-        } else {
-            ts
-        }
-    });
-    let command = match get("command") {
-        None | Some(Value::Null) => None,
-        Some(Value::Sequence(seq)) if !seq.is_empty() => Some(
-            seq.iter()
-                .map(|v| v.as_str().map(str::to_owned))
-                .collect::<Option<Vec<String>>>()
-                .ok_or_else(|| {
-                    err(
-                        line_of("command"),
-                        Some("command"),
-                        "expected a list of strings".into(),
-                    )
-                })?,
-        ),
-        Some(_) => {
-            return Err(err(
-                line_of("command"),
-                Some("command"),
-                "expected a non-empty list of strings".into(),
-            ))
-        }
-    };
-    let limits = match get("limits") {
-        None | Some(Value::Null) => crate::Limits::default(),
-        Some(v) => serde_yaml::from_value::<crate::Limits>(v.clone())
-            .map_err(|e| err(line_of("limits"), Some("limits"), e.to_string()))?,
-    };
-    if limits.output_mb.is_some() {
-        return Err(err(
-            line_of("limits"),
-            Some("limits"),
-            "output_mb cannot be set by a definition".into(),
-        ));
-    }
-    limits
-        .validate()
-        .map_err(|(f, why)| err(line_of("limits"), Some("limits"), format!("{f}: {why}")))?;
-    let network = match get("network") {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(b)) => Some(*b),
-        Some(_) => {
-            return Err(err(
-                line_of("network"),
-                Some("network"),
-                "expected true or false".into(),
-            ))
-        }
-    };
-    let mut warnings = Vec::new();
-    for k in map.keys() {
-        let k = k.as_str().unwrap_or("?");
-        if !KNOWN.contains(&k) {
-            warnings.push(format!(
-                "{}:{}: unknown field `{k}` ignored",
-                file.display(),
-                line_of(k)
-            ));
-        }
+    let front = FrontMatter::split(file, text)?;
+    let fields = Fields::parse(file, &front.lines)?;
+    let name = fields.name()?;
+    let description = fields.description()?;
+    let mut tools = fields.tools()?;
+    if claude {
+        tools = tools.map(|ts| ts.into_iter().map(claude_tool).collect());
     }
     Ok(Definition {
         name,
         description,
         tools,
-        command,
-        limits,
-        network,
-        body,
+        command: fields.command()?,
+        limits: fields.limits()?,
+        network: fields.network()?,
+        body: front.body,
         source: file.to_path_buf(),
-        warnings,
+        warnings: fields.unknown(),
     })
+}
+
+impl DefinitionError {
+    fn new(file: &Path, line: usize, field: Option<&str>, message: impl Into<String>) -> Self {
+        DefinitionError {
+            file: file.to_path_buf(),
+            line,
+            field: field.map(str::to_owned),
+            message: message.into(),
+        }
+    }
+}
+
+/// A definition's text split at the `---` lines.
+struct FrontMatter {
+    /// The YAML between the `---` lines, which begins on line 2.
+    lines: Vec<String>,
+    body: String,
+}
+
+impl FrontMatter {
+    fn split(file: &Path, text: &str) -> Result<FrontMatter, DefinitionError> {
+        let fail = |message: &str| DefinitionError::new(file, 1, None, message);
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let mut lines = text.split_inclusive('\n');
+        if lines.next().map(str::trim_end) != Some("---") {
+            return Err(fail("expected YAML front matter opening with ---"));
+        }
+        let mut front = Vec::new();
+        let mut consumed = text.find('\n').map_or(text.len(), |i| i + 1);
+        for l in lines {
+            consumed += l.len();
+            if l.trim_end() == "---" {
+                let body = text[consumed.min(text.len())..].trim().to_owned();
+                return Ok(FrontMatter { lines: front, body });
+            }
+            front.push(l.to_owned());
+        }
+        Err(fail("the front matter is not closed with ---"))
+    }
+}
+
+/// The front matter's fields, and where each is, to name it in errors.
+struct Fields<'a> {
+    file: &'a Path,
+    map: serde_yaml::Mapping,
+    lines: &'a [String],
+}
+
+impl<'a> Fields<'a> {
+    fn parse(file: &'a Path, lines: &'a [String]) -> Result<Fields<'a>, DefinitionError> {
+        let fail = |line, message: String| DefinitionError::new(file, line, None, message);
+        let map = match serde_yaml::from_str::<Value>(&lines.concat()) {
+            Ok(Value::Mapping(m)) => m,
+            Ok(Value::Null) => serde_yaml::Mapping::new(),
+            Ok(_) => {
+                return Err(fail(
+                    2,
+                    "the front matter must be a mapping of fields".into(),
+                ))
+            }
+            Err(e) => {
+                let line = e.location().map_or(2, |l| l.line() + 1);
+                return Err(fail(line, format!("invalid YAML: {e}")));
+            }
+        };
+        Ok(Fields { file, map, lines })
+    }
+
+    /// The line of a top-level key (1 when it is not found).
+    fn line_of(&self, key: &str) -> usize {
+        self.lines
+            .iter()
+            .position(|l| l.starts_with(&format!("{key}:")))
+            .map_or(1, |i| i + 2)
+    }
+
+    /// An error on the line of `key`.
+    fn invalid(&self, key: &str, message: impl Into<String>) -> DefinitionError {
+        DefinitionError::new(self.file, self.line_of(key), Some(key), message)
+    }
+
+    /// An absent key, naming it on the first line of the front matter.
+    fn required(&self, key: &str) -> DefinitionError {
+        DefinitionError::new(self.file, 2, Some(key), "required")
+    }
+
+    /// The value of `key`; a null value is treated as absent.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.map
+            .get(Value::String(key.to_owned()))
+            .filter(|v| !v.is_null())
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>, DefinitionError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(self.invalid(key, "expected a string")),
+        }
+    }
+
+    fn name(&self) -> Result<String, DefinitionError> {
+        let name = self.string("name")?.ok_or_else(|| self.required("name"))?;
+        if !valid_name(&name) {
+            return Err(self.invalid("name", format!("{name:?} must match [a-z0-9-]+")));
+        }
+        Ok(name)
+    }
+
+    fn description(&self) -> Result<String, DefinitionError> {
+        self.string("description")?
+            .filter(|d| !d.trim().is_empty())
+            .ok_or_else(|| self.required("description"))
+    }
+
+    /// A list of names, or one string of comma-separated names.
+    fn tools(&self) -> Result<Option<Vec<String>>, DefinitionError> {
+        match self.get("tools") {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(
+                s.split(',')
+                    .map(|t| t.trim().to_owned())
+                    .filter(|t| !t.is_empty())
+                    .collect(),
+            )),
+            Some(Value::Sequence(seq)) => strings(seq)
+                .map(Some)
+                .ok_or_else(|| self.invalid("tools", "expected a list of tool names")),
+            Some(_) => Err(self.invalid("tools", "expected a list or a comma-separated string")),
+        }
+    }
+
+    fn command(&self) -> Result<Option<Vec<String>>, DefinitionError> {
+        match self.get("command") {
+            None => Ok(None),
+            Some(Value::Sequence(seq)) if !seq.is_empty() => strings(seq)
+                .map(Some)
+                .ok_or_else(|| self.invalid("command", "expected a list of strings")),
+            Some(_) => Err(self.invalid("command", "expected a non-empty list of strings")),
+        }
+    }
+
+    /// The limits, which may not set the output cap (the operator's alone).
+    fn limits(&self) -> Result<crate::Limits, DefinitionError> {
+        let limits = match self.get("limits") {
+            None => crate::Limits::default(),
+            Some(v) => serde_yaml::from_value::<crate::Limits>(v.clone())
+                .map_err(|e| self.invalid("limits", e.to_string()))?,
+        };
+        if limits.output_mb.is_some() {
+            return Err(self.invalid("limits", "output_mb cannot be set by a definition"));
+        }
+        limits
+            .validate()
+            .map_err(|(f, why)| self.invalid("limits", format!("{f}: {why}")))?;
+        Ok(limits)
+    }
+
+    fn network(&self) -> Result<Option<bool>, DefinitionError> {
+        match self.get("network") {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.invalid("network", "expected true or false")),
+        }
+    }
+
+    /// A warning for each field this version does not know.
+    fn unknown(&self) -> Vec<String> {
+        self.map
+            .keys()
+            .map(|k| k.as_str().unwrap_or("?"))
+            .filter(|k| !KNOWN.contains(k))
+            .map(|k| {
+                format!(
+                    "{}:{}: unknown field `{k}` ignored",
+                    self.file.display(),
+                    self.line_of(k)
+                )
+            })
+            .collect()
+    }
+}
+
+/// The strings of `seq`, or None if one is not a string.
+fn strings(seq: &[Value]) -> Option<Vec<String>> {
+    seq.iter().map(|v| v.as_str().map(str::to_owned)).collect()
+}
+
+/// Our name for a Claude Code tool name; other names pass unchanged.
+fn claude_tool(name: String) -> String {
+    CLAUDE_TOOLS
+        .iter()
+        .find(|(c, _)| *c == name)
+        .map_or(name, |(_, ours)| (*ours).to_owned())
 }
 
 #[cfg(test)]
