@@ -93,7 +93,6 @@ pub struct ConfigError {
     pub line: usize,
     /// 1-based column.
     pub column: usize,
-    /// What is wrong.
     pub message: String,
 }
 
@@ -114,93 +113,106 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
             message: e.message().trim().to_owned(),
         }
     })?;
-    let at = |key: &str| line_col(text, text.find(key).unwrap_or(0));
-    for (key, paths) in [
-        ("read_paths", &config.read_paths),
-        ("write_paths", &config.write_paths),
-    ] {
-        if let Some(p) = paths.iter().find(|p| !p.is_absolute()) {
-            let (line, column) = at(key);
-            return Err(ConfigError {
-                line,
-                column,
-                message: format!("{key}: {} is not an absolute path", p.display()),
-            });
-        }
-    }
-    for (audience, limits) in &config.limits {
-        if let Err((field, why)) = limits.validate() {
-            let (line, column) = at(&format!("limits.{}", audience.as_str()));
-            return Err(ConfigError {
-                line,
-                column,
-                message: format!("limits.{}.{field}: {why}", audience.as_str()),
-            });
-        }
-    }
-    if let Err(e) = config.tool_policy() {
-        let (line, column) = at("tools");
-        return Err(ConfigError {
-            line,
-            column,
-            message: e.to_string(),
-        });
-    }
-    if config.command.as_ref().is_some_and(|c| c.is_empty()) {
-        let (line, column) = at("command");
-        return Err(ConfigError {
-            line,
-            column,
-            message: "command must not be empty".into(),
-        });
-    }
-    if config.max_restarts.is_some_and(|n| n > crate::MAX_RESTARTS) {
-        let (line, column) = at("max_restarts");
-        return Err(ConfigError {
-            line,
-            column,
-            message: format!("max_restarts must be at most {}", crate::MAX_RESTARTS),
-        });
-    }
-    if config.context.max_file_chars == 0 || config.context.max_total_chars == 0 {
-        let (line, column) = at("context");
-        return Err(ConfigError {
-            line,
-            column,
-            message: "context caps must be positive".into(),
-        });
-    }
-    if config.rules_file.as_ref().is_some_and(|p| !p.is_absolute()) {
-        let (line, column) = at("rules_file");
-        return Err(ConfigError {
-            line,
-            column,
-            message: "rules_file must be an absolute path".into(),
-        });
-    }
-    for (key, zero) in [
-        ("max_connections", config.max_connections == Some(0)),
-        ("idle_timeout_s", config.idle_timeout_s == Some(0)),
-    ] {
-        if zero {
-            let (line, column) = at(key);
-            return Err(ConfigError {
-                line,
-                column,
-                message: format!("{key} must be at least 1"),
-            });
-        }
-    }
-    if config.max_concurrent == Some(0) {
-        let offset = text.find("max_concurrent").unwrap_or(0);
-        let (line, column) = line_col(text, offset);
-        return Err(ConfigError {
-            line,
-            column,
-            message: "max_concurrent must be at least 1".into(),
-        });
-    }
+    config.check().map_err(|e| e.locate(text))?;
     Ok(config)
+}
+
+/// A value of the right type that the config's rules refuse: the key to
+/// point at and what is wrong.
+struct Refused {
+    key: String,
+    message: String,
+}
+
+impl Refused {
+    fn new(key: impl Into<String>, message: impl Into<String>) -> Refused {
+        Refused {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The error at the first place `key` appears in the text (the start
+    /// when it does not).
+    fn locate(self, text: &str) -> ConfigError {
+        let (line, column) = line_col(text, text.find(&self.key).unwrap_or(0));
+        ConfigError {
+            line,
+            column,
+            message: self.message,
+        }
+    }
+}
+
+impl Config {
+    /// The rules the types cannot say, in a fixed order; the first broken
+    /// one is reported.
+    fn check(&self) -> Result<(), Refused> {
+        self.check_paths()?;
+        self.check_limits()?;
+        self.tool_policy()
+            .map_err(|e| Refused::new("tools", e.to_string()))?;
+        self.check_values()?;
+        self.check_counts()
+    }
+
+    fn check_paths(&self) -> Result<(), Refused> {
+        for (key, paths) in [
+            ("read_paths", &self.read_paths),
+            ("write_paths", &self.write_paths),
+        ] {
+            if let Some(p) = paths.iter().find(|p| !p.is_absolute()) {
+                let message = format!("{key}: {} is not an absolute path", p.display());
+                return Err(Refused::new(key, message));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_limits(&self) -> Result<(), Refused> {
+        for (audience, limits) in &self.limits {
+            if let Err((field, why)) = limits.validate() {
+                let key = format!("limits.{}", audience.as_str());
+                let message = format!("{key}.{field}: {why}");
+                return Err(Refused::new(key, message));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_values(&self) -> Result<(), Refused> {
+        if self.command.as_ref().is_some_and(|c| c.is_empty()) {
+            return Err(Refused::new("command", "command must not be empty"));
+        }
+        if self.max_restarts.is_some_and(|n| n > crate::MAX_RESTARTS) {
+            let message = format!("max_restarts must be at most {}", crate::MAX_RESTARTS);
+            return Err(Refused::new("max_restarts", message));
+        }
+        if self.context.max_file_chars == 0 || self.context.max_total_chars == 0 {
+            return Err(Refused::new("context", "context caps must be positive"));
+        }
+        if self.rules_file.as_ref().is_some_and(|p| !p.is_absolute()) {
+            return Err(Refused::new(
+                "rules_file",
+                "rules_file must be an absolute path",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The counts that must be at least 1 when set.
+    fn check_counts(&self) -> Result<(), Refused> {
+        for (key, zero) in [
+            ("max_connections", self.max_connections == Some(0)),
+            ("idle_timeout_s", self.idle_timeout_s == Some(0)),
+            ("max_concurrent", self.max_concurrent == Some(0)),
+        ] {
+            if zero {
+                return Err(Refused::new(key, format!("{key} must be at least 1")));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Config {
