@@ -52,9 +52,7 @@ pub struct FsRules {
 /// The run's paths that the rules are made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunPaths {
-    /// The child's temp dir.
     pub temp_dir: PathBuf,
-    /// The child's artifact dir.
     pub artifact_dir: PathBuf,
     /// The composed context (read only).
     pub context_dir: PathBuf,
@@ -95,7 +93,20 @@ fn rule(path: &Path, access: Access, must_exist: bool, reason: &str) -> FsRule {
 
 /// The rules for `paths` with `grants`, plus the request's extra roots.
 pub fn rules(paths: &RunPaths, grants: &Grants, request: &SandboxRequest) -> FsRules {
-    let mut rules = Vec::new();
+    let mut rules = host_rules(grants);
+    rules.extend(program_rules(&paths.programs));
+    rules.extend(project_rule(&paths.project_dir, grants));
+    rules.extend(run_dir_rules(paths));
+    rules.extend(extra_rules(request));
+    FsRules {
+        rules,
+        proc_self: false,
+    }
+}
+
+/// What every run reaches of the host; a path the host lacks is skipped,
+/// but /dev/shm must be there.
+fn host_rules(grants: &Grants) -> Vec<FsRule> {
     // Without an exec tool the system is readable but only the agent
     // program and what it needs to start may be executed.
     let system = if grants.exec {
@@ -103,25 +114,20 @@ pub fn rules(paths: &RunPaths, grants: &Grants, request: &SandboxRequest) -> FsR
     } else {
         Access::Read
     };
-    for p in SYSTEM_READ_EXEC {
-        rules.push(rule(Path::new(p), system, false, "the system"));
-    }
-    for p in DEVICES {
-        rules.push(rule(
-            Path::new(p),
-            Access::ReadWrite,
-            false,
-            "standard devices",
-        ));
-    }
-    for p in HOST_FACTS {
-        rules.push(rule(
-            Path::new(p),
-            Access::Read,
-            false,
-            "host facts (CPU count)",
-        ));
-    }
+    let mut rules: Vec<FsRule> = SYSTEM_READ_EXEC
+        .iter()
+        .map(|p| rule(Path::new(p), system, false, "the system"))
+        .collect();
+    rules.extend(
+        DEVICES
+            .iter()
+            .map(|p| rule(Path::new(p), Access::ReadWrite, false, "standard devices")),
+    );
+    rules.extend(
+        HOST_FACTS
+            .iter()
+            .map(|p| rule(Path::new(p), Access::Read, false, "host facts (CPU count)")),
+    );
     rules.push(rule(
         Path::new("/dev/shm"),
         Access::ReadWrite,
@@ -134,61 +140,77 @@ pub fn rules(paths: &RunPaths, grants: &Grants, request: &SandboxRequest) -> FsR
         false,
         "process information (environ and mem of processes outside the run stay closed: Landlock scopes ptrace access)",
     ));
-    for program in &paths.programs {
-        rules.push(FsRule {
-            file_only: true,
-            ..rule(program, Access::ReadExec, true, "the agent program")
-        });
-    }
+    rules
+}
+
+fn program_rules(programs: &[PathBuf]) -> impl Iterator<Item = FsRule> + '_ {
+    programs.iter().map(|program| FsRule {
+        file_only: true,
+        ..rule(program, Access::ReadExec, true, "the agent program")
+    })
+}
+
+fn project_rule(project_dir: &Path, grants: &Grants) -> Option<FsRule> {
     if grants.write_project {
-        rules.push(rule(
-            &paths.project_dir,
+        Some(rule(
+            project_dir,
             Access::ReadWrite,
             true,
             "the project (writable)",
-        ));
+        ))
     } else if grants.read_project {
-        rules.push(rule(
-            &paths.project_dir,
+        Some(rule(
+            project_dir,
             Access::Read,
             true,
             "the project (read only)",
-        ));
+        ))
+    } else {
+        None
     }
-    rules.push(rule(
-        &paths.context_dir,
-        Access::Read,
-        true,
-        "the composed context",
-    ));
-    rules.push(rule(
-        &paths.temp_dir,
-        Access::ReadWrite,
-        true,
-        "the run's temp dir",
-    ));
-    rules.push(rule(
-        &paths.artifact_dir,
-        Access::ReadWrite,
-        true,
-        "the run's artifact dir",
-    ));
-    rules.push(rule(
-        &paths.delta_dir,
-        Access::ReadWrite,
-        true,
-        "where the delta is written",
-    ));
-    for p in &request.read_paths {
-        rules.push(rule(p, Access::Read, true, "sandbox.read_paths"));
-    }
-    for p in &request.write_paths {
-        rules.push(rule(p, Access::ReadWrite, true, "sandbox.write_paths"));
-    }
-    FsRules {
-        rules,
-        proc_self: false,
-    }
+}
+
+/// The run's own directories.
+fn run_dir_rules(paths: &RunPaths) -> [FsRule; 4] {
+    [
+        rule(
+            &paths.context_dir,
+            Access::Read,
+            true,
+            "the composed context",
+        ),
+        rule(
+            &paths.temp_dir,
+            Access::ReadWrite,
+            true,
+            "the run's temp dir",
+        ),
+        rule(
+            &paths.artifact_dir,
+            Access::ReadWrite,
+            true,
+            "the run's artifact dir",
+        ),
+        rule(
+            &paths.delta_dir,
+            Access::ReadWrite,
+            true,
+            "where the delta is written",
+        ),
+    ]
+}
+
+/// The roots the request adds (`sandbox.read_paths`, `sandbox.write_paths`).
+fn extra_rules(request: &SandboxRequest) -> impl Iterator<Item = FsRule> + '_ {
+    let read = request
+        .read_paths
+        .iter()
+        .map(|p| rule(p, Access::Read, true, "sandbox.read_paths"));
+    let write = request
+        .write_paths
+        .iter()
+        .map(|p| rule(p, Access::ReadWrite, true, "sandbox.write_paths"));
+    read.chain(write)
 }
 
 /// The strongest access `rules` grant on `path` (the union of every rule
