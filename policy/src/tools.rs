@@ -40,7 +40,7 @@ pub struct Tool {
     pub name: String,
     /// One line saying what it does.
     pub description: String,
-    /// Its capability class.
+    /// The OS right a child holding it gets, or that no child may hold it.
     pub class: Capability,
     /// The JSON schema of its parameters.
     #[serde(default = "empty_schema")]
