@@ -57,7 +57,6 @@ pub struct RpcError {
 }
 
 impl RpcError {
-    /// An error with `code` and `message`.
     pub fn new(code: i64, message: impl Into<String>) -> RpcError {
         RpcError {
             code,
@@ -102,7 +101,8 @@ pub struct SpawnParams {
     /// Extra environment for the child.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Resource limits.
+    /// Resource limits; one left unset comes from the config's audience
+    /// defaults, lowered by the agent definition's.
     #[serde(default)]
     pub limits: Limits,
     /// Keep temp_dir after the run ends (default: removed).
@@ -127,7 +127,6 @@ pub enum Isolation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TouchParams {
-    /// The session.
     pub session_id: String,
     /// Files the parent read or wrote, most recent first (absolute, or
     /// relative to the session's project_dir).
@@ -160,7 +159,6 @@ pub struct SessionParams {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunParams {
-    /// The run.
     pub run_id: String,
 }
 
@@ -168,7 +166,6 @@ pub struct RunParams {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckParams {
-    /// The run.
     pub run_id: String,
     /// Also cancel it.
     #[serde(default)]
@@ -179,7 +176,6 @@ pub struct CheckParams {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WaitParams {
-    /// The run.
     pub run_id: String,
     /// Give up after this long and return the current status; absent =
     /// wait until the run ends.
@@ -265,7 +261,6 @@ pub enum Decoded {
     Error {
         /// The id to answer with.
         id: Value,
-        /// The error.
         error: RpcError,
         /// False for a well-formed notification (no `id` member) whose
         /// method or params are bad: JSON-RPC forbids answering those.
@@ -300,93 +295,129 @@ fn params<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, RpcError> {
 /// Decodes one line (without its newline). Never fails: a bad line turns
 /// into the error to answer with.
 pub fn decode(line: &[u8]) -> Decoded {
-    let err = |id: Value, code, msg: String| Decoded::Error {
-        id,
-        error: RpcError::new(code, msg),
-        reply: true,
-    };
     if line.iter().all(u8::is_ascii_whitespace) {
         return Decoded::Blank;
     }
-    if line.len() > MAX_LINE {
-        return err(
-            Value::Null,
-            codes::INVALID_REQUEST,
-            format!("request line exceeds the limit of {MAX_LINE} bytes (1 MiB)"),
-        );
-    }
-    let value: Value = match serde_json::from_slice(line) {
-        Ok(v) => v,
-        Err(e) => return err(Value::Null, codes::PARSE_ERROR, format!("parse error: {e}")),
-    };
-    let Value::Object(mut obj) = value else {
-        let msg = if value.is_array() {
-            "invalid request: batch requests are not supported; send one object per line"
-        } else {
-            "invalid request: expected a JSON object"
-        };
-        return err(Value::Null, codes::INVALID_REQUEST, msg.to_owned());
-    };
-    let id = obj.remove("id");
-    let reply_id = match &id {
-        None => Value::Null,
-        Some(v @ (Value::Null | Value::String(_) | Value::Number(_))) => v.clone(),
-        Some(_) => {
-            return err(
-                Value::Null,
-                codes::INVALID_REQUEST,
-                "invalid request: id must be a string, a number or null".to_owned(),
-            )
+    let envelope = match Envelope::parse(line) {
+        Ok(e) => e,
+        Err(Rejected { id, error }) => {
+            return Decoded::Error {
+                id,
+                error,
+                reply: true,
+            }
         }
     };
-    if obj.get("jsonrpc") != Some(&Value::String("2.0".to_owned())) {
-        return err(
-            reply_id,
-            codes::INVALID_REQUEST,
-            "invalid request: jsonrpc must be \"2.0\"".to_owned(),
-        );
-    }
-    let method = match obj.remove("method") {
-        Some(Value::String(m)) => m,
-        _ => {
-            return err(
-                reply_id,
-                codes::INVALID_REQUEST,
-                "invalid request: method must be a string".to_owned(),
-            )
-        }
-    };
-    let p = obj.remove("params").unwrap_or(Value::Null);
-    if let Some(extra) = obj.keys().find(|k| k.as_str() != "jsonrpc") {
-        return err(
-            reply_id,
-            codes::INVALID_REQUEST,
-            format!("invalid request: unknown member `{extra}`"),
-        );
-    }
-    let call = match method.as_str() {
-        "spawn_agent" => params(p).map(|p| Call::SpawnAgent(Box::new(p))),
-        "check_agent_run" => params(p).map(Call::CheckAgentRun),
-        "wait_agent_run" => params(p).map(Call::WaitAgentRun),
-        "cancel_agent_run" => params(p).map(Call::CancelAgentRun),
-        "list_agent_runs" => params(p).map(Call::ListAgentRuns),
-        "subscribe" => params(p).map(Call::Subscribe),
-        "take_notices" => params(p).map(Call::TakeNotices),
-        "touch_files" => params(p).map(Call::TouchFiles),
-        "working_context" => params(p).map(Call::WorkingContext),
-        "ping" => params::<NoParams>(p).map(|_| Call::Ping),
-        other => Err(RpcError::new(
-            codes::METHOD_NOT_FOUND,
-            format!("method not found: {other}"),
-        )),
-    };
-    match call {
-        Ok(call) => Decoded::Request(Box::new(Request { id, call })),
+    match Call::parse(&envelope.method, envelope.params) {
+        Ok(call) => Decoded::Request(Box::new(Request {
+            id: envelope.id,
+            call,
+        })),
         Err(error) => Decoded::Error {
-            reply: id.is_some(),
-            id: reply_id,
+            reply: envelope.id.is_some(),
+            id: envelope.id.unwrap_or(Value::Null),
             error,
         },
+    }
+}
+
+/// A request object whose members are valid, its params not yet decoded.
+struct Envelope {
+    /// `None` when the object had no `id` member (a notification).
+    id: Option<Value>,
+    method: String,
+    params: Value,
+}
+
+/// A line that is not a valid request object, and the id to answer with
+/// (null until the id itself was found valid).
+struct Rejected {
+    id: Value,
+    error: RpcError,
+}
+
+impl Rejected {
+    fn new(id: Value, code: i64, message: impl Into<String>) -> Rejected {
+        Rejected {
+            id,
+            error: RpcError::new(code, message),
+        }
+    }
+
+    fn invalid(id: Value, message: impl Into<String>) -> Rejected {
+        Rejected::new(id, codes::INVALID_REQUEST, message)
+    }
+}
+
+impl Envelope {
+    fn parse(line: &[u8]) -> Result<Envelope, Rejected> {
+        let mut obj = object(line)?;
+        let id = obj.remove("id");
+        let reply_id = match &id {
+            None => Value::Null,
+            Some(v @ (Value::Null | Value::String(_) | Value::Number(_))) => v.clone(),
+            Some(_) => {
+                let message = "invalid request: id must be a string, a number or null";
+                return Err(Rejected::invalid(Value::Null, message));
+            }
+        };
+        if obj.get("jsonrpc") != Some(&Value::String("2.0".to_owned())) {
+            let message = "invalid request: jsonrpc must be \"2.0\"";
+            return Err(Rejected::invalid(reply_id, message));
+        }
+        let Some(Value::String(method)) = obj.remove("method") else {
+            let message = "invalid request: method must be a string";
+            return Err(Rejected::invalid(reply_id, message));
+        };
+        let params = obj.remove("params").unwrap_or(Value::Null);
+        if let Some(extra) = obj.keys().find(|k| k.as_str() != "jsonrpc") {
+            let message = format!("invalid request: unknown member `{extra}`");
+            return Err(Rejected::invalid(reply_id, message));
+        }
+        Ok(Envelope { id, method, params })
+    }
+}
+
+/// The line as a JSON object, within the size limit.
+fn object(line: &[u8]) -> Result<serde_json::Map<String, Value>, Rejected> {
+    if line.len() > MAX_LINE {
+        let message = format!("request line exceeds the limit of {MAX_LINE} bytes (1 MiB)");
+        return Err(Rejected::invalid(Value::Null, message));
+    }
+    let value: Value = serde_json::from_slice(line)
+        .map_err(|e| Rejected::new(Value::Null, codes::PARSE_ERROR, format!("parse error: {e}")))?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        Value::Array(_) => Err(Rejected::invalid(
+            Value::Null,
+            "invalid request: batch requests are not supported; send one object per line",
+        )),
+        _ => Err(Rejected::invalid(
+            Value::Null,
+            "invalid request: expected a JSON object",
+        )),
+    }
+}
+
+impl Call {
+    /// The call `method` names, with its params decoded.
+    fn parse(method: &str, p: Value) -> Result<Call, RpcError> {
+        match method {
+            "spawn_agent" => params(p).map(|p| Call::SpawnAgent(Box::new(p))),
+            "check_agent_run" => params(p).map(Call::CheckAgentRun),
+            "wait_agent_run" => params(p).map(Call::WaitAgentRun),
+            "cancel_agent_run" => params(p).map(Call::CancelAgentRun),
+            "list_agent_runs" => params(p).map(Call::ListAgentRuns),
+            "subscribe" => params(p).map(Call::Subscribe),
+            "take_notices" => params(p).map(Call::TakeNotices),
+            "touch_files" => params(p).map(Call::TouchFiles),
+            "working_context" => params(p).map(Call::WorkingContext),
+            "ping" => params::<NoParams>(p).map(|_| Call::Ping),
+            other => Err(RpcError::new(
+                codes::METHOD_NOT_FOUND,
+                format!("method not found: {other}"),
+            )),
+        }
     }
 }
 
@@ -415,9 +446,7 @@ fn line(v: &Value) -> Vec<u8> {
 /// returned by `take_notices`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Notice {
-    /// The run.
     pub run_id: String,
-    /// Its session.
     pub session_id: String,
     /// Its terminal state.
     pub state: crate::record::RunState,
