@@ -4,13 +4,14 @@
 
 use super::dispatch;
 use crate::engine::Supervisor;
-use crate::protocol::{self, codes, Call, Decoded, RpcError, MAX_LINE};
+use crate::protocol::{self, codes, Call, Decoded, Request, RpcError, MAX_LINE};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc, watch, Notify, Semaphore};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 /// Outgoing lines buffered per connection; a subscriber that lets this
 /// fill up is disconnected rather than slowing anyone else.
@@ -102,133 +103,204 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
     idle: std::time::Duration,
 ) {
-    let (rd, mut wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
     let mut reader = BufReader::with_capacity(64 * 1024, rd);
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
-    let writer = tokio::spawn(async move {
-        while let Some(buf) = rx.recv().await {
-            if wr.write_all(&buf).await.is_err() {
-                break;
-            }
-        }
-        let _ = wr.shutdown().await;
-    });
-    let close = Arc::new(Notify::new());
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
-    let mut requests = JoinSet::new();
-    let mut subscription: Option<tokio::task::JoinHandle<()>> = None;
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
+    let writer = tokio::spawn(write_lines(wr, rx));
+    let mut conn = Connection::new(sup, tx, shutdown.clone());
     let mut buf = Vec::new();
-    let mut stopping = shutdown.clone();
     let mut last_request = tokio::time::Instant::now();
     loop {
         let idle_at = last_request + idle;
-        let can_idle = requests.is_empty() && subscription.is_none();
-        tokio::select! {
+        let can_idle = conn.can_idle();
+        let next = tokio::select! {
             _ = tokio::time::sleep_until(idle_at), if can_idle => {
                 tracing::debug!("closing an idle connection");
-                break;
+                Err(Close)
             }
             line = read_line(&mut reader, &mut buf) => match line {
                 Ok(Line::Complete) => {
                     last_request = tokio::time::Instant::now();
-                    let line = std::mem::take(&mut buf);
-                    match protocol::decode(&line) {
-                        Decoded::Blank | Decoded::Error { reply: false, .. } => {}
-                        Decoded::Error { id, error, .. } => {
-                            if tx.send(protocol::error_response(&id, &error)).await.is_err() {
-                                break;
-                            }
-                        }
-                        Decoded::Request(req) => {
-                            let reply_id = req.id.clone();
-                            if let Call::Subscribe(p) = req.call {
-                                let result = match check_subscription(&p.session_id) {
-                                    Ok(()) => {
-                                        // One subscription per connection: the newest
-                                        // filter wins; the old one stops first, so no
-                                        // notice is delivered twice.
-                                        if let Some(old) = subscription.take() {
-                                            old.abort();
-                                            let _ = old.await;
-                                        }
-                                        let (task, v) = subscribe(&sup, p.session_id, &tx, &close);
-                                        subscription = Some(task);
-                                        Ok(v)
-                                    }
-                                    Err(e) => Err(e),
-                                };
-                                if let Some(id) = reply_id {
-                                    let line = match result {
-                                        Ok(v) => protocol::response(&id, &v),
-                                        Err(e) => protocol::error_response(&id, &e),
-                                    };
-                                    if tx.send(line).await.is_err() {
-                                        break;
-                                    }
-                                }
-                                continue;
-                            }
-                            let permit = tokio::select! {
-                                p = in_flight.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-                                _ = stopped(&mut stopping) => break,
-                            };
-                            let (sup, tx) = (sup.clone(), tx.clone());
-                            let mut stop = stopping.clone();
-                            requests.spawn(async move {
-                                // Only a wait is cut short by a shutdown; everything
-                                // else is quick and must finish (a spawn_agent is
-                                // recorded, so its id must reach the caller).
-                                let interruptible = matches!(req.call, Call::WaitAgentRun(_));
-                                let work = dispatch::execute(&sup, req.call);
-                                let result = if interruptible {
-                                    tokio::select! {
-                                        r = work => r,
-                                        _ = stopped(&mut stop) => Err(RpcError::new(
-                                            codes::SHUTTING_DOWN,
-                                            "the daemon is shutting down; wait again after it restarts",
-                                        )),
-                                    }
-                                } else {
-                                    work.await
-                                };
-                                if let Some(id) = reply_id {
-                                    let line = match result {
-                                        Ok(v) => protocol::response(&id, &v),
-                                        Err(e) => protocol::error_response(&id, &e),
-                                    };
-                                    let _ = tx.send(line).await;
-                                }
-                                drop(permit);
-                            });
-                        }
-                    }
+                    conn.handle(&std::mem::take(&mut buf)).await
                 }
                 Ok(Line::TooLong) => {
-                    let e = RpcError::new(
-                        codes::INVALID_REQUEST,
-                        format!("request line exceeds the limit of {MAX_LINE} bytes (1 MiB); closing the connection"),
-                    );
-                    let _ = tx.send(protocol::error_response(&Value::Null, &e)).await;
-                    break;
+                    conn.refuse_long_line().await;
+                    Err(Close)
                 }
-                Ok(Line::Eof) | Err(_) => break,
+                Ok(Line::Eof) | Err(_) => Err(Close),
             },
-            Some(_) = requests.join_next(), if !requests.is_empty() => {}
-            _ = close.notified() => break,
-            _ = stopped(&mut shutdown) => break,
+            Some(_) = conn.requests.join_next(), if !conn.requests.is_empty() => Ok(()),
+            _ = conn.close.notified() => Err(Close),
+            _ = stopped(&mut shutdown) => Err(Close),
+        };
+        if next.is_err() {
+            break;
         }
     }
-    if let Some(task) = subscription {
-        task.abort();
-    }
-    // Answer what is in flight (a shutdown cuts waits short with -32004)
-    // unless the peer is gone.
-    tokio::select! {
-        _ = async { while requests.join_next().await.is_some() {} } => {}
-        _ = tx.closed() => requests.abort_all(),
-    }
-    drop(tx);
+    conn.finish().await;
     let _ = writer.await;
+}
+
+/// Writes the connection's outgoing lines until every sender is gone or a
+/// write fails, then shuts the socket's write side.
+async fn write_lines(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Vec<u8>>) {
+    while let Some(buf) = rx.recv().await {
+        if wr.write_all(&buf).await.is_err() {
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+/// The connection is to be closed: the peer is gone, broke the rules or
+/// stayed idle, or the daemon is shutting down.
+struct Close;
+
+/// What a connection holds between its lines.
+struct Connection {
+    sup: Supervisor,
+    /// Lines for the writer task.
+    tx: mpsc::Sender<Vec<u8>>,
+    /// Notified by the subscription when it drops a slow subscriber.
+    close: Arc<Notify>,
+    in_flight: Arc<Semaphore>,
+    requests: JoinSet<()>,
+    subscription: Option<JoinHandle<()>>,
+    stopping: watch::Receiver<bool>,
+}
+
+impl Connection {
+    fn new(sup: Supervisor, tx: mpsc::Sender<Vec<u8>>, stopping: watch::Receiver<bool>) -> Self {
+        Connection {
+            sup,
+            tx,
+            close: Arc::new(Notify::new()),
+            in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
+            requests: JoinSet::new(),
+            subscription: None,
+            stopping,
+        }
+    }
+
+    fn can_idle(&self) -> bool {
+        self.requests.is_empty() && self.subscription.is_none()
+    }
+
+    async fn send(&self, line: Vec<u8>) -> Result<(), Close> {
+        self.tx.send(line).await.map_err(|_| Close)
+    }
+
+    /// Answers one request line.
+    async fn handle(&mut self, line: &[u8]) -> Result<(), Close> {
+        match protocol::decode(line) {
+            Decoded::Blank | Decoded::Error { reply: false, .. } => Ok(()),
+            Decoded::Error { id, error, .. } => {
+                self.send(protocol::error_response(&id, &error)).await
+            }
+            Decoded::Request(req) => match *req {
+                Request {
+                    id,
+                    call: Call::Subscribe(p),
+                } => self.switch_subscription(id, p.session_id).await,
+                Request { id, call } => self.start(id, call).await,
+            },
+        }
+    }
+
+    /// One subscription per connection: the newest filter wins; the old one
+    /// stops first, so no notice is delivered twice.
+    async fn switch_subscription(
+        &mut self,
+        id: Option<Value>,
+        session: Option<String>,
+    ) -> Result<(), Close> {
+        let result = match check_subscription(&session) {
+            Ok(()) => {
+                if let Some(old) = self.subscription.take() {
+                    old.abort();
+                    let _ = old.await;
+                }
+                let (task, v) = subscribe(&self.sup, session, &self.tx, &self.close);
+                self.subscription = Some(task);
+                Ok(v)
+            }
+            Err(e) => Err(e),
+        };
+        match id {
+            Some(id) => self.send(reply(&id, result)).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a call in a task of its own once one of the IN_FLIGHT slots is
+    /// free; its answer is sent when it is done.
+    async fn start(&mut self, id: Option<Value>, call: Call) -> Result<(), Close> {
+        let permit = tokio::select! {
+            p = self.in_flight.clone().acquire_owned() => p.map_err(|_| Close)?,
+            _ = stopped(&mut self.stopping) => return Err(Close),
+        };
+        let (sup, tx, stop) = (self.sup.clone(), self.tx.clone(), self.stopping.clone());
+        self.requests.spawn(async move {
+            let result = answer(&sup, call, stop).await;
+            if let Some(id) = id {
+                let _ = tx.send(reply(&id, result)).await;
+            }
+            drop(permit);
+        });
+        Ok(())
+    }
+
+    /// Tells the peer why the connection closes, if it still reads.
+    async fn refuse_long_line(&self) {
+        let e = RpcError::new(
+            codes::INVALID_REQUEST,
+            format!("request line exceeds the limit of {MAX_LINE} bytes (1 MiB); closing the connection"),
+        );
+        let _ = self.send(protocol::error_response(&Value::Null, &e)).await;
+    }
+
+    /// Stops the subscription and answers what is in flight (a shutdown
+    /// cuts waits short with -32004) unless the peer is gone.
+    async fn finish(mut self) {
+        if let Some(task) = self.subscription.take() {
+            task.abort();
+        }
+        let (requests, tx) = (&mut self.requests, &self.tx);
+        tokio::select! {
+            _ = async { while requests.join_next().await.is_some() {} } => {}
+            _ = tx.closed() => requests.abort_all(),
+        }
+    }
+}
+
+/// The result of one call. Only a wait is cut short by a shutdown;
+/// everything else is quick and must finish (a spawn_agent is recorded, so
+/// its id must reach the caller).
+async fn answer(
+    sup: &Supervisor,
+    call: Call,
+    mut stop: watch::Receiver<bool>,
+) -> Result<Value, RpcError> {
+    let interruptible = matches!(call, Call::WaitAgentRun(_));
+    let work = dispatch::execute(sup, call);
+    if !interruptible {
+        return work.await;
+    }
+    tokio::select! {
+        r = work => r,
+        _ = stopped(&mut stop) => Err(RpcError::new(
+            codes::SHUTTING_DOWN,
+            "the daemon is shutting down; wait again after it restarts",
+        )),
+    }
+}
+
+/// The response line for `result`.
+fn reply(id: &Value, result: Result<Value, RpcError>) -> Vec<u8> {
+    match result {
+        Ok(v) => protocol::response(id, &v),
+        Err(e) => protocol::error_response(id, &e),
+    }
 }
 
 /// Checks a subscribe's params.
