@@ -17,9 +17,8 @@ use std::path::PathBuf;
 pub struct Ctx {
     /// The daemon's socket.
     pub socket: PathBuf,
-    /// The state dir.
     pub state_dir: PathBuf,
-    /// Print JSON.
+    /// Print JSON instead of text.
     pub json: bool,
     /// The state dir was given explicitly.
     pub explicit_state_dir: bool,
@@ -187,194 +186,229 @@ fn run_dir(ctx: &Ctx, run: &str) -> Result<PathBuf> {
 /// Runs one of the socket commands (or `logs`); returns the exit code.
 pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
     match cmd {
-        Command::Spawn { run, wait: w } => {
-            let params = spawn_params(&run, "default")?;
-            let v = ctx.call("spawn_agent", serde_json::to_value(&params)?)?;
-            let id = v["run_id"]
-                .as_str()
-                .ok_or_else(|| anyhow!("no run_id in {v}"))?
-                .to_owned();
-            if ctx.json && !w {
-                print_json(&v, false)?;
-            } else {
-                println!("{id}");
-            }
-            if w {
-                return wait(ctx, &id, None);
-            }
-            Ok(0)
-        }
-        Command::Check { run } => {
-            let v = ctx.call("check_agent_run", json!({ "run_id": run }))?;
-            print_status(ctx, &v)?;
-            Ok(0)
-        }
+        Command::Spawn { run, wait } => spawn(ctx, &run, wait),
+        Command::Check { run } => status_of(ctx, "check_agent_run", &run),
         Command::Wait { run, timeout } => wait(ctx, &run, timeout),
-        Command::Cancel { run } => {
-            let v = ctx.call("cancel_agent_run", json!({ "run_id": run }))?;
-            print_status(ctx, &v)?;
-            Ok(0)
-        }
-        Command::Ls { session, state } => {
-            if let Some(s) = &state {
-                RunState::parse(s).ok_or_else(|| anyhow!("--state {s:?} is not a run state"))?;
-            }
-            let v = ctx.call(
-                "list_agent_runs",
-                json!({ "session_id": session, "state": state }),
-            )?;
-            if ctx.json {
-                print_json(&v, true)?;
-            } else {
-                let runs: Vec<RunStatus> = serde_json::from_value(v["runs"].clone())?;
-                print!("{}", show::table(&runs));
-            }
-            Ok(0)
-        }
-        Command::Notices { session } => {
-            let v = ctx.call("take_notices", json!({ "session_id": session }))?;
-            if ctx.json {
-                print_json(&v, true)?;
-            } else {
-                let notices: Vec<crate::protocol::Notice> =
-                    serde_json::from_value(v["notices"].clone())?;
-                for n in notices {
-                    println!(
-                        "{}  {:<9}  {}  {}",
-                        one_line(&n.ended_at),
-                        n.state.as_str(),
-                        one_line(&n.run_id),
-                        one_line(&n.result_path.to_string_lossy())
-                    );
-                }
-            }
-            Ok(0)
-        }
+        Command::Cancel { run } => status_of(ctx, "cancel_agent_run", &run),
+        Command::Ls { session, state } => list(ctx, session, state),
+        Command::Notices { session } => notices(ctx, &session),
         Command::Logs {
             run,
-            follow: f,
+            follow,
             tail,
             raw,
-        } => {
-            let dir = run_dir(ctx, &run)?;
-            let from = match tail {
-                Some(n) => follow::tail_offset(&dir.join("child.log"), n).unwrap_or(0),
-                None => 0,
-            };
-            match follow::print_log_to_stdout(&dir, from, f, raw) {
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
-                other => other
-                    .map(|_| 0)
-                    .with_context(|| format!("reading {}", dir.join("child.log").display())),
-            }
-        }
-        Command::Context { run, detail, show } => {
-            let dir = run_dir(ctx, &run)?.join("context");
-            let read = |name: &str| {
-                std::fs::read_to_string(dir.join(name))
-                    .with_context(|| format!("reading {}", dir.join(name).display()))
-            };
-            let plan: policy::compose::Plan = serde_json::from_str(&read("plan.json")?)?;
-            let tools: Value = serde_json::from_str(&read("tools.json")?)?;
-            let mut sizes: Vec<(String, usize)> = tools
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|t| {
-                    (
-                        t["name"].as_str().unwrap_or("?").to_owned(),
-                        serde_json::to_string(t).map_or(0, |s| s.chars().count()),
-                    )
-                })
-                .collect();
-            sizes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            if ctx.json {
-                let mut v = serde_json::to_value(&plan)?;
-                if detail {
-                    v["tool_schemas"] = json!(sizes
-                        .iter()
-                        .map(|(n, c)| json!({"name": n, "chars": c, "approx_tokens": c / 4}))
-                        .collect::<Vec<_>>());
-                }
-                print_json(&v, true)?;
-            } else {
-                print!(
-                    "{}",
-                    show::context_table(&plan, detail.then_some(&sizes[..]))
-                );
-            }
-            if show {
-                // Both hold project files a child may have written.
-                let system = for_stdout(&read("system.md")?);
-                let first = for_stdout(&read("first_message.md")?);
-                println!("\n===== system.md =====\n{system}");
-                println!("===== first_message.md =====\n{first}");
-            }
-            Ok(0)
-        }
-        Command::ContextOf { session } => {
-            let v = ctx.call("working_context", json!({ "session_id": session }))?;
-            if ctx.json {
-                print_json(&v, true)?;
-            } else {
-                print!("{}", for_stdout(v["block"].as_str().unwrap_or("")));
-            }
-            Ok(0)
-        }
+        } => logs(ctx, &run, follow, tail, raw),
+        Command::Context { run, detail, show } => context(ctx, &run, detail, show),
+        Command::ContextOf { session } => working_context(ctx, &session),
         Command::Worktree {
             action: WorktreeAction::Rm { run },
-        } => {
-            let dir = run_dir(ctx, &run)?;
-            let rec = crate::record::RunRecord::load(&dir.join("run.json"))?;
-            let wt = rec
-                .worktree
-                .as_ref()
-                .ok_or_else(|| anyhow!("run {run} has no worktree"))?;
-            crate::engine::workctx::remove_worktree(&rec.project_dir, wt, &rec.run_id)
-                .map_err(anyhow::Error::msg)?;
-            println!(
-                "removed {} and branch {}",
-                one_line(&wt.dir.to_string_lossy()),
-                one_line(&wt.branch)
-            );
-            Ok(0)
-        }
-        Command::Agents { project_dir } => {
-            let dir = match project_dir {
-                Some(d) => std::path::absolute(&d)?,
-                None => std::env::current_dir()?,
-            };
-            let found = crate::agents::discover(&dir);
-            if ctx.json {
-                let defs: Vec<Value> = found
-                    .definitions
-                    .iter()
-                    .map(|d| {
-                        json!({"name": d.name, "description": d.description, "source": d.source,
-                               "tools": d.tools, "command": d.command, "warnings": d.warnings})
-                    })
-                    .collect();
-                let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
-                print_json(&json!({"agents": defs, "errors": errors}), true)?;
-            } else {
-                print!("{}", show::agents_table(&found));
-            }
-            Ok(if found.errors.is_empty() { 0 } else { 1 })
-        }
-        Command::Ping => {
-            let v = ctx.call("ping", json!({}))?;
-            if ctx.json {
-                print_json(&v, false)?;
-            } else {
-                println!(
-                    "subagentd {} (pid {}) at {}",
-                    v["version"].as_str().unwrap_or("?"),
-                    v["pid"],
-                    ctx.socket.display()
-                );
-            }
-            Ok(0)
-        }
+        } => remove_worktree(ctx, &run),
+        Command::Agents { project_dir } => agents(ctx, project_dir),
+        Command::Ping => ping(ctx),
         Command::Run { .. } => bail!("run is handled separately"),
     }
+}
+
+/// Prints the new run's id; with `then_wait`, waits and exits as `wait`.
+fn spawn(ctx: &Ctx, run: &RunArgs, then_wait: bool) -> Result<u8> {
+    let params = spawn_params(run, "default")?;
+    let v = ctx.call("spawn_agent", serde_json::to_value(&params)?)?;
+    let id = v["run_id"]
+        .as_str()
+        .ok_or_else(|| anyhow!("no run_id in {v}"))?
+        .to_owned();
+    if ctx.json && !then_wait {
+        print_json(&v, false)?;
+    } else {
+        println!("{id}");
+    }
+    if then_wait {
+        return wait(ctx, &id, None);
+    }
+    Ok(0)
+}
+
+/// Calls `method` on `run` and prints the status it returns.
+fn status_of(ctx: &Ctx, method: &str, run: &str) -> Result<u8> {
+    let v = ctx.call(method, json!({ "run_id": run }))?;
+    print_status(ctx, &v)?;
+    Ok(0)
+}
+
+fn list(ctx: &Ctx, session: Option<String>, state: Option<String>) -> Result<u8> {
+    if let Some(s) = &state {
+        RunState::parse(s).ok_or_else(|| anyhow!("--state {s:?} is not a run state"))?;
+    }
+    let v = ctx.call(
+        "list_agent_runs",
+        json!({ "session_id": session, "state": state }),
+    )?;
+    if ctx.json {
+        print_json(&v, true)?;
+    } else {
+        let runs: Vec<RunStatus> = serde_json::from_value(v["runs"].clone())?;
+        print!("{}", show::table(&runs));
+    }
+    Ok(0)
+}
+
+fn notices(ctx: &Ctx, session: &str) -> Result<u8> {
+    let v = ctx.call("take_notices", json!({ "session_id": session }))?;
+    if ctx.json {
+        print_json(&v, true)?;
+        return Ok(0);
+    }
+    let notices: Vec<crate::protocol::Notice> = serde_json::from_value(v["notices"].clone())?;
+    for n in notices {
+        println!(
+            "{}  {:<9}  {}  {}",
+            one_line(&n.ended_at),
+            n.state.as_str(),
+            one_line(&n.run_id),
+            one_line(&n.result_path.to_string_lossy())
+        );
+    }
+    Ok(0)
+}
+
+/// Prints child.log (from the last `tail` lines; to its end with
+/// `follow`); a reader that goes away is not an error.
+fn logs(ctx: &Ctx, run: &str, follow: bool, tail: Option<usize>, raw: bool) -> Result<u8> {
+    let dir = run_dir(ctx, run)?;
+    let from = match tail {
+        Some(n) => follow::tail_offset(&dir.join("child.log"), n).unwrap_or(0),
+        None => 0,
+    };
+    match follow::print_log_to_stdout(&dir, from, follow, raw) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        other => other
+            .map(|_| 0)
+            .with_context(|| format!("reading {}", dir.join("child.log").display())),
+    }
+}
+
+/// A run's context folder: the files its child was given.
+struct ContextDir(PathBuf);
+
+impl ContextDir {
+    fn read(&self, name: &str) -> Result<String> {
+        let path = self.0.join(name);
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+    }
+
+    /// Each tool schema's name and size in characters, largest first.
+    fn tool_sizes(&self) -> Result<Vec<(String, usize)>> {
+        let tools: Value = serde_json::from_str(&self.read("tools.json")?)?;
+        let mut sizes: Vec<(String, usize)> = tools
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                (
+                    t["name"].as_str().unwrap_or("?").to_owned(),
+                    serde_json::to_string(t).map_or(0, |s| s.chars().count()),
+                )
+            })
+            .collect();
+        sizes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Ok(sizes)
+    }
+}
+
+/// Prints the context plan (with `detail`, the tool schemas' sizes; with
+/// `show`, the composed texts).
+fn context(ctx: &Ctx, run: &str, detail: bool, show: bool) -> Result<u8> {
+    let dir = ContextDir(run_dir(ctx, run)?.join("context"));
+    let plan: policy::compose::Plan = serde_json::from_str(&dir.read("plan.json")?)?;
+    let sizes = dir.tool_sizes()?;
+    if ctx.json {
+        let mut v = serde_json::to_value(&plan)?;
+        if detail {
+            v["tool_schemas"] = json!(sizes
+                .iter()
+                .map(|(n, c)| json!({"name": n, "chars": c, "approx_tokens": c / 4}))
+                .collect::<Vec<_>>());
+        }
+        print_json(&v, true)?;
+    } else {
+        print!(
+            "{}",
+            show::context_table(&plan, detail.then_some(&sizes[..]))
+        );
+    }
+    if show {
+        // Both hold project files a child may have written.
+        let system = for_stdout(&dir.read("system.md")?);
+        let first = for_stdout(&dir.read("first_message.md")?);
+        println!("\n===== system.md =====\n{system}");
+        println!("===== first_message.md =====\n{first}");
+    }
+    Ok(0)
+}
+
+fn working_context(ctx: &Ctx, session: &str) -> Result<u8> {
+    let v = ctx.call("working_context", json!({ "session_id": session }))?;
+    if ctx.json {
+        print_json(&v, true)?;
+    } else {
+        print!("{}", for_stdout(v["block"].as_str().unwrap_or("")));
+    }
+    Ok(0)
+}
+
+fn remove_worktree(ctx: &Ctx, run: &str) -> Result<u8> {
+    let dir = run_dir(ctx, run)?;
+    let rec = crate::record::RunRecord::load(&dir.join("run.json"))?;
+    let wt = rec
+        .worktree
+        .as_ref()
+        .ok_or_else(|| anyhow!("run {run} has no worktree"))?;
+    crate::engine::workctx::remove_worktree(&rec.project_dir, wt, &rec.run_id)
+        .map_err(anyhow::Error::msg)?;
+    println!(
+        "removed {} and branch {}",
+        one_line(&wt.dir.to_string_lossy()),
+        one_line(&wt.branch)
+    );
+    Ok(0)
+}
+
+/// Lists the definitions found for `project_dir`; exits 1 when a file
+/// could not be used.
+fn agents(ctx: &Ctx, project_dir: Option<PathBuf>) -> Result<u8> {
+    let dir = match project_dir {
+        Some(d) => std::path::absolute(&d)?,
+        None => std::env::current_dir()?,
+    };
+    let found = crate::agents::discover(&dir);
+    if ctx.json {
+        let defs: Vec<Value> = found
+            .definitions
+            .iter()
+            .map(|d| {
+                json!({"name": d.name, "description": d.description, "source": d.source,
+                       "tools": d.tools, "command": d.command, "warnings": d.warnings})
+            })
+            .collect();
+        let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
+        print_json(&json!({"agents": defs, "errors": errors}), true)?;
+    } else {
+        print!("{}", show::agents_table(&found));
+    }
+    Ok(if found.errors.is_empty() { 0 } else { 1 })
+}
+
+fn ping(ctx: &Ctx) -> Result<u8> {
+    let v = ctx.call("ping", json!({}))?;
+    if ctx.json {
+        print_json(&v, false)?;
+    } else {
+        println!(
+            "subagentd {} (pid {}) at {}",
+            v["version"].as_str().unwrap_or("?"),
+            v["pid"],
+            ctx.socket.display()
+        );
+    }
+    Ok(0)
 }
