@@ -35,9 +35,9 @@ pub enum EngineError {
     /// A required sandbox mechanism is unavailable.
     #[error("sandbox: required mechanism {mechanism} cannot be enforced on this host: {why}")]
     Sandbox {
-        /// The mechanism, as the config's `require` names it.
+        /// A `require` name (`landlock`), or `run_as` or `per_run_uid`.
         mechanism: &'static str,
-        /// What stands in its way.
+        /// What the host lacks or refused.
         why: SandboxCause,
     },
     /// The daemon is shutting down.
@@ -70,15 +70,12 @@ pub enum StorageError {
     Io {
         /// The step (`create`, `chmod`).
         op: &'static str,
-        /// The path.
         path: PathBuf,
-        /// The underlying error.
         source: std::io::Error,
     },
     /// Another daemon holds the state dir's lock.
     #[error("state dir {} is in use by another supervisor: {source}", root.display())]
     InUse {
-        /// The state dir.
         root: PathBuf,
         /// Who holds it.
         source: super::lockfile::LockError,
