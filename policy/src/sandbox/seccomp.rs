@@ -84,19 +84,19 @@ pub struct SeccompSpec {
 /// architecture the runner builds for; the runner's tests check them
 /// against libc).
 pub mod abi {
-    /// `CLONE_NEWNS`.
+    /// A new mount namespace.
     pub const CLONE_NEWNS: u64 = 0x0002_0000;
-    /// `CLONE_NEWCGROUP`.
+    /// A new cgroup namespace.
     pub const CLONE_NEWCGROUP: u64 = 0x0200_0000;
-    /// `CLONE_NEWUTS`.
+    /// A new UTS (host and domain name) namespace.
     pub const CLONE_NEWUTS: u64 = 0x0400_0000;
-    /// `CLONE_NEWIPC`.
+    /// A new IPC namespace.
     pub const CLONE_NEWIPC: u64 = 0x0800_0000;
-    /// `CLONE_NEWUSER`.
+    /// A new user namespace.
     pub const CLONE_NEWUSER: u64 = 0x1000_0000;
-    /// `CLONE_NEWPID`.
+    /// A new PID namespace.
     pub const CLONE_NEWPID: u64 = 0x2000_0000;
-    /// `CLONE_NEWNET`.
+    /// A new network namespace.
     pub const CLONE_NEWNET: u64 = 0x4000_0000;
     /// `S_ISUID`.
     pub const S_ISUID: u64 = 0o4000;
