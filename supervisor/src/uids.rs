@@ -35,35 +35,22 @@ pub enum UidError {
         "uid_range {first}-{last} holds {what} {name:?} ({id}) of {file}; choose another range"
     )]
     Overlap {
-        /// First id of the range.
         first: u32,
-        /// Last id of the range.
         last: u32,
         /// "uid" or "gid".
         what: &'static str,
-        /// The entry's name.
+        /// The user's or group's name.
         name: String,
-        /// Its id.
         id: u32,
-        /// The file.
+        /// `/etc/passwd` or `/etc/group`.
         file: &'static str,
     },
     /// The lock directory cannot be used.
     #[error("uid leases: {path}: {why}")]
-    LockDir {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        why: String,
-    },
+    LockDir { path: PathBuf, why: String },
     /// Every uid of the range is leased.
     #[error("every uid of the range {first}-{last} is in use by a run")]
-    Exhausted {
-        /// First id.
-        first: u32,
-        /// Last id.
-        last: u32,
-    },
+    Exhausted { first: u32, last: u32 },
     /// A run's recorded uid is leased by another run.
     #[error("uid {0} is in use by another run")]
     Taken(u32),
@@ -72,7 +59,6 @@ pub enum UidError {
     Io {
         /// The lock file.
         path: PathBuf,
-        /// The error.
         source: std::io::Error,
     },
 }
