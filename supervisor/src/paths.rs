@@ -80,15 +80,12 @@ pub enum ConfigFileError {
     /// Reading it failed.
     #[error("config {}: {source}", path.display())]
     Read {
-        /// The file.
         path: PathBuf,
-        /// The underlying error.
         source: std::io::Error,
     },
     /// It is not a valid config.
     #[error("config {}: {source}", path.display())]
     Parse {
-        /// The file.
         path: PathBuf,
         /// Where and why.
         source: policy::config::ConfigError,
@@ -163,44 +160,44 @@ impl StateLayout {
 /// The files of one run folder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunFiles {
-    /// The run folder.
+    /// `<state_dir>/sessions/<session_id>/runs/<run_id>`.
     pub dir: PathBuf,
 }
 
 impl RunFiles {
-    /// run.json.
+    /// run.json: the durable record.
     pub fn record(&self) -> PathBuf {
         self.dir.join("run.json")
     }
-    /// runner.json.
+    /// runner.json: the runner's input.
     pub fn runner_spec(&self) -> PathBuf {
         self.dir.join("runner.json")
     }
-    /// runner.lock.
+    /// runner.lock: held by the runner while it lives.
     pub fn runner_lock(&self) -> PathBuf {
         self.dir.join("runner.lock")
     }
-    /// runner.log.
+    /// runner.log: the runner's own stderr.
     pub fn runner_log(&self) -> PathBuf {
         self.dir.join("runner.log")
     }
-    /// exit.json.
+    /// exit.json: written by the runner when the run ended.
     pub fn exit(&self) -> PathBuf {
         self.dir.join("exit.json")
     }
-    /// child.log.
+    /// child.log: the child's stdout and stderr.
     pub fn log(&self) -> PathBuf {
         self.dir.join("child.log")
     }
-    /// artifacts/.
+    /// artifacts/: the child's results.
     pub fn artifacts(&self) -> PathBuf {
         self.dir.join("artifacts")
     }
-    /// context/.
+    /// context/: what the child is given.
     pub fn context(&self) -> PathBuf {
         self.dir.join("context")
     }
-    /// delta/.
+    /// delta/: where the child writes delta.json.
     pub fn delta_dir(&self) -> PathBuf {
         self.dir.join("delta")
     }
@@ -208,7 +205,7 @@ impl RunFiles {
     pub fn delta(&self) -> PathBuf {
         self.delta_dir().join("delta.json")
     }
-    /// result.md.
+    /// result.md: written when the run ends.
     pub fn result(&self) -> PathBuf {
         self.dir.join("result.md")
     }
