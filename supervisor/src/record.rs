@@ -77,17 +77,14 @@ impl RunState {
 pub struct RunRecord {
     /// run.json's format version.
     pub format: u32,
-    /// The run's id.
     pub run_id: RunIdText,
-    /// The parent session.
+    /// The parent's session.
     pub session_id: String,
     /// The parent's audience.
     pub audience: Audience,
     /// The child's working directory.
     pub project_dir: PathBuf,
-    /// The task text.
     pub task: String,
-    /// The context text, if any.
     pub context: Option<String>,
     /// The agent program's argv.
     pub command: Vec<String>,
@@ -97,7 +94,6 @@ pub struct RunRecord {
     pub limits: Limits,
     /// Keep temp_dir after the run.
     pub keep_temp: bool,
-    /// The current state.
     pub state: RunState,
     /// The exit code, when the agent exited.
     pub exit_code: Option<i32>,
@@ -113,9 +109,8 @@ pub struct RunRecord {
     pub started_at_ms: Option<u64>,
     /// When the run ended.
     pub ended_at_ms: Option<u64>,
-    /// The child's temp dir.
+    /// The child's temp dir (removed at the end unless `keep_temp`).
     pub temp_dir: PathBuf,
-    /// The run folder.
     pub run_dir: PathBuf,
     /// The runner's pid while it lives.
     pub runner_pid: Option<i32>,
@@ -193,11 +188,9 @@ pub enum RecordError {
     /// Reading or writing failed.
     #[error("{op} {path}: {source}")]
     Io {
-        /// The step.
+        /// The step (`read`).
         op: &'static str,
-        /// run.json.
         path: PathBuf,
-        /// The underlying error.
         source: std::io::Error,
     },
     /// The atomic write failed.
@@ -206,9 +199,7 @@ pub enum RecordError {
     /// The file is corrupt or truncated.
     #[error("parse {path}: {source}")]
     Parse {
-        /// run.json.
         path: PathBuf,
-        /// The parse error.
         source: serde_json::Error,
     },
     /// The record names a malformed run id.
@@ -217,7 +208,8 @@ pub enum RecordError {
 }
 
 impl RunRecord {
-    /// The run's id.
+    /// The run's id; None when `run_id` is malformed (never in a record
+    /// [`RunRecord::load`] returned).
     pub fn id(&self) -> Option<RunId> {
         RunId::parse(&self.run_id)
     }
@@ -315,11 +307,9 @@ impl RunRecord {
 /// return it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunStatus {
-    /// The run's id.
     pub run_id: String,
-    /// The parent session.
+    /// The parent's session.
     pub session_id: String,
-    /// The current state.
     pub state: RunState,
     /// The agent's exit code, when it exited.
     pub exit_code: Option<i32>,
@@ -379,7 +369,7 @@ pub struct RunStatus {
     /// The child's worktree, with `isolation: worktree`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worktree_dir: Option<PathBuf>,
-    /// The worktree's branch.
+    /// The worktree's branch: `subagent/<run_id>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worktree_branch: Option<String>,
     /// The delta's accepted and rejected paths, once the run has ended.
