@@ -144,19 +144,25 @@ fn prepare_attempt(spec: &RunnerSpec) -> Result<sandbox::Prepared, sandbox::Sand
     sandbox::prepare(&spec.sandbox, &spec.cgroup_plan, &spec.run_id, spec.run_as)
 }
 
-/// Runs the agent command to its end, starting from `ready`, and returns
-/// how it ended. The caller writes the record to exit.json.
-pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
+/// The signalfd the runner's loop reads, and child.log.
+fn signals_and_log(spec: &RunnerSpec) -> Result<(SignalFd, LogSink), RunnerError> {
     let mask = handled_signals();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(setup("sigprocmask"))?;
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(setup("signalfd"))?;
-    let mut sink = LogSink::open(&spec.log_path, spec.output_bytes).map_err(|source| {
+    let sink = LogSink::open(&spec.log_path, spec.output_bytes).map_err(|source| {
         RunnerError::OpenLog {
             path: spec.log_path.clone(),
             source,
         }
     })?;
+    Ok((sfd, sink))
+}
+
+/// Runs the agent command to its end, starting from `ready`, and returns
+/// how it ended. The caller writes the record to exit.json.
+pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
+    let (sfd, mut sink) = signals_and_log(spec)?;
     let started = Instant::now();
     // The wall time covers every attempt. Far-future limits saturate
     // instead of overflowing the clock.

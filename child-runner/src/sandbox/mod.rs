@@ -321,18 +321,16 @@ fn limits(
     Ok((cgroups, rlimits))
 }
 
-/// Probes, compiles and creates what the attempt will apply; fails when a
-/// required mechanism is unavailable.
-pub fn prepare(
-    spec: &SandboxSpec,
-    plan: &CgroupPlan,
-    run_id: &str,
-    run_as: Option<(u32, u32)>,
-) -> Result<Prepared, SandboxError> {
-    let fail = |m: Mechanism, why: Obstacle| SandboxError {
+fn fail(m: Mechanism, why: Obstacle) -> SandboxError {
+    SandboxError {
         mechanism: m.as_str(),
         why,
-    };
+    }
+}
+
+/// Checks what the runner and the kernel must have for the run; returns
+/// the kernel's Landlock ABI.
+fn check_host(spec: &SandboxSpec, run_as: Option<(u32, u32)>) -> Result<i32, SandboxError> {
     if !caps::effective_has(caps::CAP_SYS_ADMIN) {
         return Err(fail(
             Mechanism::Namespaces,
@@ -354,6 +352,18 @@ pub fn prepare(
             Obstacle::Host("the kernel has no Landlock"),
         ));
     }
+    Ok(landlock_abi)
+}
+
+/// Probes, compiles and creates what the attempt will apply; fails when a
+/// required mechanism is unavailable.
+pub fn prepare(
+    spec: &SandboxSpec,
+    plan: &CgroupPlan,
+    run_id: &str,
+    run_as: Option<(u32, u32)>,
+) -> Result<Prepared, SandboxError> {
+    let landlock_abi = check_host(spec, run_as)?;
     let seccomp = match seccomp::compile(&spec.seccomp) {
         Ok(c) => Some(c),
         Err(e) if required(spec, Mechanism::Seccomp) => {
