@@ -111,36 +111,19 @@ fn main() {
     let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
     std::fs::create_dir_all(WORK).unwrap();
     let started = Instant::now();
-    let paced = if want("paced") {
-        settle();
-        paced::bench(quick)
-    } else {
-        Value::Null
+    let part = |name: &str, run: fn(bool) -> Value| {
+        if want(name) {
+            settle();
+            run(quick)
+        } else {
+            Value::Null
+        }
     };
-    let spawn = if want("spawn") {
-        settle();
-        spawn::bench(quick)
-    } else {
-        Value::Null
-    };
-    let load = if want("load") {
-        settle();
-        load::bench(quick)
-    } else {
-        Value::Null
-    };
-    let logs = if want("logs") {
-        settle();
-        logs::bench(quick)
-    } else {
-        Value::Null
-    };
-    let git = if want("git") {
-        settle();
-        git::bench_git(quick)
-    } else {
-        Value::Null
-    };
+    let paced = part("paced", paced::bench);
+    let spawn = part("spawn", spawn::bench);
+    let load = part("load", load::bench);
+    let logs = part("logs", logs::bench);
+    let git = part("git", git::bench_git);
     let results = json!({
         "mode": if quick { "quick" } else { "full" },
         "machine": machine(),
@@ -156,152 +139,20 @@ fn main() {
     println!("| benchmark | ours | reference | ratio | target |");
     println!("|---|---|---|---|---|");
     // A part that did not run (`--only`) prints no rows.
-    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     if !paced.is_null() {
         paced_rows(&paced);
     }
     if !spawn.is_null() {
-        let plain = &spawn["plain"];
-        let ours = &spawn["ours_exec"];
-        row(
-            &format!("spawn → exec, p50/p90/p99 ({} spawns)", spawn["n"]),
-            format!(
-                "{:.2}/{:.2}/{:.2} ms",
-                f(ours, "p50"),
-                f(ours, "p90"),
-                f(ours, "p99")
-            ),
-            format!(
-                "plain {:.2} ms; bwrap {}",
-                f(plain, "p50"),
-                spawn["bwrap"]
-                    .get("p50")
-                    .and_then(Value::as_f64)
-                    .map_or("not installed".into(), |b| format!("{b:.2} ms"))
-            ),
-            format!(
-                "{:.1}x plain; {} bwrap",
-                f(&spawn, "ratio_plain"),
-                spawn
-                    .get("ratio_bwrap")
-                    .and_then(Value::as_f64)
-                    .map_or("-".into(), |r| format!("{r:.2}x"))
-            ),
-            "-",
-        );
-        for (step, v) in spawn["setup_p50_ms"].as_object().into_iter().flatten() {
-            row(
-                &format!("  sandbox step: {step} (p50)"),
-                format!("{:.3} ms", v.as_f64().unwrap_or(0.0)),
-                "-".into(),
-                "-".into(),
-                "-",
-            );
-        }
-        let notice = &spawn["ours_notice"];
-        row(
-            "spawn → notice, p50/p90/p99",
-            format!(
-                "{:.2}/{:.2}/{:.2} ms",
-                f(notice, "p50"),
-                f(notice, "p90"),
-                f(notice, "p99")
-            ),
-            "-".into(),
-            "-".into(),
-            "-",
-        );
+        spawn_rows(&spawn);
     }
     if !load.is_null() {
-        row(
-            &format!("throughput ({} runs, max_concurrent 32)", load["runs"]),
-            format!("{:.0} runs/s", f(&load, "runs_per_s")),
-            format!(
-                "plain fork/exec {:.0} runs/s; bwrap {}",
-                f(&load, "plain_runs_per_s"),
-                load["bwrap_runs_per_s"]
-                    .as_f64()
-                    .map_or("not installed".into(), |b| format!("{b:.0} runs/s"))
-            ),
-            load["ratio_bwrap"]
-                .as_f64()
-                .map_or("-".into(), |r| format!("{r:.2}x bwrap")),
-            "-",
-        );
-        row(
-            "  host CPU per run (all processes)",
-            format!("{:.2} ms", f(&load, "cpu_ms_per_run")),
-            format!(
-                "plain {:.2} ms; bwrap {}",
-                f(&load, "plain_cpu_ms_per_run"),
-                load["bwrap_cpu_ms_per_run"]
-                    .as_f64()
-                    .map_or("not installed".into(), |b| format!("{b:.2} ms"))
-            ),
-            load["bwrap_cpu_ms_per_run"]
-                .as_f64()
-                .map_or("-".into(), |b| {
-                    format!("{:.2}x bwrap", f(&load, "cpu_ms_per_run") / b)
-                }),
-            "-",
-        );
-        row(
-            &format!("daemon RSS idle / with {} sleepers", load["sleepers"]),
-            format!(
-                "{:.1} / {:.1} MiB",
-                f(&load, "daemon_idle_mib"),
-                f(&load, "daemon_sleepers_mib")
-            ),
-            "-".into(),
-            "-".into(),
-            "<= 100 MiB",
-        );
-        row(
-            "runner RSS (mean)",
-            format!("{:.2} MiB", f(&load, "runner_mean_mib")),
-            "-".into(),
-            "-".into(),
-            "<= 4 MiB",
-        );
+        load_rows(&load);
     }
     if !logs.is_null() {
-        row(
-            &format!("log capture, {} MB in 64 KiB chunks", logs["mb"]),
-            format!("{:.0} MB/s", f(&logs, "chunks_mb_s")),
-            format!("direct {:.0} MB/s", f(&logs, "direct_mb_s")),
-            format!("{:.2}x", f(&logs, "chunks_mb_s") / f(&logs, "direct_mb_s")),
-            ">= 500 MB/s",
-        );
-        row(
-            &format!("log capture, {} MB in 64-byte lines", logs["lines_mb"]),
-            format!("{:.0} MB/s", f(&logs, "lines_mb_s")),
-            "-".into(),
-            "-".into(),
-            "-",
-        );
-        row(
-            "logs -f latency, p50/max",
-            format!(
-                "{:.1}/{:.1} ms",
-                f(&logs["follow"], "p50"),
-                f(&logs["follow"], "max")
-            ),
-            "-".into(),
-            "-".into(),
-            "-",
-        );
+        logs_rows(&logs);
     }
     if !git.is_null() {
-        row(
-            &format!(
-                "git snapshot ({} files, {} modified)",
-                git["files"], git["modified"]
-            ),
-            format!("{:.1} ms", f(&git, "snapshot_ms")),
-            format!("git status {:.1} ms", f(&git, "git_status_ms")),
-            format!("{:.2}x", f(&git, "ratio")),
-            &format!("<= {}x", git::TARGET_RATIO),
-        );
+        git_rows(&git);
     }
     let out = Path::new("target/bench");
     std::fs::create_dir_all(out).unwrap();
@@ -318,6 +169,161 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     RETIRED.lock().unwrap().clear();
+}
+
+/// The back-to-back part's rows.
+fn spawn_rows(spawn: &Value) {
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let plain = &spawn["plain"];
+    let ours = &spawn["ours_exec"];
+    row(
+        &format!("spawn → exec, p50/p90/p99 ({} spawns)", spawn["n"]),
+        format!(
+            "{:.2}/{:.2}/{:.2} ms",
+            f(ours, "p50"),
+            f(ours, "p90"),
+            f(ours, "p99")
+        ),
+        format!(
+            "plain {:.2} ms; bwrap {}",
+            f(plain, "p50"),
+            spawn["bwrap"]
+                .get("p50")
+                .and_then(Value::as_f64)
+                .map_or("not installed".into(), |b| format!("{b:.2} ms"))
+        ),
+        format!(
+            "{:.1}x plain; {} bwrap",
+            f(spawn, "ratio_plain"),
+            spawn
+                .get("ratio_bwrap")
+                .and_then(Value::as_f64)
+                .map_or("-".into(), |r| format!("{r:.2}x"))
+        ),
+        "-",
+    );
+    for (step, v) in spawn["setup_p50_ms"].as_object().into_iter().flatten() {
+        row(
+            &format!("  sandbox step: {step} (p50)"),
+            format!("{:.3} ms", v.as_f64().unwrap_or(0.0)),
+            "-".into(),
+            "-".into(),
+            "-",
+        );
+    }
+    let notice = &spawn["ours_notice"];
+    row(
+        "spawn → notice, p50/p90/p99",
+        format!(
+            "{:.2}/{:.2}/{:.2} ms",
+            f(notice, "p50"),
+            f(notice, "p90"),
+            f(notice, "p99")
+        ),
+        "-".into(),
+        "-".into(),
+        "-",
+    );
+}
+
+/// The throughput and memory rows.
+fn load_rows(load: &Value) {
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    row(
+        &format!("throughput ({} runs, max_concurrent 32)", load["runs"]),
+        format!("{:.0} runs/s", f(load, "runs_per_s")),
+        format!(
+            "plain fork/exec {:.0} runs/s; bwrap {}",
+            f(load, "plain_runs_per_s"),
+            load["bwrap_runs_per_s"]
+                .as_f64()
+                .map_or("not installed".into(), |b| format!("{b:.0} runs/s"))
+        ),
+        load["ratio_bwrap"]
+            .as_f64()
+            .map_or("-".into(), |r| format!("{r:.2}x bwrap")),
+        "-",
+    );
+    row(
+        "  host CPU per run (all processes)",
+        format!("{:.2} ms", f(load, "cpu_ms_per_run")),
+        format!(
+            "plain {:.2} ms; bwrap {}",
+            f(load, "plain_cpu_ms_per_run"),
+            load["bwrap_cpu_ms_per_run"]
+                .as_f64()
+                .map_or("not installed".into(), |b| format!("{b:.2} ms"))
+        ),
+        load["bwrap_cpu_ms_per_run"]
+            .as_f64()
+            .map_or("-".into(), |b| {
+                format!("{:.2}x bwrap", f(load, "cpu_ms_per_run") / b)
+            }),
+        "-",
+    );
+    row(
+        &format!("daemon RSS idle / with {} sleepers", load["sleepers"]),
+        format!(
+            "{:.1} / {:.1} MiB",
+            f(load, "daemon_idle_mib"),
+            f(load, "daemon_sleepers_mib")
+        ),
+        "-".into(),
+        "-".into(),
+        "<= 100 MiB",
+    );
+    row(
+        "runner RSS (mean)",
+        format!("{:.2} MiB", f(load, "runner_mean_mib")),
+        "-".into(),
+        "-".into(),
+        "<= 4 MiB",
+    );
+}
+
+/// The log capture rows.
+fn logs_rows(logs: &Value) {
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    row(
+        &format!("log capture, {} MB in 64 KiB chunks", logs["mb"]),
+        format!("{:.0} MB/s", f(logs, "chunks_mb_s")),
+        format!("direct {:.0} MB/s", f(logs, "direct_mb_s")),
+        format!("{:.2}x", f(logs, "chunks_mb_s") / f(logs, "direct_mb_s")),
+        ">= 500 MB/s",
+    );
+    row(
+        &format!("log capture, {} MB in 64-byte lines", logs["lines_mb"]),
+        format!("{:.0} MB/s", f(logs, "lines_mb_s")),
+        "-".into(),
+        "-".into(),
+        "-",
+    );
+    row(
+        "logs -f latency, p50/max",
+        format!(
+            "{:.1}/{:.1} ms",
+            f(&logs["follow"], "p50"),
+            f(&logs["follow"], "max")
+        ),
+        "-".into(),
+        "-".into(),
+        "-",
+    );
+}
+
+/// The git snapshot's row.
+fn git_rows(git: &Value) {
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    row(
+        &format!(
+            "git snapshot ({} files, {} modified)",
+            git["files"], git["modified"]
+        ),
+        format!("{:.1} ms", f(git, "snapshot_ms")),
+        format!("git status {:.1} ms", f(git, "git_status_ms")),
+        format!("{:.2}x", f(git, "ratio")),
+        &format!("<= {}x", git::TARGET_RATIO),
+    );
 }
 
 /// The paced part's rows.

@@ -20,12 +20,20 @@ fn stats(v: &[f64]) -> Value {
     json!({"p50": pct(v, 50.0), "p90": pct(v, 90.0), "n": v.len()})
 }
 
-fn read_ns(p: &Path) -> u128 {
+pub fn read_ns(p: &Path) -> u128 {
     std::fs::read_to_string(p).unwrap().trim().parse().unwrap()
 }
 
-/// Ours: (spawn → exec, spawn → notice) in ms for one paced spawn.
-fn ours(c: &mut subagentd_e2e::Conn, sub: &mut subagentd_e2e::Conn, s: &str) -> (f64, f64) {
+/// One spawn of ours: spawn → exec and spawn → notice in ms, and the
+/// run's exit.json.
+pub struct Spawned {
+    pub exec: f64,
+    pub notice: f64,
+    pub exit: Value,
+}
+
+/// Spawns the stamp workload on `c` and waits for its notice on `sub`.
+pub fn ours(c: &mut subagentd_e2e::Conn, sub: &mut subagentd_e2e::Conn, s: &str) -> Spawned {
     let me = std::env::current_exe().unwrap();
     let t0 = now_ns();
     let r = c
@@ -45,12 +53,19 @@ fn ours(c: &mut subagentd_e2e::Conn, sub: &mut subagentd_e2e::Conn, s: &str) -> 
     let notice = (now_ns() - t0) as f64 / 1e6;
     let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
     let stamp = read_ns(&Path::new(st["artifact_dir"].as_str().unwrap()).join("stamp"));
-    ((stamp - t0) as f64 / 1e6, notice)
+    let log = Path::new(st["log_path"].as_str().unwrap());
+    let exit =
+        serde_json::from_slice(&std::fs::read(log.with_file_name("exit.json")).unwrap()).unwrap();
+    Spawned {
+        exec: (stamp - t0) as f64 / 1e6,
+        notice,
+        exit,
+    }
 }
 
 /// bubblewrap: (start → exec, start → exit) in ms, or None when it is
 /// missing or failed.
-fn bwrap(scratch: &Path) -> Option<(f64, f64)> {
+pub fn bwrap(scratch: &Path) -> Option<(f64, f64)> {
     let me = std::env::current_exe().unwrap();
     let f = scratch.join("bwrap");
     let t0 = now_ns();
@@ -84,9 +99,9 @@ pub fn bench(quick: bool) -> Value {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Alternating, each at the pace, so that both meet the same host.
     for _ in 0..n {
-        let (e, nt) = ours(&mut c, &mut sub, &s);
-        exec.push(e);
-        notice.push(nt);
+        let o = ours(&mut c, &mut sub, &s);
+        exec.push(o.exec);
+        notice.push(o.notice);
         std::thread::sleep(PAUSE);
         if let Some((e, end)) = bwrap(scratch.path()) {
             bw_exec.push(e);

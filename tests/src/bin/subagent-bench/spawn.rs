@@ -3,6 +3,7 @@
 //! notice; against a plain fork/exec and bubblewrap of the same workload,
 //! in the same loop.
 
+use crate::paced::{bwrap, ours, read_ns};
 use crate::pct;
 use crate::workload::now_ns;
 use serde_json::{json, Value};
@@ -14,13 +15,23 @@ fn stats(v: &[f64]) -> Value {
     json!({"p50": pct(v, 50.0), "p90": pct(v, 90.0), "p99": pct(v, 99.0), "n": v.len()})
 }
 
-fn read_ns(p: &Path) -> u128 {
-    std::fs::read_to_string(p).unwrap().trim().parse().unwrap()
+/// A plain fork/exec of the stamp workload: start → its first instruction
+/// in ms.
+fn plain(scratch: &Path) -> f64 {
+    let me = std::env::current_exe().unwrap();
+    let f = scratch.join("plain");
+    let t0 = now_ns();
+    assert!(Command::new(&me)
+        .arg("--stamp")
+        .arg(&f)
+        .status()
+        .unwrap()
+        .success());
+    (read_ns(&f) - t0) as f64 / 1e6
 }
 
 pub fn bench(quick: bool) -> Value {
     let n = if quick { 40 } else { 500 };
-    let me = std::env::current_exe().unwrap();
     let d = Daemon::start_with(DaemonOpts {
         max_concurrent: Some(4),
         ..crate::daemon_opts()
@@ -33,83 +44,24 @@ pub fn bench(quick: bool) -> Value {
         .prefix("sa-bench-")
         .tempdir_in("/tmp")
         .unwrap();
-    let bwrap = Command::new("bwrap")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let (mut exec, mut notice, mut plain, mut bw) =
+    let (mut exec, mut notice, mut plains, mut bw) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut steps: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
     for _ in 0..n {
-        // Ours: spawn_agent → the workload's stamp, → the notice.
-        let t0 = now_ns();
-        let r = c
-            .call(
-                "spawn_agent",
-                json!({"session": {"id": s, "audience": "personal", "project_dir": "/tmp"}, "task": "bench",
-                       "command": [me, "--stamp", "-"]}),
-            )
-            .unwrap();
-        let run = r["run_id"].as_str().unwrap().to_owned();
-        loop {
-            let m = sub.read_msg().unwrap();
-            if m["params"]["run_id"] == run.as_str() {
-                break;
-            }
-        }
-        let t_notice = now_ns();
-        let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
-        let stamp = read_ns(&Path::new(st["artifact_dir"].as_str().unwrap()).join("stamp"));
-        exec.push((stamp - t0) as f64 / 1e6);
-        let exit: Value = serde_json::from_slice(
-            &std::fs::read(
-                Path::new(st["log_path"].as_str().unwrap())
-                    .parent()
-                    .unwrap()
-                    .join("exit.json"),
-            )
-            .unwrap(),
-        )
-        .unwrap();
-        for (k, v) in exit["setup_us"].as_object().into_iter().flatten() {
+        let o = ours(&mut c, &mut sub, &s);
+        exec.push(o.exec);
+        notice.push(o.notice);
+        for (k, v) in o.exit["setup_us"].as_object().into_iter().flatten() {
             steps
                 .entry(k.clone())
                 .or_default()
                 .push(v.as_f64().unwrap_or(0.0) / 1000.0);
         }
-        notice.push((t_notice - t0) as f64 / 1e6);
-        // Plain fork/exec.
-        let f = scratch.path().join("plain");
-        let t0 = now_ns();
-        assert!(Command::new(&me)
-            .arg("--stamp")
-            .arg(&f)
-            .status()
-            .unwrap()
-            .success());
-        plain.push((read_ns(&f) - t0) as f64 / 1e6);
-        // bubblewrap.
-        if bwrap {
-            let f = scratch.path().join("bwrap");
-            let t0 = now_ns();
-            let ok = Command::new("bwrap")
-                .args(crate::BWRAP_ARGS)
-                .arg("--bind")
-                .arg(scratch.path())
-                .arg(scratch.path())
-                .arg(&me)
-                .arg("--stamp")
-                .arg(&f)
-                .status()
-                .unwrap()
-                .success();
-            if ok {
-                bw.push((read_ns(&f) - t0) as f64 / 1e6);
-            }
+        plains.push(plain(scratch.path()));
+        if let Some((e, _)) = bwrap(scratch.path()) {
+            bw.push(e);
         }
     }
-    let ours = stats(&exec);
-    let p = stats(&plain);
     let setup: serde_json::Map<String, Value> = steps
         .iter()
         .map(|(k, v)| (k.clone(), json!(pct(v, 50.0))))
@@ -117,10 +69,10 @@ pub fn bench(quick: bool) -> Value {
     let mut out = json!({
         "n": n,
         "setup_p50_ms": setup,
-        "ours_exec": ours,
+        "ours_exec": stats(&exec),
         "ours_notice": stats(&notice),
-        "plain": p,
-        "ratio_plain": pct(&exec, 50.0) / pct(&plain, 50.0),
+        "plain": stats(&plains),
+        "ratio_plain": pct(&exec, 50.0) / pct(&plains, 50.0),
         "bwrap": if bw.is_empty() { json!({"note": "bwrap is not installed or failed"}) } else { stats(&bw) },
     });
     if !bw.is_empty() {
