@@ -97,33 +97,29 @@ impl Scratch {
 
     /// As [`Scratch::read_file`], saying why a file was not read.
     pub fn file(&self, dir: &str, name: &str, max: u64) -> Result<Vec<u8>, NotRead> {
-        let (f, size) = self.open_regular(dir, name)?;
+        let f = self.open_regular(dir, name)?;
+        let size = f.metadata().len();
         if size > max {
             return Err(NotRead::TooLarge(size));
         }
-        read_at_most(f, max)
+        f.read_head(max).map_err(|_| NotRead::Absent)
     }
 
     /// At most the first `max` bytes of the regular file `dir/name`.
     pub fn head(&self, dir: &str, name: &str, max: u64) -> Result<Vec<u8>, NotRead> {
-        let (f, _) = self.open_regular(dir, name)?;
-        read_at_most(f, max)
+        let f = self.open_regular(dir, name)?;
+        f.read_head(max).map_err(|_| NotRead::Absent)
     }
 
-    /// Opens the regular file `dir/name` (no link followed, no blocking);
-    /// returns it with its size.
-    fn open_regular(&self, dir: &str, name: &str) -> Result<(OwnedFd, u64), NotRead> {
-        let d = open_dir_at(self.root.as_fd(), OsStr::new(dir)).map_err(|_| NotRead::Absent)?;
-        let f = match open_file_at(d.as_fd(), OsStr::new(name)) {
-            Ok(f) => f,
-            Err(nix::Error::ENOENT) => return Err(NotRead::Absent),
-            Err(_) => return Err(NotRead::NotRegular),
-        };
-        let st = nix::sys::stat::fstat(&f).map_err(|_| NotRead::Absent)?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(NotRead::NotRegular);
-        }
-        Ok((f, st.st_size as u64))
+    /// Opens the regular file `dir/name` the child left (see
+    /// [`crate::safefile::open_beneath`]: no link, no blocking).
+    fn open_regular(&self, dir: &str, name: &str) -> Result<crate::safefile::Opened, NotRead> {
+        use crate::safefile::SafeFileError as E;
+        let rel = std::path::Path::new(dir).join(name);
+        crate::safefile::open_beneath(self.root.as_fd(), &rel).map_err(|e| match e {
+            E::Missing { .. } => NotRead::Absent,
+            _ => NotRead::NotRegular,
+        })
     }
 
     /// Copies the scratch directory `dir` into `dest` (an existing
@@ -158,15 +154,6 @@ impl Scratch {
         copy_dir(src, dst, "", 0, &mut report)?;
         Ok(report)
     }
-}
-
-fn read_at_most(f: OwnedFd, max: u64) -> Result<Vec<u8>, NotRead> {
-    let mut buf = Vec::new();
-    std::fs::File::from(f)
-        .take(max)
-        .read_to_end(&mut buf)
-        .map_err(|_| NotRead::Absent)?;
-    Ok(buf)
 }
 
 /// Why a file of the scratch was not read.
