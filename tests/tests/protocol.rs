@@ -172,6 +172,58 @@ fn missing_and_ill_typed_fields_are_named() {
     assert!(!d.state.join("sessions").join(&s).exists());
 }
 
+/// A writable path that holds one of the daemon's places (its folder holds
+/// the state dir and the socket), or lies in the state dir, is refused
+/// naming the field; the same paths as read paths are not.
+#[test]
+fn writable_paths_holding_or_inside_the_daemons_places_are_refused() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let s = session("places");
+    let folder = d.dir.path().to_str().unwrap().to_owned();
+    std::fs::create_dir_all(d.state.join("sessions")).unwrap();
+    let inside = d.state.join("sessions").to_str().unwrap().to_owned();
+    let cases = [
+        (
+            json!({"sandbox": {"write_paths": ["/tmp", &folder]}}),
+            "sandbox.write_paths[0]",
+            "holds",
+        ),
+        (
+            json!({"sandbox": {"write_paths": [&folder]}}),
+            "sandbox.write_paths[0]",
+            "holds the daemon's state dir",
+        ),
+        (
+            json!({"sandbox": {"write_paths": [&inside]}}),
+            "sandbox.write_paths[0]",
+            "lies inside the daemon's state dir",
+        ),
+        (
+            json!({"session": {"id": s, "audience": "team", "project_dir": &folder}, "sandbox": {"write_project": true}}),
+            "session.project_dir",
+            "holds",
+        ),
+    ];
+    for (extra, field, why) in cases {
+        let mut p = spawn_params(&s);
+        for (k, v) in extra.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        let (code, msg) = error_of(&c.request("spawn_agent", p));
+        assert_eq!(code, -32602, "{field}: {msg}");
+        assert!(msg.contains(field) && msg.contains(why), "{msg:?}");
+    }
+    assert!(!d.state.join("sessions").join(&s).exists());
+    let mut p = spawn_params(&s);
+    p["sandbox"] = json!({"read_paths": [&folder, &inside]});
+    let run = c.call("spawn_agent", p).unwrap();
+    assert_eq!(
+        c.wait(run["run_id"].as_str().unwrap())["state"],
+        "succeeded"
+    );
+}
+
 #[test]
 fn public_sessions_get_no_subagents() {
     let d = Daemon::start();

@@ -2814,3 +2814,272 @@ fn recent_file_names_do_not_reach_the_parents_terminal() {
         "terminal controls reached the terminal: {found:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Own attacks: the daemon's own places inside a path the child is given
+// ---------------------------------------------------------------------------
+
+/// A daemon whose folder (its state dir and its socket) lies inside the
+/// project, as a root daemon's default state dir (`/root/.local/state`)
+/// lies inside a project `/root`.
+fn env_holding_the_daemon(args: &[&str]) -> Option<Env> {
+    for m in subagentd_e2e::missing_mechanisms() {
+        if !runnable(false, &m, &format!("this host cannot enforce {m}")) {
+            return None;
+        }
+    }
+    let project = public_dir("sa-rt-proj-");
+    std::fs::write(project.path().join("README"), "project file\n").unwrap();
+    let d = Daemon::start_with(DaemonOpts {
+        base_dir: Some(project.path().to_path_buf()),
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+        ..Default::default()
+    });
+    Some(Env { d, project })
+}
+
+/// A finished run of session `s` whose env, log and records hold `mark`.
+fn secret_holding_run(e: &Env, s: &str, mark: &str) -> Value {
+    let run = e.spawn_in(
+        s,
+        json!(["sh", "-c", "echo \"$VICTIM_SECRET\""]),
+        json!({"env": {"VICTIM_SECRET": mark}}),
+    );
+    let st = e.wait_final(&run, RUN_LIMIT, "the victim");
+    assert!(log_of(&st).contains(mark), "the victim ran: {st}");
+    st
+}
+
+/// Reads another session's run.json, child.log and runner.json, lists the
+/// state dir and looks for the socket, then reads its own context.
+const STATE_DIR_READER: &str = "cat \"$VICTIM/run.json\" \"$VICTIM/child.log\" \"$VICTIM/runner.json\" 2>&1; \
+    ls -1a \"$STATE\" \"$STATE/sessions\" 2>&1; test -e \"$SOCK\" && echo SOCKET-IN-VIEW; \
+    grep -q 'Task:' \"$SUBAGENT_CONTEXT_DIR/first_message.md\" && echo CONTEXT-READ; echo attack ran";
+
+/// What [`STATE_DIR_READER`] must not have shown: the victim's secret,
+/// its session or the daemon's lock in a listing, the socket.
+fn assert_state_dir_hidden(log: &str, mark: &str, victim_session: &str) {
+    assert!(log.contains("attack ran"), "{log}");
+    assert!(
+        !log.contains(mark),
+        "another session's env or log leaked:\n{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l == victim_session || l == "daemon.lock" || l == "d.sock"),
+        "the state dir or the socket's dir was listed:\n{log}"
+    );
+    assert!(
+        !log.contains("SOCKET-IN-VIEW"),
+        "the socket is in view:\n{log}"
+    );
+}
+
+/// The daemon's state dir and socket lie inside the project (read only
+/// to the child, reached as its owner): the child reads another
+/// session's run.json (its env), child.log and runner.json, lists the
+/// state dir and looks for the socket. Judged by the victim's secret and
+/// session in the child's log; the child's own context must still be
+/// readable.
+#[test]
+fn a_state_dir_inside_the_project_is_not_in_the_childs_view() {
+    let Some(e) = env_holding_the_daemon(&[]) else {
+        return;
+    };
+    let mark = marker("RT-STATE-SECRET");
+    let vs = session("rt-victim");
+    let vst = secret_holding_run(&e, &vs, &mark);
+    let env = json!({"VICTIM": run_dir(&vst), "STATE": e.d.state, "SOCK": e.d.socket});
+    let (st, log) = e.sh(STATE_DIR_READER, json!({"env": env}));
+    assert_eq!(st["state"], "succeeded", "{st}\n{log}");
+    assert_state_dir_hidden(&log, &mark, &vs);
+    assert!(log.contains("CONTEXT-READ"), "the context dir:\n{log}");
+}
+
+/// Rewrites the runner.json of session `$VS`'s queued run: its command
+/// prints `$FORGED` and the uid, and (a root daemon) it runs as uid 0.
+const SPEC_REWRITER: &str = r#"
+import glob, json, os, time
+pattern = os.path.join(os.environ['STATE'], 'sessions', os.environ['VS'], 'runs', '*', 'runner.json')
+deadline = time.time() + 20
+while time.time() < deadline:
+    found = glob.glob(pattern)
+    if found:
+        spec = json.load(open(found[0]))
+        spec['argv'] = ['sh', '-c', 'echo "%s uid=$(id -u)"; head -c 64 /etc/shadow' % os.environ['FORGED']]
+        if spec.get('run_as') is not None:
+            spec['run_as'] = [0, 0]
+        open(found[0], 'w').write(json.dumps(spec))
+        print('REWROTE', found[0], flush=True)
+        break
+    time.sleep(0.05)
+else:
+    print('no victim spec in view')
+print('attack ran')
+"#;
+
+/// The state dir lies inside a project the child may write: while a run
+/// of another session is queued (both slots taken), the child rewrites
+/// that run's runner.json (its command, and uid 0 as its user), then
+/// exits so the victim starts. Judged by the victim's log: its own
+/// output, never the forged command's. Refusing the writer's spawn
+/// outright stops the attack too.
+#[test]
+fn a_writable_project_holding_the_state_dir_cannot_rewrite_a_queued_runs_spec() {
+    let Some(e) = env_holding_the_daemon(&["--max-concurrent", "2"]) else {
+        return;
+    };
+    let go = e.project.path().join("go");
+    let blocker = e.spawn(
+        json!(["sh", "-c", "while [ ! -e \"$GO\" ]; do sleep 0.05; done"]),
+        json!({"env": {"GO": go}}),
+    );
+    let forged = marker("RT-FORGED");
+    let vs = session("rt-victim");
+    let env = json!({"STATE": e.d.state, "VS": vs, "FORGED": forged});
+    let writer = e.d.conn().call(
+        "spawn_agent",
+        e.params(
+            &session("rt"),
+            json!([PY, "-c", SPEC_REWRITER]),
+            json!({"sandbox": {"write_project": true}, "env": env}),
+        ),
+    );
+    let victim = e.spawn_in(
+        &vs,
+        json!(["sh", "-c", "echo VICTIM-OWN-COMMAND"]),
+        json!({}),
+    );
+    match &writer {
+        Ok(r) => {
+            let st = e.wait_final(r["run_id"].as_str().unwrap(), RUN_LIMIT, "the writer");
+            println!("the writer: {st}\n{}", log_of(&st));
+        }
+        Err(err) => {
+            println!("the writer's spawn was refused: {err}");
+            assert_eq!(err["code"], -32602, "{err}");
+        }
+    }
+    std::fs::write(&go, "").unwrap();
+    let st = e.wait_final(&victim, RUN_LIMIT, "the victim");
+    let log = log_of(&st);
+    e.wait_final(&blocker, RUN_LIMIT, "the blocker");
+    assert!(
+        !log.contains(&forged),
+        "the victim ran the forged command:\n{log}"
+    );
+    assert!(log.contains("VICTIM-OWN-COMMAND"), "{st}\n{log}");
+}
+
+/// A run with `keep_temp` leaves a secret in its temp dir under the
+/// daemon's temp base (`/tmp/subagentd-<uid>`); later runs of another
+/// session, one with `/tmp` as a read path and one with `/tmp` as its
+/// project (reached as its owner), read it and list the temp base.
+/// Judged by the secret and the victim's session in their logs.
+#[test]
+fn other_runs_temp_dirs_are_not_in_view_under_a_read_path_or_the_project() {
+    let Some(e) = env() else { return };
+    let mark = marker("RT-TEMP-SECRET");
+    let vs = session("rt-victim");
+    let run = e.spawn_in(
+        &vs,
+        json!(["sh", "-c", "echo \"$M\" > \"$TMPDIR/secret\""]),
+        json!({"keep_temp": true, "env": {"M": mark}}),
+    );
+    let vst = e.wait_final(&run, RUN_LIMIT, "the victim");
+    let temp = PathBuf::from(vst["temp_dir"].as_str().unwrap());
+    assert!(
+        std::fs::read_to_string(temp.join("secret")).is_ok_and(|t| t.contains(&mark)),
+        "the victim kept its temp dir: {vst}"
+    );
+    let base = temp.parent().unwrap().parent().unwrap().to_path_buf();
+    let script = "cat \"$VT/secret\" 2>&1; ls -1a \"$BASE\" 2>&1; echo attack ran";
+    let env = json!({"VT": temp, "BASE": base});
+    for (what, extra) in [
+        (
+            "a read path",
+            json!({"sandbox": {"read_paths": ["/tmp"]}, "env": env}),
+        ),
+        (
+            "the project",
+            json!({"session": {"id": session("rt"), "audience": "personal", "project_dir": "/tmp"}, "env": env}),
+        ),
+    ] {
+        let (st, log) = e.sh(script, extra);
+        assert!(log.contains("attack ran"), "{what}: {st}\n{log}");
+        assert!(
+            !log.contains(&mark),
+            "{what}: another run's temp dir leaked:\n{log}"
+        );
+        assert!(
+            !log.lines().any(|l| l == vs),
+            "{what}: the temp base was listed:\n{log}"
+        );
+    }
+}
+
+/// `git init` and one commit in `dir`, readable by every uid.
+fn git_repo(dir: &Path) {
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=rt", "-c", "user.email=rt@example.invalid"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    std::fs::write(dir.join("tracked.txt"), "x\n").unwrap();
+    git(&["init", "-q"]);
+    git(&["add", "."]);
+    git(&["commit", "-qm", "init"]);
+}
+
+/// A worktree run (its worktree lies inside the state dir) is also given
+/// a read path that holds the whole state dir: it must still work in its
+/// worktree and write there, read its context, and see nothing else of
+/// the state dir (another session's secret, the daemon's lock).
+#[test]
+fn a_worktree_run_works_while_the_rest_of_the_state_dir_stays_hidden() {
+    if !runnable(
+        Command::new("git").arg("--version").output().is_ok(),
+        "git",
+        "the worktree is made from a git repository",
+    ) {
+        return;
+    }
+    let holder = public_dir("sa-rt-holder-");
+    let Some(e) = env_with(DaemonOpts {
+        base_dir: Some(holder.path().to_path_buf()),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    // The daemon's folder is the test's: open it, so that only the state
+    // dir itself is the daemon's to hide.
+    std::fs::set_permissions(e.d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    git_repo(e.project.path());
+    let mark = marker("RT-STATE-SECRET");
+    let vs = session("rt-victim");
+    let vst = secret_holding_run(&e, &vs, &mark);
+    let script = format!("pwd; echo made > made-in-worktree && echo WROTE; {STATE_DIR_READER}");
+    let env = json!({"VICTIM": run_dir(&vst), "STATE": e.d.state, "SOCK": e.d.socket});
+    let (st, log) = e.sh(
+        &script,
+        json!({"isolation": "worktree", "env": env,
+               "sandbox": {"write_project": true, "read_paths": [holder.path()]}}),
+    );
+    assert_eq!(st["state"], "succeeded", "{st}\n{log}");
+    let wt = PathBuf::from(st["worktree_dir"].as_str().unwrap());
+    assert!(wt.starts_with(&e.d.state), "{}", wt.display());
+    assert_eq!(log.lines().next(), Some(wt.to_str().unwrap()), "{log}");
+    assert!(
+        log.contains("WROTE") && log.contains("CONTEXT-READ"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(wt.join("made-in-worktree")).unwrap(),
+        "made\n"
+    );
+    assert_state_dir_hidden(&log, &mark, &vs);
+}

@@ -253,11 +253,22 @@ fn user_report(run_as: Option<(u32, u32)>) -> String {
 }
 
 fn root_report(spec: &SandboxSpec, owners: usize) -> Enforcement {
+    let masks = spec
+        .mounts
+        .mounts
+        .iter()
+        .filter(|m| m.source == Source::Mask)
+        .count();
     Enforcement::on(format!(
-        "a root file system of its own: {} mounts from the file rules, a new /proc, nothing else of the host; writable places noexec{}",
-        spec.mounts.mounts.len(),
+        "a root file system of its own: {} mounts from the file rules, a new /proc, nothing else of the host; writable places noexec{}{}",
+        spec.mounts.mounts.len() - masks,
         if owners > 0 {
             format!("; {owners} reached as their owner (idmapped)")
+        } else {
+            String::new()
+        },
+        if masks > 0 {
+            format!("; {masks} of the daemon's own places inside them hidden")
         } else {
             String::new()
         }

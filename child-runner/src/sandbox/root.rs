@@ -6,8 +6,9 @@
 //! `nosuid`, idmapped). Then a small tmpfs gets every mount point, made
 //! before anything is attached, so that no directory is ever created on a
 //! host file system; then the clones are attached in plan order (parents
-//! first), `/proc` is mounted, the tmpfs becomes `/` (`pivot_root`; the
-//! host's tree is detached) and is made read-only.
+//! first), the daemon's places inside them are masked, `/proc` is mounted,
+//! the tmpfs becomes `/` (`pivot_root`; the host's tree is detached) and is
+//! made read-only.
 
 use super::mountapi::{self, Attrs, MountError};
 use policy::sandbox::mounts::{MountPlan, Source};
@@ -21,6 +22,7 @@ enum Piece {
     Link(PathBuf),
     Proc,
     Empty,
+    Mask,
 }
 
 /// A detached source and where it goes.
@@ -100,6 +102,10 @@ fn prepare(
             Source::Proc => Piece::Proc,
             Source::Empty => Piece::Empty,
             Source::Symlink { to } => Piece::Link(to.clone()),
+            Source::Mask => match mask_target(&m.target)? {
+                Some(piece) => piece,
+                None => continue,
+            },
         };
         parts.push(Part {
             target: m.target.clone(),
@@ -107,6 +113,26 @@ fn prepare(
         });
     }
     Ok(parts)
+}
+
+/// What stands at a daemon place to hide: a directory gets a mask, a
+/// missing path needs none, anything else (a link put there, which the
+/// mount would follow) fails the run.
+fn mask_target(target: &Path) -> Result<Option<Piece>, MountError> {
+    match std::fs::symlink_metadata(target) {
+        Ok(meta) if meta.is_dir() => Ok(Some(Piece::Mask)),
+        Ok(_) => Err(MountError {
+            op: "a daemon place to hide is not a directory",
+            path: target.display().to_string(),
+            source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(MountError {
+            op: "lstat of a daemon place to hide",
+            path: target.display().to_string(),
+            source,
+        }),
+    }
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> MountError + 'a {
@@ -123,8 +149,8 @@ fn under(base: &Path, target: &Path) -> PathBuf {
 }
 
 /// Makes the mount point (or link) of each part inside the fresh tmpfs
-/// at `base`.
-fn skeleton(base: &Path, parts: &[Part]) -> Result<(), MountError> {
+/// at `base` (or inside a mask, for the parts beneath it).
+fn skeleton<'a>(base: &Path, parts: impl IntoIterator<Item = &'a Part>) -> Result<(), MountError> {
     use std::os::unix::fs::DirBuilderExt;
     for p in parts {
         let at = under(base, &p.target);
@@ -154,6 +180,50 @@ fn skeleton(base: &Path, parts: &[Part]) -> Result<(), MountError> {
 
 /// The directory the new root is put together in, before it becomes `/`.
 const BASES: &[&str] = &["/tmp", "/mnt", "/run"];
+
+/// A mask's tmpfs: room for the mount points beneath it, nothing more.
+const MASK_OPTIONS: &str = "mode=0755,size=1m,nr_inodes=4096";
+
+/// Hides what the host holds at `at` under an empty tmpfs that gets the
+/// mount points of `beneath` (the parts bound inside it later) and is then
+/// made read-only.
+fn mask<'a>(
+    base: &Path,
+    at: &Path,
+    beneath: impl IntoIterator<Item = &'a Part>,
+) -> Result<(), MountError> {
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    mountapi::mount(Some("tmpfs"), at, Some("tmpfs"), flags, Some(MASK_OPTIONS))?;
+    skeleton(base, beneath)?;
+    let ro = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | flags;
+    mountapi::mount(None, at, None, ro, None)
+}
+
+/// Attaches every part at its place under `base`, in order.
+fn attach_all(base: &Path, parts: &[Part]) -> Result<(), MountError> {
+    for (i, p) in parts.iter().enumerate() {
+        let at = under(base, &p.target);
+        match &p.what {
+            Piece::Tree { fd, .. } => mountapi::attach(fd.as_fd(), &at)?,
+            Piece::Proc => mountapi::mount(
+                Some("proc"),
+                &at,
+                Some("proc"),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                None,
+            )?,
+            Piece::Mask => {
+                let later = parts.get(i + 1..).unwrap_or_default();
+                let beneath = later
+                    .iter()
+                    .filter(|q| q.target != p.target && q.target.starts_with(&p.target));
+                mask(base, &at, beneath)?;
+            }
+            Piece::Link(_) | Piece::Empty => {}
+        }
+    }
+    Ok(())
+}
 
 /// Builds the run's root from `plan` and makes it the calling process's
 /// `/`. Runs in the run's init, in its own mount namespace.
@@ -191,20 +261,7 @@ pub fn build(
         Some("mode=0755,size=4m,nr_inodes=4096"),
     )?;
     skeleton(base, &parts)?;
-    for p in &parts {
-        let at = under(base, &p.target);
-        match &p.what {
-            Piece::Tree { fd, .. } => mountapi::attach(fd.as_fd(), &at)?,
-            Piece::Proc => mountapi::mount(
-                Some("proc"),
-                &at,
-                Some("proc"),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                None,
-            )?,
-            Piece::Link(_) | Piece::Empty => {}
-        }
-    }
+    attach_all(base, &parts)?;
     drop(parts);
     mountapi::pivot_into(base)?;
     // A host `/` granted as a root of its own stays as granted.

@@ -6,7 +6,8 @@
 //!
 //! - [`fs`]: which paths the child may read, execute and write (Landlock).
 //! - [`seccomp`]: the syscalls an agent never needs, each with its reason.
-//! - [`mounts`]: the child's own root file system, what exists at all.
+//! - [`mounts`]: the child's own root file system, what exists at all;
+//!   [`places`]: the daemon's own places, hidden in it.
 //! - [`cgroup`]: where memory and process limits come from on this host.
 //! - [`program`]: what the agent program needs to start (`#!`, `env`,
 //!   the ELF loader), read from its first bytes.
@@ -14,6 +15,7 @@
 pub mod cgroup;
 pub mod fs;
 pub mod mounts;
+pub mod places;
 pub mod program;
 pub mod seccomp;
 
@@ -180,6 +182,8 @@ pub struct SandboxInputs {
     pub request: SandboxRequest,
     /// The run's paths.
     pub paths: fs::RunPaths,
+    /// The daemon's own places, never in the child's view.
+    pub places: places::Places,
     /// Memory limit in MiB.
     pub memory_mb: u64,
     /// Process limit.
@@ -242,6 +246,7 @@ pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
             context: &p.context_dir,
             project: &p.project_dir,
             programs: &p.programs,
+            places: &input.places,
         },
         &input.grants,
         input.disk_bytes,
@@ -281,6 +286,7 @@ mod tests {
             grants: grants(None, &request),
             request,
             paths: paths(),
+            places: Default::default(),
             memory_mb: 64,
             pids: 32,
             fsize_bytes: 1 << 20,

@@ -5,9 +5,11 @@
 //! run's PID namespace, and the run's scratch file system (a size-bounded
 //! tmpfs) at its temp, artifact and delta dirs. Everything else of the host
 //! (its `/tmp`, `/run`, `/home`, `/root`, the state dir, other runs) is not
-//! there.
+//! there, and the daemon's own places inside a bound path are hidden (see
+//! [`super::places`]).
 
 use super::fs::{Access, FsRules};
+use super::places::Places;
 use super::Grants;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -45,6 +47,11 @@ pub enum Source {
     /// An empty directory of the root itself (the working directory of a
     /// run that may not read the project).
     Empty,
+    /// An empty read-only tmpfs over what the host holds there (one of
+    /// the daemon's own places inside a bound path): it holds nothing but
+    /// the mount points of what is bound beneath it (the run's context,
+    /// its worktree). Left out when the host has nothing there.
+    Mask,
     /// A symbolic link.
     Symlink {
         /// What it points to.
@@ -122,6 +129,8 @@ pub struct RootPaths<'a> {
     pub project: &'a Path,
     /// The agent program and what it needs to start.
     pub programs: &'a [PathBuf],
+    /// The daemon's own places, hidden wherever a bind holds one.
+    pub places: &'a Places,
 }
 
 fn depth(p: &Path) -> usize {
@@ -172,9 +181,31 @@ fn rule_mount(r: &super::fs::FsRule, paths: &RootPaths<'_>, grants: &Grants) -> 
     host(&r.path, &r.reason, source)
 }
 
+/// A mask over each of the daemon's places that a bind of the host holds,
+/// but none inside another mask (the outer one hides it already).
+fn masks(mounts: &[Mount], places: &Places) -> Vec<Mount> {
+    let mut found = std::collections::BTreeMap::new();
+    for m in mounts {
+        if matches!(m.source, Source::Host { .. }) {
+            found.extend(places.inside(&m.target));
+        }
+    }
+    let targets: Vec<PathBuf> = found.keys().cloned().collect();
+    found
+        .into_iter()
+        .filter(|(t, _)| !targets.iter().any(|o| o != t && t.starts_with(o)))
+        .map(|(target, kind)| Mount {
+            target,
+            source: Source::Mask,
+            reason: format!("{}: hidden", kind.as_str()),
+        })
+        .collect()
+}
+
 /// The child's root for file rules `rules`, the run's scratch paths and
 /// its rights. Every path a rule names is there, and nothing else of the
-/// host.
+/// host: the daemon's places inside a bound path are masked, after the
+/// bind that holds them and before what is bound beneath them.
 pub fn plan(
     rules: &FsRules,
     paths: &RootPaths<'_>,
@@ -215,6 +246,9 @@ pub fn plan(
             Source::Symlink { to },
         ));
     }
+    let masks = masks(&mounts, paths.places);
+    // After a bind of the same path: the mask hides it.
+    mounts.extend(masks);
     // Parents first; among equals, the order above.
     mounts.sort_by_key(|m| depth(&m.target));
     // The program files go last: on top of any noexec directory.
@@ -247,8 +281,16 @@ mod tests {
     }
 
     fn make(grants: Grants, request: &SandboxRequest) -> MountPlan {
-        let p = run_paths();
-        let r = rules(&p, &grants, request);
+        make_with(&run_paths(), grants, request, &Places::default())
+    }
+
+    fn make_with(
+        p: &RunPaths,
+        grants: Grants,
+        request: &SandboxRequest,
+        places: &Places,
+    ) -> MountPlan {
+        let r = rules(p, &grants, request);
         plan(
             &r,
             &RootPaths {
@@ -258,10 +300,170 @@ mod tests {
                 context: &p.context_dir,
                 project: &p.project_dir,
                 programs: &p.programs,
+                places,
             },
             &grants,
             64 << 20,
         )
+    }
+
+    /// The test paths' daemon: state dir `/state`, temp base
+    /// `/tmp/subagentd-0` (also the socket's dir), leases `/run/subagentd`.
+    fn places() -> Places {
+        use crate::sandbox::places::{DaemonPlace, PlaceKind};
+        let place = |path: &str, kind| DaemonPlace {
+            path: path.into(),
+            kind,
+        };
+        Places {
+            places: vec![
+                place("/state", PlaceKind::StateDir),
+                place("/tmp/subagentd-0", PlaceKind::TempBase),
+                place("/run/subagentd", PlaceKind::UidLeases),
+                place("/tmp/subagentd-0", PlaceKind::SocketDir),
+            ],
+            resolved: [("/link-to-root".into(), "/".into())].into(),
+        }
+    }
+
+    fn position(m: &MountPlan, path: &str) -> usize {
+        m.mounts
+            .iter()
+            .rposition(|x| x.target == Path::new(path))
+            .unwrap_or_else(|| panic!("no mount at {path}"))
+    }
+
+    /// The masked paths, sorted.
+    fn masked(m: &MountPlan) -> Vec<&Path> {
+        let mut out: Vec<&Path> = m
+            .mounts
+            .iter()
+            .filter(|x| x.source == Source::Mask)
+            .map(|x| x.target.as_path())
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn nothing_is_masked_when_no_bind_holds_a_daemon_place() {
+        let m = make_with(
+            &run_paths(),
+            reader(),
+            &SandboxRequest::default(),
+            &places(),
+        );
+        assert!(masked(&m).is_empty(), "{m:?}");
+    }
+
+    #[test]
+    fn a_bind_holding_the_state_dir_gets_it_masked_before_the_runs_own_dirs() {
+        let p = RunPaths {
+            project_dir: "/".into(),
+            ..run_paths()
+        };
+        let req = SandboxRequest {
+            read_paths: vec!["/tmp".into(), "/run".into()],
+            ..Default::default()
+        };
+        let m = make_with(&p, reader(), &req, &places());
+        assert_eq!(
+            masked(&m),
+            [
+                Path::new("/run/subagentd"),
+                Path::new("/state"),
+                Path::new("/tmp/subagentd-0")
+            ]
+        );
+        let mask = position(&m, "/state");
+        assert!(position(&m, "/") < mask);
+        // The run's context (a bind) and its dirs (scratch) beneath the
+        // mask come after it, so they stay in view.
+        for own in [
+            "/state/sessions/s/runs/r/context",
+            "/state/sessions/s/runs/r/artifacts",
+            "/state/sessions/s/runs/r/delta",
+        ] {
+            assert!(position(&m, own) > mask, "{own}");
+        }
+        assert!(position(&m, "/tmp/subagentd-0/s/c1") > position(&m, "/tmp/subagentd-0"));
+        assert!(position(&m, "/tmp/subagentd-0") > position(&m, "/tmp"));
+        assert_eq!(
+            mount_at(&m, Path::new("/state")).unwrap().reason,
+            "the daemon's state dir: hidden"
+        );
+    }
+
+    #[test]
+    fn a_worktree_inside_the_state_dir_stays_a_writable_bind_on_top_of_the_mask() {
+        let worktree = "/state/sessions/s/worktrees/r";
+        let p = RunPaths {
+            project_dir: worktree.into(),
+            ..run_paths()
+        };
+        let req = SandboxRequest {
+            read_paths: vec!["/link-to-root".into()],
+            ..Default::default()
+        };
+        let grants = Grants {
+            write_project: true,
+            ..reader()
+        };
+        let m = make_with(&p, grants, &req, &places());
+        // Through the link, at the link's paths.
+        assert_eq!(
+            masked(&m),
+            [
+                Path::new("/link-to-root/run/subagentd"),
+                Path::new("/link-to-root/state"),
+                Path::new("/link-to-root/tmp/subagentd-0")
+            ]
+        );
+        let mut g = make_with(&p, grants, &SandboxRequest::default(), &places());
+        assert!(masked(&g).is_empty());
+        let root = SandboxRequest {
+            read_paths: vec!["/".into()],
+            ..Default::default()
+        };
+        g = make_with(&p, grants, &root, &places());
+        assert!(position(&g, worktree) > position(&g, "/state"));
+        assert!(matches!(
+            mount_at(&g, Path::new(worktree)).unwrap().source,
+            Source::Host {
+                writable: true,
+                as_owner: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_bind_of_the_place_itself_is_masked_on_top_and_masks_do_not_nest() {
+        let req = SandboxRequest {
+            read_paths: vec!["/state".into(), "/tmp".into()],
+            ..Default::default()
+        };
+        let mut with_nested = places();
+        with_nested
+            .places
+            .push(crate::sandbox::places::DaemonPlace {
+                path: "/tmp/subagentd-0/inner".into(),
+                kind: crate::sandbox::places::PlaceKind::SocketDir,
+            });
+        let m = make_with(&run_paths(), reader(), &req, &with_nested);
+        assert_eq!(
+            masked(&m),
+            [Path::new("/state"), Path::new("/tmp/subagentd-0")]
+        );
+        let binds: Vec<usize> = m
+            .mounts
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.target == Path::new("/state"))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(binds.len(), 2);
+        assert_eq!(m.mounts[binds[1]].source, Source::Mask);
     }
 
     fn reader() -> Grants {

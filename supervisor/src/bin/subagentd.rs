@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use subagentd::engine::{Config, Supervisor};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -174,6 +174,10 @@ async fn run(args: Args) -> Result<()> {
     }
     let mut cfg = Config::new(state_dir.clone());
     cfg.settings = file.clone();
+    cfg.socket_dir = std::path::absolute(&socket_path)
+        .with_context(|| format!("the socket {}", socket_path.display()))?
+        .parent()
+        .map(Path::to_path_buf);
     if let Some(n) = file.max_concurrent {
         cfg.max_concurrent = n;
     }

@@ -13,6 +13,7 @@ use crate::paths::RunFiles;
 use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
 use crate::uids::UidLease;
+use policy::sandbox::places::Places;
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -470,6 +471,83 @@ fn child_env(
     .map_err(|e| EngineError::invalid("env", e.to_string()))
 }
 
+/// `path` as the host resolves it now: its deepest existing ancestor made
+/// canonical, the rest (not there yet) as it is.
+fn host_path(path: &Path) -> PathBuf {
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut missing = Vec::new();
+    let mut at = path.as_path();
+    loop {
+        if let Ok(found) = at.canonicalize() {
+            return missing.iter().rev().fold(found, |p, c| p.join(c));
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                missing.push(name.to_owned());
+                at = parent;
+            }
+            _ => return path,
+        }
+    }
+}
+
+/// The daemon's own places (from its configuration) and how the host
+/// resolves each path the run is given. Blocking.
+fn daemon_places(inner: &Inner, roots: &[&Path]) -> Places {
+    use policy::sandbox::places::{DaemonPlace, PlaceKind};
+    let cfg = &inner.cfg;
+    // `<dir>/uids`: the whole `/run/subagentd`.
+    let leases = cfg.uid_lock_dir.parent().unwrap_or(&cfg.uid_lock_dir);
+    let places = [
+        (Some(cfg.state_dir.as_path()), PlaceKind::StateDir),
+        (Some(cfg.temp_base.as_path()), PlaceKind::TempBase),
+        (Some(leases), PlaceKind::UidLeases),
+        (cfg.socket_dir.as_deref(), PlaceKind::SocketDir),
+    ];
+    Places {
+        places: places
+            .into_iter()
+            .filter_map(|(path, kind)| {
+                Some(DaemonPlace {
+                    path: host_path(path?),
+                    kind,
+                })
+            })
+            .collect(),
+        resolved: roots
+            .iter()
+            .map(|r| (r.to_path_buf(), host_path(r)))
+            .collect(),
+    }
+}
+
+/// Refuses a writable path that holds one of the daemon's places or lies
+/// in one (see [`policy::sandbox::places`]): the project with the write
+/// right, the request's and the config's write paths. A worktree is not
+/// asked: the daemon makes it, new, in the state dir. Blocking.
+fn check_writable_roots(inner: &Inner, p: &SpawnParams, plan: &Plan) -> Result<(), EngineError> {
+    let project = &p.session.project_dir;
+    let mut roots: Vec<(String, &Path)> = Vec::new();
+    let worktree = matches!(p.isolation, Some(crate::protocol::Isolation::Worktree));
+    if plan.grants.write_project && !worktree {
+        roots.push(("session.project_dir".into(), project));
+    }
+    for (i, w) in p.sandbox.write_paths.iter().enumerate() {
+        roots.push((format!("sandbox.write_paths[{i}]"), w));
+    }
+    for (i, w) in inner.cfg.settings.write_paths.iter().enumerate() {
+        roots.push((format!("write_paths[{i}] of the config"), w));
+    }
+    let paths: Vec<&Path> = roots.iter().map(|(_, r)| *r).collect();
+    let places = daemon_places(inner, &paths);
+    for (field, root) in &roots {
+        places
+            .check_writable(root)
+            .map_err(|e| EngineError::invalid(field, e))?;
+    }
+    Ok(())
+}
+
 /// The run's sandbox: its rights, the request's and the config's roots,
 /// its paths and its limits.
 fn sandbox_spec(
@@ -496,9 +574,17 @@ fn sandbox_spec(
     roots
         .write_paths
         .extend(settings.write_paths.iter().cloned());
+    let context = files.context();
+    let bound: Vec<&Path> = [place.workdir.as_path(), context.as_path()]
+        .into_iter()
+        .chain(roots.read_paths.iter().map(PathBuf::as_path))
+        .chain(roots.write_paths.iter().map(PathBuf::as_path))
+        .collect();
+    let places = daemon_places(inner, &bound);
     policy::sandbox::sandbox_spec(&policy::sandbox::SandboxInputs {
         grants: plan.grants,
         request: roots,
+        places,
         paths: policy::sandbox::fs::RunPaths {
             temp_dir: place.temp_dir.clone(),
             artifact_dir: files.artifacts(),
@@ -652,6 +738,7 @@ pub(crate) fn create_run(
     plan: &Plan,
     start_now: bool,
 ) -> Result<Created, EngineError> {
+    check_writable_roots(inner, p, plan)?;
     let session = &p.session.id;
     let mut draft = RunDraft::begin(
         inner.layout.runs_dir(session),
@@ -846,5 +933,17 @@ mod tests {
             e.to_string(),
             "subagents are not available to Public sessions"
         );
+    }
+
+    #[test]
+    fn host_paths_resolve_links_even_beneath_a_missing_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().canonicalize().unwrap().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(host_path(&link), real);
+        assert_eq!(host_path(&link.join("not/yet")), real.join("not/yet"));
+        assert_eq!(host_path(&link.join("..").join("real")), real);
     }
 }

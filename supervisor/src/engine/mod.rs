@@ -63,6 +63,9 @@ pub struct Config {
     /// Where per-run uids are leased (shared by every supervisor on the
     /// host).
     pub uid_lock_dir: PathBuf,
+    /// The control socket's directory, hidden from children like the
+    /// state dir (none for an engine without a socket, `subagent run`).
+    pub socket_dir: Option<PathBuf>,
     /// The config file's settings (require, tools, audiences, limits, ...).
     pub settings: policy::config::Config,
     /// The git snapshot's time budget (2 s; zero simulates a slow repo).
@@ -87,6 +90,7 @@ impl Config {
             kill_grace_ms: subagent_runner::spec::DEFAULT_KILL_GRACE_MS,
             run_as: None,
             uid_lock_dir: PathBuf::from(crate::uids::LOCK_DIR),
+            socket_dir: None,
             settings: Default::default(),
             git_budget: crate::gitsnap::BUDGET,
         }
