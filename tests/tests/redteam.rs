@@ -2110,7 +2110,6 @@ calls = [
     ('io_uring_setup', lambda: sc(425, 4, buf)),
     ('userfaultfd', lambda: sc(323, 0)),
     ('perf_event_open', lambda: sc(298, perf_attr(), 0, -1, -1, 0)),
-    ('x32 unshare', lambda: sc(0x40000000 | 272, 0x10000000)),
     ('chroot', lambda: sc(161, tmp)),
     ('ptrace traceme', lambda: sc(101, 0, 0, 0, 0)),
     ('personality', lambda: sc(135, 0x0040000)),
@@ -2118,6 +2117,14 @@ calls = [
 for name, f in calls:
     r = f()
     print(('OK %s %d' % (name, r)) if r >= 0 else 'refused %s %d' % (name, ctypes.get_errno()), flush=True)
+pid = os.fork()
+if pid == 0:
+    r = sc(0x40000000 | 272, 0x10000000)
+    print(('OK x32 unshare %d' % r) if r >= 0 else 'refused x32 unshare %d' % ctypes.get_errno(), flush=True)
+    os._exit(0)
+status = os.waitpid(pid, 0)[1]
+if os.WIFSIGNALED(status):
+    print('killed x32 unshare by signal', os.WTERMSIG(status), flush=True)
 for fam, name in ((socket.AF_NETLINK, 'netlink'), (socket.AF_PACKET, 'packet'), (40, 'vsock'), (38, 'alg'), (socket.AF_INET, 'inet')):
     try:
         socket.socket(fam, socket.SOCK_RAW if fam != 38 else socket.SOCK_SEQPACKET); print('OK socket', name)
@@ -2128,7 +2135,8 @@ print('attack ran')
 
 /// Namespace, mount, bpf, keyring, io_uring, userfaultfd, perf, chroot,
 /// ptrace, personality and x32 calls, and sockets of other families: each
-/// must fail (any errno). Judged by no `OK` line in the child's log.
+/// must fail (any errno). Judged by no `OK` line in the child's log; the
+/// x32 call (made in a forked child) must kill its caller with SIGSYS.
 #[test]
 fn kernel_interfaces_are_refused() {
     if !runnable(
@@ -2143,6 +2151,10 @@ fn kernel_interfaces_are_refused() {
     assert!(log.contains("attack ran"), "{st} {log}");
     let ok: Vec<&str> = log.lines().filter(|l| l.starts_with("OK ")).collect();
     assert!(ok.is_empty(), "calls that succeeded: {ok:?}");
+    assert!(
+        log.contains(&format!("killed x32 unshare by signal {}", libc::SIGSYS)),
+        "the x32 call did not kill its caller:\n{log}"
+    );
 }
 
 /// Run A forks sleepers until fork fails (its pids limit) and holds them;

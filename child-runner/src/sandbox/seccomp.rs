@@ -7,12 +7,14 @@
 //! last decides. So that this never matters, a syscall may have rules of
 //! one errno only ([`compile`] refuses the policy otherwise): it is
 //! matched by one filter, and every other filter allows it. Each filter
-//! kills the process on a syscall of another architecture.
+//! kills the process on a syscall of another architecture; on x86_64 a
+//! small filter of its own, installed first, kills it on an x32 syscall
+//! too ([`x32_guard`]).
 
 use policy::sandbox::seccomp::{ArgOp, ArgTest, Errno, SeccompSpec, Width};
 use seccompiler::{
-    BackendError, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
-    SeccompFilter, SeccompRule, TargetArch,
+    sock_filter, BackendError, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp,
+    SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -174,8 +176,65 @@ fn x86_64_only(_: &str) -> Option<i64> {
     None
 }
 
+/// x86_64 runs x32 syscalls (the number with bit 30 set) under the same
+/// audit architecture, so seccompiler's architecture check passes them and
+/// its rules, which compare whole numbers, never match them: every rule of
+/// the policy could be bypassed on a kernel with x32 support. seccompiler
+/// has no rule for "any number with this bit", so this filter is written
+/// by hand, with seccompiler's types, and kills the process as the
+/// architecture check does. Other architectures have no such ABI.
+#[cfg(target_arch = "x86_64")]
+pub fn x32_guard() -> Option<BpfProgram> {
+    // `struct seccomp_data`: the number at offset 0, the architecture at 4.
+    const NR: u32 = 0;
+    const ARCH: u32 = 4;
+    /// `AUDIT_ARCH_X86_64`: EM_X86_64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE.
+    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+    /// `__X32_SYSCALL_BIT` (libc has it only for x32 targets).
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let op = |code: u32, k: u32, jt: u8, jf: u8| sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    Some(vec![
+        op(load, ARCH, 0, 0),
+        // Another architecture: the other filters kill it.
+        op(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            AUDIT_ARCH_X86_64,
+            0,
+            3,
+        ),
+        op(load, NR, 0, 0),
+        op(
+            libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K,
+            X32_SYSCALL_BIT,
+            0,
+            1,
+        ),
+        op(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_KILL_PROCESS,
+            0,
+            0,
+        ),
+        op(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW, 0, 0),
+    ])
+}
+
+/// Architectures without a second ABI under their own need no guard.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn x32_guard() -> Option<BpfProgram> {
+    None
+}
+
 /// The compiled filters and what they hold.
 pub struct Compiled {
+    /// The x32 guard ([`x32_guard`]), installed first.
+    pub guard: Option<BpfProgram>,
     /// One BPF program per errno, installed in order.
     pub programs: Vec<BpfProgram>,
     /// Syscalls refused outright with EPERM.
@@ -276,6 +335,7 @@ pub fn compile(spec: &SeccompSpec) -> Result<Compiled, SeccompError> {
         programs.push(BpfProgram::try_from(filter).map_err(build)?);
     }
     Ok(Compiled {
+        guard: x32_guard(),
         programs,
         denied,
         absent,
@@ -285,7 +345,7 @@ pub fn compile(spec: &SeccompSpec) -> Result<Compiled, SeccompError> {
 /// Installs the compiled filters on the calling thread (needs
 /// no_new_privs or CAP_SYS_ADMIN). Does not allocate unless it fails.
 pub fn install(compiled: &Compiled) -> Result<(), SeccompError> {
-    for p in &compiled.programs {
+    for p in compiled.guard.iter().chain(&compiled.programs) {
         seccompiler::apply_filter(p).map_err(SeccompError::Install)?;
     }
     Ok(())
@@ -295,7 +355,7 @@ impl Compiled {
     /// The isolation report's line for these filters.
     pub fn describe(&self, spec: &SeccompSpec) -> String {
         format!(
-            "{} syscalls refused with EPERM{}{}; namespace flags on clone refused; set-user/group-ID modes refused; chown family refused; prlimit64, setpriority, sched_set*, ioprio_set, migrate_pages and move_pages only on the caller; {}clone3 and openat2 answer ENOSYS; sockets: {}",
+            "{} syscalls refused with EPERM{}{}; {}namespace flags on clone refused; set-user/group-ID modes refused; chown family refused; prlimit64, setpriority, sched_set*, ioprio_set, migrate_pages and move_pages only on the caller; {}clone3 and openat2 answer ENOSYS; sockets: {}",
             self.denied,
             if spec.deny_fd_exec {
                 " (memfd_create included: no exec right)"
@@ -306,6 +366,11 @@ impl Compiled {
                 String::new()
             } else {
                 format!(" ({} absent on this architecture)", self.absent.len())
+            },
+            if self.guard.is_some() {
+                "x32 syscalls kill the process; "
+            } else {
+                ""
             },
             if spec.deny_fd_exec {
                 "execveat of a descriptor (AT_EMPTY_PATH) refused; "
@@ -400,13 +465,21 @@ mod tests {
         setup: fn() -> i32,
         checks: fn() -> i32,
     ) -> nix::sys::wait::WaitStatus {
-        let compiled = compile(spec).unwrap();
+        run_compiled(&compile(spec).unwrap(), setup, checks)
+    }
+
+    /// [`run_filtered`] with filters compiled already.
+    fn run_compiled(
+        compiled: &Compiled,
+        setup: fn() -> i32,
+        checks: fn() -> i32,
+    ) -> nix::sys::wait::WaitStatus {
         // SAFETY: the child only makes syscalls (no allocation, no lock)
         // and leaves with _exit; the parent waits for it.
         match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {
                 let code = match setup() {
-                    0 => match install(&compiled) {
+                    0 => match install(compiled) {
                         Ok(()) => checks(),
                         Err(_) => 101,
                     },
@@ -980,6 +1053,56 @@ mod tests {
         match run_filtered(&spec(false, true), no_setup, i386_getpid) {
             WaitStatus::Signaled(_, Signal::SIGSYS, _) => {}
             other => panic!("{other:?}"),
+        }
+    }
+
+    /// An x32 syscall (getpid with the x32 bit): returns 0 whatever the
+    /// kernel answers (ENOSYS without x32 support), unless it kills.
+    #[cfg(target_arch = "x86_64")]
+    fn x32_getpid() -> i32 {
+        // SAFETY: getpid takes no argument and touches no memory.
+        unsafe { libc::syscall(0x4000_0000 | libc::SYS_getpid) };
+        0
+    }
+
+    /// getpid, by its x86_64 number: 0 when it answers.
+    #[cfg(target_arch = "x86_64")]
+    fn plain_getpid() -> i32 {
+        // SAFETY: getpid takes no argument and touches no memory.
+        i32::from(unsafe { libc::syscall(libc::SYS_getpid) } <= 0)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn an_x32_syscall_kills_the_process() {
+        use nix::sys::signal::Signal;
+        use nix::sys::wait::WaitStatus;
+        if !have_seccomp() {
+            return;
+        }
+        for s in all_specs() {
+            let compiled = compile(&s).unwrap();
+            assert!(compiled
+                .describe(&s)
+                .contains("x32 syscalls kill the process"));
+            // seccompiler's filters alone let it through: its rules
+            // compare whole numbers.
+            let unguarded = Compiled {
+                guard: None,
+                programs: compiled.programs.clone(),
+                denied: compiled.denied,
+                absent: Vec::new(),
+            };
+            match run_compiled(&unguarded, no_setup, x32_getpid) {
+                WaitStatus::Exited(_, 0) => {}
+                other => panic!("without the guard: {other:?}"),
+            }
+            match run_compiled(&compiled, no_setup, x32_getpid) {
+                WaitStatus::Signaled(_, Signal::SIGSYS, _) => {}
+                other => panic!("with the guard: {other:?}"),
+            }
+            // An ordinary call still passes the guard.
+            assert_eq!(in_filtered_child(&s, plain_getpid), 0);
         }
     }
 }
