@@ -1069,6 +1069,55 @@ fn an_artifact_name_cannot_forge_result_md() {
         "a heading the child wrote:\n{md}"
     );
 }
+/// The child of [`chown_of_the_childs_own_file_is_refused_even_to_no_change`]:
+/// each call of the chown family on a file it owns, to no owner or group
+/// change or to its own group, prints `DID` or `refused <name> <errno>`.
+const OWN_CHOWN: &str = r#"
+import os
+tmp = os.environ['TMPDIR']
+p = os.path.join(tmp, 'own')
+open(p, 'w').write('x')
+os.symlink('own', os.path.join(tmp, 'link'))
+d = os.open(tmp, os.O_RDONLY)
+fd = os.open(p, os.O_RDONLY)
+for name, f in (
+    ('chown', lambda: os.chown(p, -1, -1)),
+    ('lchown', lambda: os.lchown(os.path.join(tmp, 'link'), -1, -1)),
+    ('fchown', lambda: os.fchown(fd, -1, -1)),
+    ('fchownat', lambda: os.chown('own', -1, -1, dir_fd=d)),
+    ('chown-to-own-group', lambda: os.chown(p, os.getuid(), os.getgid())),
+):
+    try:
+        f(); print('DID', name, flush=True)
+    except OSError as e:
+        print('refused', name, e.errno, flush=True)
+print('attack ran')
+"#;
+
+/// chown(path, -1, -1), lchown, fchown, fchownat and a chown to its own
+/// uid and gid, on a file the child owns in its temp dir: the owner may
+/// make them (they would clear a set-user-ID bit), so only the seccomp
+/// rule refuses them. Judged by the EPERM each call reports.
+#[test]
+fn chown_of_the_childs_own_file_is_refused_even_to_no_change() {
+    let Some(e) = env() else { return };
+    let (st, log) = e.py(OWN_CHOWN, json!({}));
+    assert!(log.contains("attack ran"), "{st} {log}");
+    for name in [
+        "chown",
+        "lchown",
+        "fchown",
+        "fchownat",
+        "chown-to-own-group",
+    ] {
+        assert!(
+            log.lines()
+                .any(|l| l == format!("refused {name} {}", libc::EPERM)),
+            "{name} was not refused with EPERM:\n{log}"
+        );
+    }
+    assert!(!log.contains("DID"), "{log}");
+}
 
 /// What the child of finding 8 prints: an OSC 52 clipboard write, an OSC 0
 /// title, a screen clear and a C1 CSI, between two plain markers.
