@@ -763,6 +763,34 @@ fn a_sibling_runs_limits_and_scheduling_are_out_of_reach() {
     e.cancel(&run);
 }
 
+/// The same against a concurrently running sibling run when every run
+/// runs as one `--run-as` user (65534): attacker and victim share a uid,
+/// so the uid's permission checks no longer separate them. The victim's
+/// uid is checked from outside first.
+#[test]
+fn a_sibling_run_of_the_same_run_as_user_is_out_of_reach() {
+    if !need_root() || !two_cpus() {
+        return;
+    }
+    let Some(e) = env_with(DaemonOpts {
+        args: vec!["--run-as".into(), "65534:65534".into()],
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let mark = marker("RT-RUNAS-SIBLING");
+    let (run, pid) = sibling(&e, &mark);
+    assert_eq!(
+        proc_status(pid, "Uid"),
+        Some(65534),
+        "the sibling runs as the run_as user"
+    );
+    sched_attack(&e, "a sibling run of the same user", pid, Some(&mark));
+    let (_, log) = e.sh("id -u", json!({}));
+    assert_eq!(log.trim(), "65534", "the attacker ran as the same user");
+    e.cancel(&run);
+}
+
 /// Finding 4a. `delta.json` as a symlink to /dev/zero in a run that
 /// succeeds: the daemon reading it must stay under 200 MiB of resident
 /// memory and the run must be final within 20 s. (The test kills the
