@@ -1274,14 +1274,19 @@ time.sleep(60)
 }
 
 /// Finding 10. A child fallocates 3 × 1 GiB in its artifact dir and 3 ×
-/// 1 GiB in its temp dir and holds them: while it holds them and after
-/// the run, the run's folder and temp dir must hold less than 1.5 GiB on
-/// disk, and the daemon keeps answering.
+/// 1 GiB in its temp dir, writes 1 MiB more and holds them: inside the
+/// run, every allocation past its 1024 MiB budget and the write fail with
+/// ENOSPC (as the child reports them); while it holds them and after the
+/// run, the run's folder and temp dir must hold less than 1.5 GiB on disk,
+/// and the daemon keeps answering.
 #[test]
 fn a_child_cannot_fill_the_disk_through_its_own_dirs() {
     let Some(e) = env() else { return };
     let script = "for d in \"$SUBAGENT_ARTIFACT_DIR\" \"$TMPDIR\"; do for i in 1 2 3; do \
-                  fallocate -l 1G \"$d/f$i\" && echo made $i; done; done; echo holding; exec sleep 60";
+                  if out=$(fallocate -l 1G \"$d/f$i\" 2>&1); then echo made $i; else echo \"refused fallocate: $out\"; fi; \
+                  done; done; \
+                  if out=$(head -c 1048576 /dev/zero 2>&1 >\"$TMPDIR/w\"); then echo wrote; else echo \"refused write: $out\"; fi; \
+                  echo holding; exec sleep 60";
     let run = e.spawn(json!(["sh", "-c", script]), json!({}));
     let st = e.status(&run);
     wait_until(
@@ -1296,10 +1301,33 @@ fn a_child_cannot_fill_the_disk_through_its_own_dirs() {
     e.cancel(&run);
     let st = e.wait_final(&run, RUN_LIMIT, "the cancelled filler");
     let after = disk_usage(&run_dir(&st)) + disk_usage(&temp);
+    let log = log_of(&st);
     assert!(
         holding < bound && after < bound,
-        "the run holds {holding} bytes on disk while running and {after} after (bound {bound}):\n{}",
-        log_of(&st)
+        "the run holds {holding} bytes on disk while running and {after} after (bound {bound}):\n{log}"
+    );
+    // Inside the run: one 1 GiB file at most fits its 1024 MiB budget,
+    // every other allocation and the write after them fail with ENOSPC.
+    let made = log.lines().filter(|l| l.starts_with("made ")).count();
+    let refused: Vec<&str> = log.lines().filter(|l| l.starts_with("refused ")).collect();
+    assert!(
+        made <= 1,
+        "{made} files of 1 GiB fit a 1 GiB budget:\n{log}"
+    );
+    assert_eq!(
+        made + refused.len(),
+        7,
+        "every allocation and the write reported:\n{log}"
+    );
+    assert!(
+        refused
+            .iter()
+            .all(|l| l.contains("No space left on device")),
+        "a failure other than ENOSPC:\n{log}"
+    );
+    assert!(
+        log.contains("refused write: "),
+        "the write past the budget:\n{log}"
     );
 }
 
