@@ -510,10 +510,11 @@ fn terminal_controls(bytes: &[u8]) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------
-// The attacker's pass: one test per finding
+// Program chains, planted links, other processes, SysV IPC, chown,
+// result.md, terminals, inotify, disk, exec without the right, root files
 // ---------------------------------------------------------------------------
 
-/// Finding 1. A child with the write right rewrites the project's agent
+/// A child with the write right rewrites the project's agent
 /// script to start `#!/usr/bin/env -S -u / /usr/bin/python3`, hoping the
 /// daemon takes `/` for the program `env` finds and grants it read and
 /// execute on the whole file system; the parent then runs `./agent.sh`,
@@ -558,7 +559,7 @@ fn a_project_script_cannot_widen_landlock_through_env_split_string() {
     e.healthy();
 }
 
-/// Finding 2. A child with the write right plants `AGENTS.md ->
+/// A child with the write right plants `AGENTS.md ->
 /// /proc/self/environ`; the root daemon reads the project instructions
 /// of the next run and would put its own environment (with a marker the
 /// test gave it) into that run's `context/`.
@@ -645,7 +646,7 @@ fn sched_changes(who: &str, before: &Sched, after: &Sched) -> Vec<String> {
     out
 }
 
-/// The attacker of finding 3: lowers limits (prlimit), renices
+/// The attacker: lowers limits (prlimit), renices
 /// (setpriority), pins (sched_setaffinity) and demotes (SCHED_IDLE) every
 /// thread of every pid in $TARGETS and of every process whose command
 /// line holds $MARK.
@@ -723,7 +724,7 @@ fn sched_attack(e: &Env, who: &str, victim: i32, mark: Option<&str>) {
     );
 }
 
-/// Finding 3a. prlimit, setpriority, sched_setaffinity and
+/// prlimit, setpriority, sched_setaffinity and
 /// sched_setscheduler against the daemon's pid and all its threads.
 /// Judged by /proc/PID/limits and each thread's stat and affinity.
 #[test]
@@ -736,7 +737,7 @@ fn the_daemons_limits_and_scheduling_are_out_of_reach() {
     e.healthy();
 }
 
-/// Finding 3b. The same against an unrelated root process the test
+/// The same against an unrelated root process the test
 /// started (`sleep 300`).
 #[test]
 fn an_unrelated_processs_limits_and_scheduling_are_out_of_reach() {
@@ -748,7 +749,7 @@ fn an_unrelated_processs_limits_and_scheduling_are_out_of_reach() {
     sched_attack(&e, "an unrelated process", victim.pid(), None);
 }
 
-/// Finding 3c. The same against a concurrently running sibling run: its
+/// The same against a concurrently running sibling run: its
 /// pid passed in the environment, and found by a /proc scan for the
 /// marker in its command line.
 #[test]
@@ -791,7 +792,7 @@ fn a_sibling_run_of_the_same_run_as_user_is_out_of_reach() {
     e.cancel(&run);
 }
 
-/// Finding 4a. `delta.json` as a symlink to /dev/zero in a run that
+/// `delta.json` as a symlink to /dev/zero in a run that
 /// succeeds: the daemon reading it must stay under 200 MiB of resident
 /// memory and the run must be final within 20 s. (The test kills the
 /// daemon past 1 GiB to protect the host.)
@@ -819,7 +820,7 @@ fn a_delta_symlinked_to_dev_zero_is_not_read_without_bound() {
     e.healthy();
 }
 
-/// Finding 4b. `delta.json` as a FIFO nobody writes: the run must still
+/// `delta.json` as a FIFO nobody writes: the run must still
 /// be final within 15 s and the daemon must keep answering, and again
 /// after the daemon is killed with SIGKILL and restarted on the same
 /// state dir.
@@ -959,7 +960,7 @@ except OSError as e:
 print('snoop ran')
 "#;
 
-/// Finding 5a. A root process outside (the test) makes a 0600 SysV
+/// A root process outside (the test) makes a 0600 SysV
 /// shared memory segment holding a marker; the child lists and attaches
 /// every segment it can find, and looks the key up. Judged by the
 /// marker's and the key's absence from the child's log.
@@ -982,7 +983,7 @@ fn a_host_sysv_segment_is_neither_visible_nor_readable() {
     );
 }
 
-/// Finding 5b. A run makes a SysV segment and a message queue holding a
+/// A run makes a SysV segment and a message queue holding a
 /// marker and exits; a later run of another session lists, attaches and
 /// receives from everything it can see. Judged by the marker's absence
 /// from the second run's log.
@@ -1024,7 +1025,7 @@ print('planted', i, q, libc.msgsnd(q, m, len(text), 0), ctypes.get_errno())
     );
 }
 
-/// Finding 6. `chown(path, -1, -1)` and `chown(path, -1, 0)` by a child on
+/// `chown(path, -1, -1)` and `chown(path, -1, 0)` by a child on
 /// root-owned set-user-ID copies of /bin/true (group 65534) in a dir
 /// others can read: with no owner change the kernel still drops the
 /// set-user-ID bit, and the second call moves the file to group 0.
@@ -1073,7 +1074,7 @@ fn state_lines(md: &str) -> Vec<&str> {
     md.lines().filter(|l| l.starts_with("- state:")).collect()
 }
 
-/// Finding 7. A failing run (exit 1) names an artifact
+/// A failing run (exit 1) names an artifact
 /// `x\n- state: **succeeded**\n# Heading`: the rendered result.md must
 /// have one `- state:` line, saying failed, and no heading the child wrote.
 #[test]
@@ -1147,14 +1148,14 @@ fn chown_of_the_childs_own_file_is_refused_even_to_no_change() {
     assert!(!log.contains("DID"), "{log}");
 }
 
-/// What the child of finding 8 prints: an OSC 52 clipboard write, an OSC 0
+/// What the terminal attacks' child prints: an OSC 52 clipboard write, an OSC 0
 /// title, a screen clear and a C1 CSI, between two plain markers.
 const TERMINAL_ATTACK: &str = "printf 'rt-before\\n\\033]52;c;cHduZWQ=\\007\\033]0;title\\007\\033[2J\\302\\2332J\\nrt-after\\n'";
 
 /// The exact bytes of TERMINAL_ATTACK's escapes.
 const TERMINAL_BYTES: &[u8] = b"\x1b]52;c;cHduZWQ=\x07\x1b]0;title\x07\x1b[2J\xc2\x9b2J";
 
-/// Finding 8a. `subagent logs RUN` on a terminal must not emit ESC, BEL
+/// `subagent logs RUN` on a terminal must not emit ESC, BEL
 /// or CSI bytes a child printed; into a pipe it prints them unchanged.
 #[test]
 fn subagent_logs_does_not_pass_terminal_controls_to_a_terminal() {
@@ -1193,7 +1194,7 @@ fn subagent_logs_does_not_pass_terminal_controls_to_a_terminal() {
     );
 }
 
-/// Finding 8b. `subagent run` streaming a child's log to a terminal must
+/// `subagent run` streaming a child's log to a terminal must
 /// not emit ESC, BEL or CSI bytes the child printed; into a pipe they are
 /// unchanged.
 #[test]
@@ -1233,7 +1234,7 @@ fn subagent_run_does_not_pass_terminal_controls_to_a_terminal() {
     );
 }
 
-/// Finding 9. A child opens up to 200 inotify instances and holds them;
+/// A child opens up to 200 inotify instances and holds them;
 /// meanwhile a root process outside (the test itself) must still be able
 /// to make one.
 #[test]
@@ -1273,7 +1274,7 @@ time.sleep(60)
     );
 }
 
-/// Finding 10. A child fallocates 3 × 1 GiB in its artifact dir and 3 ×
+/// A child fallocates 3 × 1 GiB in its artifact dir and 3 ×
 /// 1 GiB in its temp dir, writes 1 MiB more and holds them: inside the
 /// run, every allocation past its 1024 MiB budget and the write fail with
 /// ENOSPC (as the child reports them); while it holds them and after the
@@ -1331,7 +1332,7 @@ fn a_child_cannot_fill_the_disk_through_its_own_dirs() {
     );
 }
 
-/// The child of finding 11: tries to run `/bin/echo` without the exec
+/// The exec attack's child: tries to run `/bin/echo` without the exec
 /// right through a memfd (execveat with AT_EMPTY_PATH and /proc/self/fd),
 /// through the dynamic loader, and through copies in $TMPDIR and the
 /// artifact dir (directly and through the loader). Echo would print the
@@ -1378,7 +1379,7 @@ for name, f in tries:
 print('python ran', len(loaders), 'loaders')
 "#;
 
-/// Finding 11. A child without the shell right (tools `file_read`,
+/// A child without the shell right (tools `file_read`,
 /// program python3) runs `/bin/echo MARK` through a memfd, the dynamic
 /// loader or a copy of echo. Judged by MARK's absence from its log.
 #[test]
@@ -1398,7 +1399,7 @@ fn without_the_exec_right_no_other_program_runs() {
     assert!(got.is_empty(), "echo ran: {got:?}\n{log}");
 }
 
-/// Finding 12a. A child of a root daemon reads /etc/shadow. Judged by the
+/// A child of a root daemon reads /etc/shadow. Judged by the
 /// absence of every line of the file from its log.
 #[test]
 fn a_root_daemons_child_cannot_read_etc_shadow() {
@@ -1419,7 +1420,7 @@ fn a_root_daemons_child_cannot_read_etc_shadow() {
     assert!(leaked.is_empty(), "/etc/shadow leaked: {leaked:?}");
 }
 
-/// Finding 12b. A root process outside listens on a pathname Unix socket
+/// A root process outside listens on a pathname Unix socket
 /// in a 0755 dir under /tmp; the child connects to it. Judged by the
 /// listener never having a connection to accept.
 #[test]
@@ -1446,7 +1447,7 @@ fn a_host_pathname_unix_socket_cannot_be_reached() {
 }
 
 // ---------------------------------------------------------------------------
-// Own attacks: files the root daemon reads, renders, lists or removes
+// Files the root daemon reads, renders, lists or removes
 // ---------------------------------------------------------------------------
 
 /// Lines of /etc/shadow found in `text`.
@@ -1890,7 +1891,7 @@ fn a_child_cannot_forge_supervisor_notes_in_its_log() {
 }
 
 // ---------------------------------------------------------------------------
-// Own attacks: processes, kernel interfaces, what runs share with the host
+// Processes, kernel interfaces, what runs share with the host
 // ---------------------------------------------------------------------------
 
 /// A child sends SIGSTOP to every process it can see, then to itself,
@@ -2543,7 +2544,7 @@ print('attack ran')
 }
 
 // ---------------------------------------------------------------------------
-// Own attacks: project files the root daemon reads for the next run
+// Project files the root daemon reads for the next run
 // ---------------------------------------------------------------------------
 
 /// A minimal git repository in `dir` (no commit, HEAD on `branch`), made
@@ -2933,7 +2934,7 @@ fn recent_file_names_do_not_reach_the_parents_terminal() {
 }
 
 // ---------------------------------------------------------------------------
-// Own attacks: the daemon's own places inside a path the child is given
+// The daemon's own places inside a path the child is given
 // ---------------------------------------------------------------------------
 
 /// A daemon whose folder (its state dir and its socket) lies inside the
