@@ -102,8 +102,8 @@ impl Loop {
 
 /// What the run's first attempt makes ready before the daemon says go:
 /// the runner's own user namespace (unprivileged runners), the scratch
-/// file system and the attempt's sandbox. None of it touches the run
-/// folder, which may not have its name yet.
+/// file system and the attempt's sandbox but for the idmaps. None of it
+/// touches the run folder, which may not have its name yet.
 pub struct Ready {
     /// Lines for child.log, once it is open.
     notes: Vec<String>,
@@ -124,7 +124,9 @@ impl Ready {
             }
         }
         let scratch = scratch_for(spec);
-        let first = scratch.is_ok().then(|| prepare_attempt(spec));
+        let first = scratch.is_ok().then(|| {
+            sandbox::prepare_host(&spec.sandbox, &spec.cgroup_plan, &spec.run_id, spec.run_as)
+        });
         Ready {
             notes,
             scratch,
@@ -201,7 +203,11 @@ pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
                 ));
             }
         }
-        let prepared = first.take().unwrap_or_else(|| prepare_attempt(spec));
+        let prepared = match first.take() {
+            // The run folder has its name now: the owners can be read.
+            Some(p) => p.and_then(|mut p| p.map_owners().map(|()| p)),
+            None => prepare_attempt(spec),
+        };
         let mut rec = attempt_once(spec, &sfd, &mut sink, &scratch, prepared, deadline)?;
         let mut continue_me =
             rec.outcome == Outcome::Exited && rec.exit_code == Some(crate::restart::EXIT_CONTINUE);

@@ -563,3 +563,24 @@ fn a_runner_called_off_at_its_gate_starts_nothing() {
     std::fs::remove_dir_all(&temp).unwrap();
     let _ = std::fs::remove_dir(temp.parent().unwrap());
 }
+
+/// The agent reads its composed context from `$SUBAGENT_CONTEXT_DIR` in
+/// its first attempt, as the daemon wrote it (root's files, reached as
+/// their owner), whether or not its runner was started before the run
+/// folder had its name.
+#[test]
+fn the_agent_reads_its_context_in_the_first_attempt() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let script = "cat \"$SUBAGENT_CONTEXT_DIR/system.md\" > /dev/null && \
+                  cat \"$SUBAGENT_CONTEXT_DIR/first_message.md\"";
+    let run = c.spawn(
+        &session("ctxread"),
+        &["/bin/sh", "-c", script],
+        json!({"task": "read me back"}),
+    );
+    let st = c.wait(&run);
+    let log = std::fs::read_to_string(path(&st["log_path"])).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}\n{log}");
+    assert!(log.contains("Task: read me back"), "{log}");
+}

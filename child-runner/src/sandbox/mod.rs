@@ -374,6 +374,20 @@ pub fn prepare(
     run_id: &str,
     run_as: Option<(u32, u32)>,
 ) -> Result<Prepared, SandboxError> {
+    let mut p = prepare_host(spec, plan, run_id, run_as)?;
+    p.map_owners()?;
+    Ok(p)
+}
+
+/// What [`prepare`] does but for the idmapped mounts' user namespaces,
+/// which need the mounts' sources to exist ([`Prepared::map_owners`]):
+/// the first attempt is made this far before the run folder has its name.
+pub fn prepare_host(
+    spec: &SandboxSpec,
+    plan: &CgroupPlan,
+    run_id: &str,
+    run_as: Option<(u32, u32)>,
+) -> Result<Prepared, SandboxError> {
     let landlock_abi = check_host(spec, run_as)?;
     let seccomp = match seccomp::compile(&spec.seccomp) {
         Ok(c) => Some(c),
@@ -382,8 +396,6 @@ pub fn prepare(
         }
         Err(_) => None,
     };
-    let (userns, owners) =
-        idmaps(spec, run_as).map_err(|e| fail(Mechanism::Namespaces, e.into()))?;
     let mut notes = Vec::new();
     let (cgroups, rlimits) = limits(spec, plan, run_id, &mut notes)?;
     let namespaces = namespaces::RunNamespaces { net: !spec.network };
@@ -409,7 +421,7 @@ pub fn prepare(
             "{}; the run's processes see no other process; its init ends them all when the agent ends",
             namespaces.describe()
         )),
-        root: root_report(spec, owners.len()),
+        root: root_report(spec, 0),
         disk: disk_report(spec),
         notes,
     };
@@ -424,13 +436,24 @@ pub fn prepare(
         namespaces,
         host_privileged,
         run_as,
-        _userns: userns,
-        owners,
+        _userns: Vec::new(),
+        owners: BTreeMap::new(),
         report,
     })
 }
 
 impl Prepared {
+    /// Makes the user namespaces through which the run reaches the mounts
+    /// bound as their owner (one per owner, read from the sources now).
+    pub fn map_owners(&mut self) -> Result<(), SandboxError> {
+        let (userns, owners) =
+            idmaps(&self.spec, self.run_as).map_err(|e| fail(Mechanism::Namespaces, e.into()))?;
+        self.report.root = root_report(&self.spec, owners.len());
+        self._userns = userns;
+        self.owners = owners;
+        Ok(())
+    }
+
     /// The namespaces the attempt is cloned into.
     pub fn namespaces(&self) -> namespaces::RunNamespaces {
         self.namespaces
