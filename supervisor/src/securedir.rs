@@ -256,6 +256,22 @@ pub fn make_temp_dir(base: &Path, session: &str) -> Result<PathBuf, SecureDirErr
     }
 }
 
+/// The first component of the absolute `path` that is a symbolic link,
+/// with where it points, if any. A root is bound only as it is named: a
+/// link on the way may have been put there by a child that could write
+/// its directory, and would choose what the next run gets.
+pub fn link_on_the_way(path: &Path) -> Option<(PathBuf, PathBuf)> {
+    let mut at = PathBuf::new();
+    for c in path.components() {
+        at.push(c);
+        if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+            let to = std::fs::read_link(&at).unwrap_or_default();
+            return Some((at, to));
+        }
+    }
+    None
+}
+
 /// Removes a run's session dir (the parent of its temp dir) if it is empty,
 /// so `/tmp/subagentd-<uid>` does not fill with empty session dirs. A
 /// non-empty dir (another run of the session is alive) is left alone.
@@ -320,6 +336,23 @@ mod tests {
             make_temp_dir(&base2, "s").unwrap_err(),
             SecureDirError::Symlink(_)
         ));
+    }
+
+    #[test]
+    fn the_first_link_on_a_path_is_named() {
+        let root = tempfile::tempdir().unwrap();
+        let real = root.path().canonicalize().unwrap();
+        std::fs::create_dir_all(real.join("a/b")).unwrap();
+        std::os::unix::fs::symlink("/etc", real.join("a/l")).unwrap();
+        assert_eq!(link_on_the_way(&real.join("a/b")), None);
+        assert_eq!(
+            link_on_the_way(&real.join("a/l/ssl")),
+            Some((real.join("a/l"), PathBuf::from("/etc")))
+        );
+        assert_eq!(
+            link_on_the_way(&real.join("a/l")),
+            Some((real.join("a/l"), PathBuf::from("/etc")))
+        );
     }
 
     #[test]

@@ -3201,3 +3201,122 @@ fn a_worktree_run_works_while_the_rest_of_the_state_dir_stays_hidden() {
     );
     assert_state_dir_hidden(&log, &mark, &vs);
 }
+
+// ---------------------------------------------------------------------------
+// Roots that pass through a link a child planted
+// ---------------------------------------------------------------------------
+
+/// A marker file a bind of `/etc` would let the attack make (and the
+/// test removes).
+const ETC_MARK: &str = "/etc/sa-redteam-link-attack";
+
+/// The script of a run whose project is what the link leads to: reads
+/// a root-only file there and tries to write one.
+const THROUGH_THE_LINK: &str = "head -1 ./shadow 2>&1; echo x > ./sa-redteam-link-attack 2>&1 \
+    && echo WROTE-THROUGH; echo attack ran";
+
+/// A child with the write right plants `sub -> /etc` in its project; the
+/// parent then spawns a run whose project (or read or write path) is that
+/// `sub`. Were the link followed, the run would get `/etc` bound
+/// writable as its owner: root's files, read and written as root. The
+/// spawn is refused, naming the link.
+#[test]
+fn a_root_through_a_link_a_child_planted_is_refused() {
+    let Some(e) = env() else { return };
+    if !need_root() {
+        return;
+    }
+    let (st, log) = e.sh(
+        "ln -s /etc sub && echo planted",
+        json!({"sandbox": {"write_project": true}}),
+    );
+    assert!(log.contains("planted"), "{st}\n{log}");
+    let sub = e.project.path().join("sub");
+    assert!(sub.is_symlink());
+    let subs = sub.display().to_string();
+    for (what, extra) in [
+        (
+            "session.project_dir",
+            json!({"session": {"id": session("rt-link"), "audience": "personal", "project_dir": subs}, "sandbox": {"write_project": true}}),
+        ),
+        (
+            "sandbox.read_paths[0]",
+            json!({"sandbox": {"read_paths": [subs]}}),
+        ),
+        (
+            "sandbox.write_paths[0]",
+            json!({"sandbox": {"write_paths": [subs]}}),
+        ),
+    ] {
+        let p = e.params(
+            &session("rt-link"),
+            json!(["sh", "-c", THROUGH_THE_LINK]),
+            extra,
+        );
+        let r = e.d.conn().call("spawn_agent", p);
+        let err = r.expect_err(what).to_string();
+        assert!(
+            err.contains(what) && err.contains("symbolic link"),
+            "{what}: {err}"
+        );
+    }
+    assert!(!Path::new(ETC_MARK).exists());
+    e.healthy();
+}
+
+/// The same link planted after the spawn was accepted, while the run
+/// waits for a slot: its runner binds the project only as it was named,
+/// so the run fails at its start instead of getting `/etc`.
+#[test]
+fn a_link_planted_while_a_run_is_queued_is_not_followed() {
+    let Some(e) = env_with(DaemonOpts {
+        max_concurrent: Some(1),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    if !need_root() {
+        return;
+    }
+    let sub = e.project.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let go = e.project.path().join("go");
+    // The planter holds the only slot until the victim is queued behind it.
+    let planter = e.spawn(
+        json!([
+            "sh",
+            "-c",
+            "while [ ! -e go ]; do sleep 0.05; done; rmdir sub && ln -s /etc sub && echo planted"
+        ]),
+        json!({"sandbox": {"write_project": true}}),
+    );
+    let victim_session = session("rt-link");
+    let p = e.params(
+        &victim_session,
+        json!(["sh", "-c", THROUGH_THE_LINK]),
+        json!({"session": {"id": victim_session, "audience": "personal", "project_dir": sub}, "sandbox": {"write_project": true}}),
+    );
+    let victim = e.d.conn().call("spawn_agent", p).unwrap();
+    let victim = victim["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(e.status(&victim)["state"], "accepted");
+    std::fs::write(&go, "").unwrap();
+    let pst = e.wait_final(&planter, RUN_LIMIT, "the planter");
+    assert!(log_of(&pst).contains("planted"), "{pst}");
+    let st = e.wait_final(&victim, RUN_LIMIT, "the victim");
+    let log = log_of(&st);
+    println!("victim: {st}\n{log}");
+    let made = Path::new(ETC_MARK).exists();
+    let _ = std::fs::remove_file(ETC_MARK);
+    assert!(
+        !made && !log.contains("WROTE-THROUGH"),
+        "/etc was written through the link:\n{log}"
+    );
+    assert!(
+        !log.contains("root:"),
+        "/etc/shadow was read through the link:\n{log}"
+    );
+    assert_eq!(st["state"], "failed", "{st}");
+    assert!(!log.contains("attack ran"), "the agent started:\n{log}");
+    e.healthy();
+}

@@ -78,6 +78,32 @@ pub fn clone_tree(dir: Option<BorrowedFd<'_>>, path: &Path) -> Result<OwnedFd, M
     fd_or_err(rc, "open_tree", path)
 }
 
+/// As [`clone_tree`] of the absolute `path`, which must contain no
+/// symbolic link at all: a host root is bound exactly where it was named
+/// when the run was accepted, never where a link put there since leads
+/// (`openat2` with `RESOLVE_NO_SYMLINKS`, then `open_tree` of that
+/// descriptor). ELOOP when a component is a link.
+pub fn clone_tree_unlinked(path: &Path) -> Result<OwnedFd, MountError> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    let how = OpenHow::new()
+        // No O_NOFOLLOW: with O_PATH it would open a trailing link itself.
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let at = nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how).map_err(|e| MountError {
+        op: "bind (a symbolic link on the way is never followed)",
+        path: path.display().to_string(),
+        source: e.into(),
+    })?;
+    let flags = libc::OPEN_TREE_CLONE
+        | libc::OPEN_TREE_CLOEXEC
+        | libc::AT_RECURSIVE as u32
+        | libc::AT_EMPTY_PATH as u32;
+    // SAFETY: open_tree of a descriptor we own with the empty path; it
+    // returns a new descriptor or -1 and touches no other memory.
+    let rc = unsafe { libc::syscall(libc::SYS_open_tree, at.as_raw_fd(), EMPTY.as_ptr(), flags) };
+    fd_or_err(rc, "open_tree", path)
+}
+
 /// Mount attributes to set on a detached tree.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Attrs {

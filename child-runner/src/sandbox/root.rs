@@ -85,8 +85,14 @@ fn prepare(
                     })?;
                     Piece::Link(to)
                 } else {
-                    let dir = std::fs::metadata(&m.target).is_ok_and(|x| x.is_dir());
-                    let fd = mountapi::clone_tree(None, &m.target)?;
+                    let dir = meta.is_dir();
+                    // The system's own paths may be links (merged /usr);
+                    // any other root is bound only as it was named.
+                    let fd = if *keep_link {
+                        mountapi::clone_tree(None, &m.target)?
+                    } else {
+                        mountapi::clone_tree_unlinked(&m.target)?
+                    };
                     let attrs = Attrs {
                         set: host_attrs(*writable, *exec, *device),
                         userns: owners.get(&m.target).copied(),

@@ -171,6 +171,15 @@ async fn run(args: Args) -> Result<()> {
             config_path.display(),
             p.display()
         );
+        if let Some((at, to)) = subagentd::securedir::link_on_the_way(p) {
+            anyhow::bail!(
+                "config {}: {} passes through the symbolic link {} -> {}; name the directory it leads to",
+                config_path.display(),
+                p.display(),
+                at.display(),
+                to.display()
+            );
+        }
     }
     let mut cfg = Config::new(state_dir.clone());
     cfg.settings = file.clone();

@@ -208,6 +208,22 @@ pub fn plan(
 }
 
 /// Checks that session.project_dir is an absolute path to a directory.
+/// Refuses a root that passes through a symbolic link.
+fn check_unlinked(field: &str, path: &Path) -> Result<(), EngineError> {
+    match crate::securedir::link_on_the_way(path) {
+        None => Ok(()),
+        Some((at, to)) => Err(EngineError::invalid(
+            field,
+            format!(
+                "{} passes through the symbolic link {} -> {}; name the directory it leads to",
+                path.display(),
+                at.display(),
+                to.display()
+            ),
+        )),
+    }
+}
+
 fn check_project_dir(dir: &Path) -> Result<(), EngineError> {
     let field = "session.project_dir";
     if !dir.is_absolute() {
@@ -216,6 +232,7 @@ fn check_project_dir(dir: &Path) -> Result<(), EngineError> {
             format!("{} is not an absolute path", dir.display()),
         ));
     }
+    check_unlinked(field, dir)?;
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(EngineError::invalid(
@@ -294,6 +311,7 @@ fn check_roots(sandbox: &policy::sandbox::SandboxRequest) -> Result<(), EngineEr
                     format!("{} is not an absolute path", path.display()),
                 ));
             }
+            check_unlinked(&format!("{field}[{i}]"), path)?;
             if let Err(e) = std::fs::metadata(path) {
                 return Err(EngineError::invalid(
                     &format!("{field}[{i}]"),

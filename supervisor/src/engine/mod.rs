@@ -34,7 +34,7 @@ use crate::notices::NoticeStore;
 use crate::paths::StateLayout;
 use crate::protocol::{Notice, SpawnParams};
 use crate::record::{RunRecord, RunState, RunStatus};
-use error::InternalError;
+use error::{InternalError, StorageError};
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -95,6 +95,21 @@ impl Config {
             git_budget: crate::gitsnap::BUDGET,
         }
     }
+}
+
+/// `cfg` with the state dir and the temp base's parent resolved: runs'
+/// files are bound from there, and a run's bind never follows a link.
+fn resolved(mut cfg: Config) -> Result<Config, EngineError> {
+    cfg.state_dir = cfg
+        .state_dir
+        .canonicalize()
+        .map_err(StorageError::io("resolve", &cfg.state_dir))?;
+    if let (Some(parent), Some(name)) = (cfg.temp_base.parent(), cfg.temp_base.file_name()) {
+        if let Ok(p) = parent.canonicalize() {
+            cfg.temp_base = p.join(name);
+        }
+    }
+    Ok(cfg)
 }
 
 /// 2 × the number of CPUs.
@@ -181,6 +196,10 @@ impl Supervisor {
         let lock = {
             let layout = layout.clone();
             blocking(move || recover::open_state_dir(&layout)).await?
+        };
+        let cfg = resolved(cfg)?;
+        let layout = StateLayout {
+            root: cfg.state_dir.clone(),
         };
         let tools = cfg
             .settings
