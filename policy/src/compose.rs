@@ -447,10 +447,21 @@ fn handoff_layer(note: &str, attempt: u32, max_attempts: u32) -> Layer {
 }
 
 /// How many characters of each layer are injected: each layer cut to the
-/// per-layer cap, then the lowest-priority layers (first in `layers` among
-/// equals) shrunk until the total fits. The task is never cut.
+/// per-layer cap (but the definition's body, the operator's own text),
+/// then the lowest-priority layers (first in `layers` among equals)
+/// shrunk until the total fits. The task is never cut.
 fn budgets(layers: &[Layer], raw: &[usize], caps: &Caps) -> Vec<usize> {
-    let mut budget: Vec<usize> = raw.iter().map(|&r| r.min(caps.max_file_chars)).collect();
+    let mut budget: Vec<usize> = layers
+        .iter()
+        .zip(raw)
+        .map(|(l, &r)| {
+            if l.name == AGENT.name {
+                r
+            } else {
+                r.min(caps.max_file_chars)
+            }
+        })
+        .collect();
     let mut total: usize = budget.iter().sum();
     let mut order: Vec<usize> = (0..layers.len())
         .filter(|&i| layers[i].name != "task")
@@ -668,6 +679,26 @@ mod tests {
                 .unwrap()
                 .truncated
         );
+    }
+
+    #[test]
+    fn the_definition_body_is_not_cut_by_the_per_layer_cap() {
+        let mut big = input();
+        big.agent = Some(Sourced {
+            path: "/p/.claude/agents/big.md".into(),
+            text: "é".repeat(25_000),
+        });
+        big.caps = Caps {
+            max_file_chars: 20_000,
+            max_total_chars: 60_000,
+        };
+        let c = compose(&big, 1, None);
+        let l = c.plan.layers.iter().find(|l| l.name == "agent").unwrap();
+        assert_eq!(
+            (l.raw_chars, l.injected_chars, l.truncated),
+            (25_000, 25_000, false)
+        );
+        assert!(c.system_md.contains(&"é".repeat(25_000)));
     }
 
     #[test]
