@@ -346,3 +346,57 @@ fn interrupting_an_embedded_run_cancels_it() {
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("cancelled"));
 }
+
+/// Runs `subagent` against `d` with a stdout whose reader is gone before
+/// anything is written (as `subagent ... | head -1` ends up).
+fn with_closed_stdout(d: &Daemon, args: &[&str]) -> std::process::Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Command::new(bin("subagent"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--state-dir")
+        .arg(&d.state)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn every_command_ends_quietly_on_a_closed_stdout() {
+    let d = Daemon::start();
+    let project = tempfile::tempdir().unwrap();
+    let defs = project.path().join(".claude/agents");
+    std::fs::create_dir_all(&defs).unwrap();
+    std::fs::write(
+        defs.join("helper.md"),
+        "---\nname: helper\ndescription: Helps.\n---\nHelp.\n",
+    )
+    .unwrap();
+    let mut c = d.conn();
+    let run = c.spawn(&session("epipe"), &["sh", "-c", "echo hello"], json!({}));
+    c.wait(&run);
+    let dir = project.path().to_str().unwrap();
+    let commands: [&[&str]; 11] = [
+        &["agents", "--project-dir", dir],
+        &["--json", "agents", "--project-dir", dir],
+        &["ls"],
+        &["--json", "ls"],
+        &["check", &run],
+        &["context", &run],
+        &["--json", "context", &run],
+        &["context", "--show", &run],
+        &["logs", &run],
+        &["ping"],
+        &["--help"],
+    ];
+    for args in commands {
+        let out = with_closed_stdout(&d, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?} said: {err}");
+    }
+}

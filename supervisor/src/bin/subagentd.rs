@@ -63,7 +63,7 @@ fn check(config: Option<&std::path::Path>, runner: Option<PathBuf>) -> std::proc
             return std::process::ExitCode::from(2);
         }
     };
-    println!("{}", subagentd::engine::probe::probe().summary());
+    say(&subagentd::engine::probe::probe().summary());
     let outcome = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -75,7 +75,9 @@ fn check(config: Option<&std::path::Path>, runner: Option<PathBuf>) -> std::proc
     let status = match outcome {
         Ok(o) => o.status,
         Err(e) => {
-            println!("MISSING namespaces: the check run could not be made: {e}");
+            say(&format!(
+                "MISSING namespaces: the check run could not be made: {e}"
+            ));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -88,9 +90,9 @@ fn check(config: Option<&std::path::Path>, runner: Option<PathBuf>) -> std::proc
         match subagentd::selfcheck::missing(&status, m) {
             Some(why) => {
                 ok = false;
-                println!("MISSING {}: {why}", m.as_str());
+                say(&format!("MISSING {}: {why}", m.as_str()));
             }
-            None => println!("ok      {}", m.as_str()),
+            None => say(&format!("ok      {}", m.as_str())),
         }
     }
     if ok {
@@ -100,10 +102,16 @@ fn check(config: Option<&std::path::Path>, runner: Option<PathBuf>) -> std::proc
     }
 }
 
+/// One line of `--check` to stdout; a reader that went away is no error
+/// (the exit code still says whether the requirements hold).
+fn say(line: &str) {
+    let _ = subagentd::cli::stdout::line(line);
+}
+
 /// What the check run got, as its isolation report says.
 fn print_check_run(status: &subagentd::record::RunStatus) {
     let reason = status.reason.as_deref().unwrap_or("");
-    println!("a run here: {} ({reason})", status.state.as_str());
+    say(&format!("a run here: {} ({reason})", status.state.as_str()));
     let Some(iso) = &status.isolation else { return };
     let rows = [
         ("landlock", &iso.landlock),
@@ -121,11 +129,11 @@ fn print_check_run(status: &subagentd::record::RunStatus) {
         } else {
             "NOT enforced"
         };
-        println!("  {name}: {mark}: {}", e.detail);
+        say(&format!("  {name}: {mark}: {}", e.detail));
     }
-    println!("  user: {}", iso.user);
+    say(&format!("  user: {}", iso.user));
     for n in &iso.notes {
-        println!("  note: {n}");
+        say(&format!("  note: {n}"));
     }
 }
 

@@ -1,6 +1,6 @@
 //! The commands that talk to the daemon, and `logs`.
 
-use super::{follow, show, Command, RunArgs, WorktreeAction, EXIT_STILL_RUNNING};
+use super::{follow, show, stdout, Command, RunArgs, WorktreeAction, EXIT_STILL_RUNNING};
 use crate::client::{Client, ClientError};
 use crate::ids::RunId;
 use crate::paths::StateLayout;
@@ -105,8 +105,7 @@ fn print_json(v: &Value, pretty: bool) -> Result<()> {
     } else {
         serde_json::to_string(v)?
     };
-    println!("{}", json_text(&text));
-    Ok(())
+    stdout::line(&json_text(&text))
 }
 
 /// Multi-line text for stdout: made visible on a terminal (as `logs`
@@ -125,7 +124,7 @@ fn print_status(ctx: &Ctx, v: &Value) -> Result<RunStatus> {
     if ctx.json {
         print_json(v, true)?;
     } else {
-        print!("{}", show::status_block(&status));
+        stdout::write(&show::status_block(&status))?;
     }
     Ok(status)
 }
@@ -220,7 +219,7 @@ fn spawn(ctx: &Ctx, run: &RunArgs, then_wait: bool) -> Result<u8> {
     if ctx.json && !then_wait {
         print_json(&v, false)?;
     } else {
-        println!("{id}");
+        stdout::line(&id)?;
     }
     if then_wait {
         return wait(ctx, &id, None);
@@ -247,7 +246,7 @@ fn list(ctx: &Ctx, session: Option<String>, state: Option<String>) -> Result<u8>
         print_json(&v, true)?;
     } else {
         let runs: Vec<RunStatus> = serde_json::from_value(v["runs"].clone())?;
-        print!("{}", show::table(&runs));
+        stdout::write(&show::table(&runs))?;
     }
     Ok(0)
 }
@@ -260,13 +259,13 @@ fn notices(ctx: &Ctx, session: &str) -> Result<u8> {
     }
     let notices: Vec<crate::protocol::Notice> = serde_json::from_value(v["notices"].clone())?;
     for n in notices {
-        println!(
+        stdout::line(&format!(
             "{}  {:<9}  {}  {}",
             one_line(&n.ended_at),
             n.state.as_str(),
             one_line(&n.run_id),
             one_line(&n.result_path.to_string_lossy())
-        );
+        ))?;
     }
     Ok(0)
 }
@@ -331,17 +330,14 @@ fn context(ctx: &Ctx, run: &str, detail: bool, show: bool) -> Result<u8> {
         }
         print_json(&v, true)?;
     } else {
-        print!(
-            "{}",
-            show::context_table(&plan, detail.then_some(&sizes[..]))
-        );
+        stdout::write(&show::context_table(&plan, detail.then_some(&sizes[..])))?;
     }
     if show {
         // Both hold project files a child may have written.
         let system = for_stdout(&dir.read("system.md")?);
         let first = for_stdout(&dir.read("first_message.md")?);
-        println!("\n===== system.md =====\n{system}");
-        println!("===== first_message.md =====\n{first}");
+        stdout::line(&format!("\n===== system.md =====\n{system}"))?;
+        stdout::line(&format!("===== first_message.md =====\n{first}"))?;
     }
     Ok(0)
 }
@@ -351,7 +347,7 @@ fn working_context(ctx: &Ctx, session: &str) -> Result<u8> {
     if ctx.json {
         print_json(&v, true)?;
     } else {
-        print!("{}", for_stdout(v["block"].as_str().unwrap_or("")));
+        stdout::write(&for_stdout(v["block"].as_str().unwrap_or("")))?;
     }
     Ok(0)
 }
@@ -365,11 +361,11 @@ fn remove_worktree(ctx: &Ctx, run: &str) -> Result<u8> {
         .ok_or_else(|| anyhow!("run {run} has no worktree"))?;
     crate::engine::workctx::remove_worktree(&rec.project_dir, wt, &rec.run_id)
         .map_err(anyhow::Error::msg)?;
-    println!(
+    stdout::line(&format!(
         "removed {} and branch {}",
         one_line(&wt.dir.to_string_lossy()),
         one_line(&wt.branch)
-    );
+    ))?;
     Ok(0)
 }
 
@@ -393,7 +389,7 @@ fn agents(ctx: &Ctx, project_dir: Option<PathBuf>) -> Result<u8> {
         let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
         print_json(&json!({"agents": defs, "errors": errors}), true)?;
     } else {
-        print!("{}", show::agents_table(&found));
+        stdout::write(&show::agents_table(&found))?;
     }
     Ok(if found.errors.is_empty() { 0 } else { 1 })
 }
@@ -403,12 +399,12 @@ fn ping(ctx: &Ctx) -> Result<u8> {
     if ctx.json {
         print_json(&v, false)?;
     } else {
-        println!(
+        stdout::line(&format!(
             "subagentd {} (pid {}) at {}",
             v["version"].as_str().unwrap_or("?"),
             v["pid"],
             ctx.socket.display()
-        );
+        ))?;
     }
     Ok(0)
 }

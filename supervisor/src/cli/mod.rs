@@ -6,11 +6,13 @@
 //! - [`show`]: human output (status blocks, the `ls` table).
 //! - [`commands`]: the socket commands.
 //! - [`run`]: `subagent run`, for CI.
+//! - [`stdout`]: writing to stdout; a closed stdout ends quietly.
 
 pub mod commands;
 pub mod follow;
 pub mod run;
 pub mod show;
+pub mod stdout;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -255,6 +257,7 @@ pub fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(code) => std::process::ExitCode::from(code),
+        Err(e) if stdout::closed(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!(
                 "subagent: {}",
