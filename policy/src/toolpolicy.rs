@@ -3,7 +3,9 @@
 //! the tools its parent may delegate.
 
 use crate::audience::Audience;
-use crate::tools::{builtin, Capability, Tool, NEVER_DELEGATED};
+use crate::tools::NEVER_DELEGATED;
+use crate::tools::{builtin, covers, is_mcp_pattern, is_mcp_tool, mcp_tool, Capability, Tool};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A tool request that cannot be honoured.
@@ -42,7 +44,8 @@ pub const PUBLIC_DEFAULT: &[&str] = &[
 
 impl ToolPolicy {
     /// The built-in catalog plus `extra` tools; audiences from `overrides`
-    /// where given, else the defaults: personal and team hold every tool,
+    /// where given (names, and MCP patterns such as `mcp__github`), else
+    /// the defaults: personal and team hold every tool, MCP tools too,
     /// public holds [`PUBLIC_DEFAULT`].
     pub fn new(
         extra: &[Tool],
@@ -55,7 +58,8 @@ impl ToolPolicy {
             }
             catalog.push(t.clone());
         }
-        let all: BTreeSet<String> = catalog.iter().map(|t| t.name.clone()).collect();
+        let mut all: BTreeSet<String> = catalog.iter().map(|t| t.name.clone()).collect();
+        all.insert("mcp__*".to_owned());
         let mut policy = ToolPolicy {
             catalog,
             audiences: BTreeMap::new(),
@@ -63,7 +67,13 @@ impl ToolPolicy {
         for a in [Audience::Personal, Audience::Team, Audience::Public] {
             let set = match overrides.get(&a) {
                 Some(names) => {
-                    policy.check_known(names, &format!("audiences.{}.tools", a.as_str()))?;
+                    let field = format!("audiences.{}.tools", a.as_str());
+                    let concrete: Vec<String> = names
+                        .iter()
+                        .filter(|n| !is_mcp_pattern(n))
+                        .cloned()
+                        .collect();
+                    policy.check_known(&concrete, &field)?;
                     names.iter().cloned().collect()
                 }
                 None if a == Audience::Public => {
@@ -89,12 +99,17 @@ impl ToolPolicy {
         &self.catalog
     }
 
-    /// A tool by name.
-    pub fn tool(&self, name: &str) -> Option<&Tool> {
-        self.catalog.iter().find(|t| t.name == name)
+    /// A tool by name: one of the catalog, or an MCP tool
+    /// (`mcp__<server>__<tool>`).
+    pub fn tool(&self, name: &str) -> Option<Cow<'_, Tool>> {
+        match self.catalog.iter().find(|t| t.name == name) {
+            Some(t) => Some(Cow::Borrowed(t)),
+            None if is_mcp_tool(name) => Some(Cow::Owned(mcp_tool(name))),
+            None => None,
+        }
     }
 
-    /// The tools `audience` may hold.
+    /// The tools (and MCP patterns) `audience` may hold.
     pub fn audience_tools(&self, audience: Audience) -> Vec<String> {
         self.audiences
             .get(&audience)
@@ -123,27 +138,52 @@ impl ToolPolicy {
 
     /// The child's tools: the parent's ∩ the audience's ∩ the definition's
     /// (when it lists any), minus every delegate or attach tool, in
-    /// catalog order. Unknown names are an error; nothing is dropped
-    /// silently.
+    /// catalog order. An unknown name of the parent's is an error; nothing
+    /// it holds is dropped silently.
     pub fn child_tools(
         &self,
         audience: Audience,
         parent: &[String],
         definition: Option<&[String]>,
     ) -> Result<Vec<String>, ToolError> {
+        self.child_tools_narrowed(audience, parent, definition, &[])
+    }
+
+    /// [`ToolPolicy::child_tools`], minus what `deny` covers. The catalog's
+    /// tools come first, in catalog order, then the MCP tools, sorted. A
+    /// definition's entries (`allow`, `deny`: names or MCP patterns) were
+    /// resolved when it was read; one that names nothing covers nothing.
+    pub fn child_tools_narrowed(
+        &self,
+        audience: Audience,
+        parent: &[String],
+        allow: Option<&[String]>,
+        deny: &[String],
+    ) -> Result<Vec<String>, ToolError> {
         self.check_known(parent, "session.tools")?;
-        if let Some(d) = definition {
-            self.check_known(d, "agent tools")?;
-        }
         let allowed = self.audiences.get(&audience);
+        let keep = |name: &str, class: Capability| {
+            parent.iter().any(|p| p == name)
+                && allowed.is_some_and(|a| a.iter().any(|e| covers(e, name)))
+                && allow.is_none_or(|d| d.iter().any(|e| covers(e, name)))
+                && !deny.iter().any(|e| covers(e, name))
+                && class.delegable()
+                && !NEVER_DELEGATED.contains(&name)
+        };
+        let mut mcp: Vec<String> = parent
+            .iter()
+            .filter(|n| self.catalog.iter().all(|t| &t.name != *n) && is_mcp_tool(n))
+            .filter(|n| keep(n, Capability::Mcp))
+            .cloned()
+            .collect();
+        mcp.sort();
+        mcp.dedup();
         Ok(self
             .catalog
             .iter()
-            .filter(|t| parent.contains(&t.name))
-            .filter(|t| allowed.is_some_and(|a| a.contains(&t.name)))
-            .filter(|t| definition.is_none_or(|d| d.contains(&t.name)))
-            .filter(|t| t.class.delegable() && !NEVER_DELEGATED.contains(&t.name.as_str()))
+            .filter(|t| keep(&t.name, t.class))
             .map(|t| t.name.clone())
+            .chain(mcp)
             .collect())
     }
 
@@ -159,7 +199,7 @@ impl ToolPolicy {
     /// tools.json: the schemas of exactly `tools`, sorted by name, as
     /// canonical JSON (sorted keys, no whitespace).
     pub fn tools_json(&self, tools: &[String]) -> String {
-        let mut chosen: Vec<&Tool> = tools.iter().filter_map(|n| self.tool(n)).collect();
+        let mut chosen: Vec<Cow<'_, Tool>> = tools.iter().filter_map(|n| self.tool(n)).collect();
         chosen.sort_by(|a, b| a.name.cmp(&b.name));
         let value = serde_json::to_value(&chosen).unwrap_or_default();
         // serde_json's Map is a BTreeMap here: keys come out sorted.
@@ -223,10 +263,73 @@ mod tests {
             e.to_string(),
             "session.tools: unknown tools: blink, teleport"
         );
+        // A definition's entry that names nothing (it was warned about
+        // when the definition was read) covers nothing.
+        assert_eq!(
+            p.child_tools(Audience::Team, &names(&["file_read"]), Some(&names(&["x"])))
+                .unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn mcp_tools_pass_by_name_or_server_and_deny_subtracts() {
+        let p = ToolPolicy::builtin();
+        let parent = names(&[
+            "mcp__github__create_issue",
+            "file_read",
+            "mcp__ctx__docs",
+            "shell",
+            "mcp__github__list",
+        ]);
+        let all = p.child_tools(Audience::Team, &parent, None).unwrap();
+        assert_eq!(
+            all,
+            names(&[
+                "file_read",
+                "shell",
+                "mcp__ctx__docs",
+                "mcp__github__create_issue",
+                "mcp__github__list"
+            ])
+        );
+        assert_eq!(
+            p.classes(&names(&["mcp__ctx__docs"])),
+            BTreeSet::from([Capability::Mcp])
+        );
+        let allow = names(&["mcp__github", "file_read", "shell"]);
+        let deny = names(&["shell", "mcp__github__list"]);
+        assert_eq!(
+            p.child_tools_narrowed(Audience::Team, &parent, Some(&allow), &deny)
+                .unwrap(),
+            names(&["file_read", "mcp__github__create_issue"])
+        );
+        assert_eq!(
+            p.child_tools_narrowed(Audience::Team, &parent, None, &names(&["mcp__*"]))
+                .unwrap(),
+            names(&["file_read", "shell"])
+        );
+        assert_eq!(
+            p.child_tools(Audience::Public, &parent, None).unwrap(),
+            names(&["file_read"]),
+            "public sessions hold no MCP tool by default"
+        );
         let e = p
-            .child_tools(Audience::Team, &names(&["file_read"]), Some(&names(&["x"])))
+            .child_tools(Audience::Team, &names(&["mcp__github__*"]), None)
             .unwrap_err();
-        assert!(matches!(e, ToolError::Unknown { ref field, .. } if field == "agent tools"));
+        assert!(
+            matches!(e, ToolError::Unknown { .. }),
+            "a parent names tools, not patterns"
+        );
+        let over = BTreeMap::from([(Audience::Team, names(&["file_read", "mcp__ctx"]))]);
+        let p = ToolPolicy::new(&[], &over).unwrap();
+        assert_eq!(
+            p.child_tools(Audience::Team, &parent, None).unwrap(),
+            names(&["file_read", "mcp__ctx__docs"])
+        );
+        let j: serde_json::Value =
+            serde_json::from_str(&p.tools_json(&names(&["mcp__ctx__docs"]))).unwrap();
+        assert_eq!(j[0]["class"], "mcp");
     }
 
     #[test]

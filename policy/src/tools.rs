@@ -21,6 +21,9 @@ pub enum Capability {
     Delegate,
     /// Attaches files to the parent's conversation (never given to a child).
     Attach,
+    /// A tool of an MCP server the agent's own MCP client reaches
+    /// (`mcp__<server>__<tool>`): no OS right of its own.
+    Mcp,
     /// Needs no OS right.
     None,
 }
@@ -184,6 +187,66 @@ pub fn builtin() -> Vec<Tool> {
 /// Names a child never gets, whatever its class says.
 pub const NEVER_DELEGATED: &[&str] = &["spawn_agent", "check_agent_run", "attach_file"];
 
+/// The longest MCP tool name or pattern.
+pub const MCP_NAME_MAX: usize = 128;
+
+fn mcp_part(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Whether `name` names one MCP tool: `mcp__<server>__<tool>`, ASCII
+/// letters, digits, `_` and `-`.
+pub fn is_mcp_tool(name: &str) -> bool {
+    name.len() <= MCP_NAME_MAX
+        && name
+            .strip_prefix("mcp__")
+            .and_then(|rest| rest.split_once("__"))
+            .is_some_and(|(server, tool)| mcp_part(server) && mcp_part(tool))
+}
+
+/// Whether `p` names a set of MCP tools: `mcp__*` (all), `mcp__<server>`
+/// or `mcp__<server>__*` (one server's).
+pub fn is_mcp_pattern(p: &str) -> bool {
+    let Some(rest) = p.strip_prefix("mcp__").filter(|_| p.len() <= MCP_NAME_MAX) else {
+        return false;
+    };
+    let server = rest.strip_suffix("__*").unwrap_or(rest);
+    rest == "*" || mcp_part(server) && !server.contains("__")
+}
+
+/// Whether the entry `entry` (a name or an MCP pattern) covers the tool
+/// `name`.
+pub fn covers(entry: &str, name: &str) -> bool {
+    if entry == name {
+        return true;
+    }
+    if !is_mcp_tool(name) || !is_mcp_pattern(entry) {
+        return false;
+    }
+    let server = entry.strip_prefix("mcp__").unwrap_or_default();
+    let server = server.strip_suffix("__*").unwrap_or(server);
+    server == "*" || name.starts_with(&format!("mcp__{server}__"))
+}
+
+/// The catalog entry of the MCP tool `name` (see [`is_mcp_tool`]): its
+/// parameters are the MCP server's, which the agent's client knows.
+pub fn mcp_tool(name: &str) -> Tool {
+    let (server, tool_name) = name
+        .strip_prefix("mcp__")
+        .and_then(|r| r.split_once("__"))
+        .unwrap_or((name, name));
+    Tool {
+        name: name.to_owned(),
+        description: format!(
+            "The tool {tool_name} of the MCP server {server} (reached by the agent's own MCP client)."
+        ),
+        class: Capability::Mcp,
+        schema: json!({"type": "object"}),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +282,58 @@ mod tests {
                 assert!(!t.class.delegable(), "{}", t.name);
             }
         }
+    }
+
+    #[test]
+    fn mcp_names_and_patterns() {
+        for ok in ["mcp__context7__get-library-docs", "mcp__a_b__c"] {
+            assert!(is_mcp_tool(ok), "{ok}");
+            assert!(!is_mcp_pattern(ok), "{ok}");
+        }
+        for bad in [
+            "mcp__",
+            "mcp__x",
+            "mcp____y",
+            "mcp__x__",
+            "mcp__x__y z",
+            "mcp__x__*",
+            "Read",
+        ] {
+            assert!(!is_mcp_tool(bad), "{bad}");
+        }
+        assert!(!is_mcp_tool(&format!(
+            "mcp__s__{}",
+            "t".repeat(MCP_NAME_MAX)
+        )));
+        for p in ["mcp__*", "mcp__github", "mcp__github__*"] {
+            assert!(is_mcp_pattern(p), "{p}");
+        }
+        for p in [
+            "mcp__",
+            "mcp__git hub",
+            "mcp__a__b",
+            "mcp__a__b__*",
+            "mcp__*__*",
+        ] {
+            assert!(!is_mcp_pattern(p), "{p}");
+        }
+        let t = "mcp__github__create_issue";
+        for entry in [t, "mcp__*", "mcp__github", "mcp__github__*"] {
+            assert!(covers(entry, t), "{entry}");
+        }
+        for entry in [
+            "mcp__git",
+            "mcp__gitlab__*",
+            "mcp__github__create",
+            "file_read",
+        ] {
+            assert!(!covers(entry, t), "{entry}");
+        }
+        let tool = mcp_tool(t);
+        assert_eq!(
+            (tool.class, tool.class.delegable()),
+            (Capability::Mcp, true)
+        );
+        assert!(tool.description.contains("create_issue") && tool.description.contains("github"));
     }
 }
