@@ -1,98 +1,149 @@
 //! Subagent definitions: Markdown files with YAML front matter, whose body
 //! is the subagent's own prompt. Parsed from text (the caller reads the
-//! file); Claude Code's `.claude/agents/` files are read as well, with its
-//! tool names mapped to ours.
+//! file) as leniently as Claude Code reads its `.claude/agents/` files
+//! (see [`frontmatter`]). Tool entries are kept as written here; they are
+//! resolved against the catalog by [`crate::agenttools`].
+
+mod frontmatter;
 
 use serde_yaml::Value;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// A parsed definition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Definition {
-    /// `[a-z0-9-]+`.
+    /// 1 to [`NAME_MAX`] characters, no control character.
     pub name: String,
     /// What it is for.
     pub description: String,
-    /// The tools it may use (narrows the parent's); None: no restriction.
+    /// The `tools` entries as written (a string is split at commas); None
+    /// when the field is absent: the parent's tools are not narrowed.
     pub tools: Option<Vec<String>>,
+    /// The `disallowedTools` entries as written.
+    pub disallowed_tools: Vec<String>,
     /// The agent program's argv.
     pub command: Option<Vec<String>>,
     /// Default limits for its runs.
     pub limits: crate::Limits,
     /// Whether it wants the network (narrows, never widens).
     pub network: Option<bool>,
+    /// Claude Code's `model` (an alias such as `sonnet`, a model id, or
+    /// `inherit`), for the agent driver.
+    pub model: Option<String>,
+    /// Claude Code's `permissionMode`, for the agent driver.
+    pub permission_mode: Option<String>,
+    /// Claude Code's `maxTurns`, for the agent driver.
+    pub max_turns: Option<u32>,
+    pub color: Option<String>,
+    /// Claude Code's `skills`: skill names to preload.
+    pub skills: Vec<String>,
+    /// Claude Code's `mcpServers`, as written.
+    pub mcp_servers: Option<serde_json::Value>,
+    /// Claude Code's `hooks`, as written.
+    pub hooks: Option<serde_json::Value>,
     /// The Markdown body: the subagent's own prompt.
     pub body: String,
     /// The file it came from.
     pub source: PathBuf,
-    /// One message per unknown field, which is ignored.
+    /// The file line of each top-level field.
+    pub lines: BTreeMap<String, usize>,
+    /// What was ignored or read leniently, as `file:line: ...`.
     pub warnings: Vec<String>,
 }
 
 /// A definition file that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}:{line}: {}{message}", file.display(), field.as_ref().map(|f| format!("{f}: ")).unwrap_or_default())]
+#[error("{}{}: {}{message}", file.display(), if *line == 0 { String::new() } else { format!(":{line}") }, field.as_ref().map(|f| format!("{f}: ")).unwrap_or_default())]
 pub struct DefinitionError {
     pub file: PathBuf,
-    /// 1-based line (of the field, when one is at fault).
+    /// 1-based line (of the field, when one is at fault); 0 when the file
+    /// could not be read.
     pub line: usize,
     /// The field at fault, if any.
     pub field: Option<String>,
     pub message: String,
+    /// The name the file gives, when it gives one: the name it blocks.
+    pub name: Option<String>,
 }
 
-/// Claude Code's tool names → ours.
-pub const CLAUDE_TOOLS: &[(&str, &str)] = &[
-    ("Read", "file_read"),
-    ("Write", "file_write"),
-    ("Edit", "file_edit"),
-    ("MultiEdit", "file_edit"),
-    ("Glob", "glob"),
-    ("Grep", "grep"),
-    ("LS", "glob"),
-    ("Bash", "shell"),
-    ("WebFetch", "web_fetch"),
-    ("WebSearch", "web_search"),
-    ("TodoWrite", "todo_write"),
-    ("Task", "spawn_agent"),
+/// The longest name.
+pub const NAME_MAX: usize = 128;
+
+/// The Claude Code permission modes.
+pub const PERMISSION_MODES: &[&str] = &[
+    "default",
+    "acceptEdits",
+    "dontAsk",
+    "bypassPermissions",
+    "plan",
 ];
 
 const KNOWN: &[&str] = &[
     "name",
     "description",
     "tools",
+    "disallowedTools",
     "command",
     "limits",
     "network",
+    "model",
+    "permissionMode",
+    "maxTurns",
+    "color",
+    "skills",
+    "mcpServers",
+    "hooks",
 ];
 
-fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+/// Whether `s` may name a definition (Claude Code takes any string; a
+/// control character could drive a terminal that lists it).
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.chars().count() <= NAME_MAX && !s.chars().any(char::is_control)
 }
 
-/// Parses a definition. `claude` maps Claude Code tool names.
-pub fn parse(file: &Path, text: &str, claude: bool) -> Result<Definition, DefinitionError> {
-    let front = FrontMatter::split(file, text)?;
-    let fields = Fields::parse(file, &front.lines)?;
+/// Parses a definition.
+pub fn parse(file: &Path, text: &str) -> Result<Definition, DefinitionError> {
+    let front = frontmatter::read(file, text)?;
+    let fields = Fields {
+        file,
+        map: &front.map,
+        lines: &front.lines,
+    };
     let name = fields.name()?;
-    let description = fields.description()?;
-    let mut tools = fields.tools()?;
-    if claude {
-        tools = tools.map(|ts| ts.into_iter().map(claude_tool).collect());
-    }
-    Ok(Definition {
-        name,
+    let named = |mut e: DefinitionError| {
+        e.name = Some(name.clone());
+        e
+    };
+    let mut warnings = front.warnings.clone();
+    let description = fields.description().map_err(named)?;
+    let tools = fields.tool_list("tools", &mut warnings).map_err(named)?;
+    let disallowed = fields
+        .tool_list("disallowedTools", &mut warnings)
+        .map_err(named)?;
+    let d = Definition {
+        name: name.clone(),
         description,
         tools,
-        command: fields.command()?,
-        limits: fields.limits()?,
-        network: fields.network()?,
+        disallowed_tools: disallowed.unwrap_or_default(),
+        command: fields.command().map_err(named)?,
+        limits: fields.limits().map_err(named)?,
+        network: fields.network().map_err(named)?,
+        model: fields.text("model", &mut warnings),
+        permission_mode: fields.permission_mode(&mut warnings),
+        max_turns: fields.max_turns(&mut warnings),
+        color: fields.text("color", &mut warnings),
+        skills: fields.skills(&mut warnings),
+        mcp_servers: fields.json("mcpServers", Value::is_sequence, "a list", &mut warnings),
+        hooks: fields.json("hooks", Value::is_mapping, "a mapping", &mut warnings),
         body: front.body,
         source: file.to_path_buf(),
-        warnings: fields.unknown(),
-    })
+        lines: front.lines.clone(),
+        warnings,
+    };
+    let mut d = d;
+    d.warnings.extend(fields.unknown());
+    Ok(d)
 }
 
 impl DefinitionError {
@@ -102,72 +153,27 @@ impl DefinitionError {
             line,
             field: field.map(str::to_owned),
             message: message.into(),
+            name: None,
         }
     }
-}
 
-/// A definition's text split at the `---` lines.
-struct FrontMatter {
-    /// The YAML between the `---` lines, which begins on line 2.
-    lines: Vec<String>,
-    body: String,
-}
-
-impl FrontMatter {
-    fn split(file: &Path, text: &str) -> Result<FrontMatter, DefinitionError> {
-        let fail = |message: &str| DefinitionError::new(file, 1, None, message);
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let mut lines = text.split_inclusive('\n');
-        if lines.next().map(str::trim_end) != Some("---") {
-            return Err(fail("expected YAML front matter opening with ---"));
-        }
-        let mut front = Vec::new();
-        let mut consumed = text.find('\n').map_or(text.len(), |i| i + 1);
-        for l in lines {
-            consumed += l.len();
-            if l.trim_end() == "---" {
-                let body = text[consumed.min(text.len())..].trim().to_owned();
-                return Ok(FrontMatter { lines: front, body });
-            }
-            front.push(l.to_owned());
-        }
-        Err(fail("the front matter is not closed with ---"))
+    /// A file that could not be read (`message` says why).
+    pub fn unreadable(file: &Path, message: impl Into<String>) -> Self {
+        DefinitionError::new(file, 0, None, message)
     }
 }
 
 /// The front matter's fields, and where each is, to name it in errors.
 struct Fields<'a> {
     file: &'a Path,
-    map: serde_yaml::Mapping,
-    lines: &'a [String],
+    map: &'a serde_yaml::Mapping,
+    lines: &'a BTreeMap<String, usize>,
 }
 
-impl<'a> Fields<'a> {
-    fn parse(file: &'a Path, lines: &'a [String]) -> Result<Fields<'a>, DefinitionError> {
-        let fail = |line, message: String| DefinitionError::new(file, line, None, message);
-        let map = match serde_yaml::from_str::<Value>(&lines.concat()) {
-            Ok(Value::Mapping(m)) => m,
-            Ok(Value::Null) => serde_yaml::Mapping::new(),
-            Ok(_) => {
-                return Err(fail(
-                    2,
-                    "the front matter must be a mapping of fields".into(),
-                ))
-            }
-            Err(e) => {
-                let line = e.location().map_or(2, |l| l.line() + 1);
-                return Err(fail(line, format!("invalid YAML: {e}")));
-            }
-        };
-        Ok(Fields { file, map, lines })
-    }
-
+impl Fields<'_> {
     /// The line of a top-level key (1 when it is not found).
     fn line_of(&self, key: &str) -> usize {
-        self.lines
-            .iter()
-            .position(|l| l.starts_with(&format!("{key}:")))
-            .map_or(1, |i| i + 2)
+        self.lines.get(key).copied().unwrap_or(1)
     }
 
     /// An error on the line of `key`.
@@ -175,16 +181,28 @@ impl<'a> Fields<'a> {
         DefinitionError::new(self.file, self.line_of(key), Some(key), message)
     }
 
+    /// A warning on the line of `key`.
+    fn warning(&self, key: &str, message: &str) -> String {
+        format!(
+            "{}:{}: {key}: {message}",
+            self.file.display(),
+            self.line_of(key)
+        )
+    }
+
     /// An absent key, naming it on the first line of the front matter.
     fn required(&self, key: &str) -> DefinitionError {
         DefinitionError::new(self.file, 2, Some(key), "required")
     }
 
+    /// The value of `key`, null included.
+    fn raw(&self, key: &str) -> Option<&Value> {
+        self.map.get(Value::String(key.to_owned()))
+    }
+
     /// The value of `key`; a null value is treated as absent.
     fn get(&self, key: &str) -> Option<&Value> {
-        self.map
-            .get(Value::String(key.to_owned()))
-            .filter(|v| !v.is_null())
+        self.raw(key).filter(|v| !v.is_null())
     }
 
     fn string(&self, key: &str) -> Result<Option<String>, DefinitionError> {
@@ -197,32 +215,126 @@ impl<'a> Fields<'a> {
 
     fn name(&self) -> Result<String, DefinitionError> {
         let name = self.string("name")?.ok_or_else(|| self.required("name"))?;
+        let name = name.trim().to_owned();
         if !valid_name(&name) {
-            return Err(self.invalid("name", format!("{name:?} must match [a-z0-9-]+")));
+            return Err(self.invalid(
+                "name",
+                format!("{name:?} must be 1 to {NAME_MAX} characters without control characters"),
+            ));
         }
         Ok(name)
     }
 
+    /// Claude Code writes its newlines as `\n` in a one-line description.
     fn description(&self) -> Result<String, DefinitionError> {
         self.string("description")?
             .filter(|d| !d.trim().is_empty())
+            .map(|d| d.replace("\\n", "\n"))
             .ok_or_else(|| self.required("description"))
     }
 
-    /// A list of names, or one string of comma-separated names.
-    fn tools(&self) -> Result<Option<Vec<String>>, DefinitionError> {
-        match self.get("tools") {
+    /// A list of tool entries, or one string of them separated by commas;
+    /// present but empty (`[]`, `""`, nothing) is no tools, as in Claude
+    /// Code.
+    fn tool_list(
+        &self,
+        key: &str,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<Vec<String>>, DefinitionError> {
+        match self.raw(key) {
             None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(
-                s.split(',')
-                    .map(|t| t.trim().to_owned())
-                    .filter(|t| !t.is_empty())
-                    .collect(),
-            )),
-            Some(Value::Sequence(seq)) => strings(seq)
-                .map(Some)
-                .ok_or_else(|| self.invalid("tools", "expected a list of tool names")),
-            Some(_) => Err(self.invalid("tools", "expected a list or a comma-separated string")),
+            Some(Value::Null) => Ok(Some(Vec::new())),
+            Some(Value::String(s)) => Ok(Some(split_tools(s))),
+            Some(Value::Sequence(seq)) => {
+                let mut out = Vec::new();
+                for v in seq {
+                    match v {
+                        Value::String(s) => out.extend(split_tools(s)),
+                        _ => warnings
+                            .push(self.warning(key, "an entry that is not a name is ignored")),
+                    }
+                }
+                Ok(Some(out))
+            }
+            Some(_) => Err(self.invalid(key, "expected a list or a comma-separated string")),
+        }
+    }
+
+    /// A string field the agent driver reads; anything else is ignored
+    /// with a warning.
+    fn text(&self, key: &str, warnings: &mut Vec<String>) -> Option<String> {
+        match self.get(key) {
+            None => None,
+            Some(Value::String(s)) => Some(s.trim().to_owned()).filter(|s| !s.is_empty()),
+            Some(_) => {
+                warnings.push(self.warning(key, "expected a string; ignored"));
+                None
+            }
+        }
+    }
+
+    fn permission_mode(&self, warnings: &mut Vec<String>) -> Option<String> {
+        let key = "permissionMode";
+        let mode = self.text(key, warnings)?;
+        if PERMISSION_MODES.contains(&mode.as_str()) {
+            return Some(mode);
+        }
+        let known = PERMISSION_MODES.join(", ");
+        warnings.push(self.warning(key, &format!("{mode:?} is not one of {known}; ignored")));
+        None
+    }
+
+    /// A positive integer, or a string of one (as Claude Code takes it).
+    fn max_turns(&self, warnings: &mut Vec<String>) -> Option<u32> {
+        let key = "maxTurns";
+        let n = match self.get(key)? {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.trim().parse::<u64>().ok(),
+            _ => None,
+        };
+        match n.and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0) {
+            Some(n) => Some(n),
+            None => {
+                warnings.push(self.warning(key, "expected a positive integer; ignored"));
+                None
+            }
+        }
+    }
+
+    /// Skill names: a list, or one string separated by commas.
+    fn skills(&self, warnings: &mut Vec<String>) -> Vec<String> {
+        let key = "skills";
+        let names: Option<Vec<String>> = match self.get(key) {
+            None => return Vec::new(),
+            Some(Value::String(s)) => Some(s.split(',').map(|s| s.trim().to_owned()).collect()),
+            Some(Value::Sequence(seq)) => strings(seq),
+            Some(_) => None,
+        };
+        match names {
+            Some(n) => n.into_iter().filter(|s| !s.is_empty()).collect(),
+            None => {
+                warnings.push(self.warning(key, "expected a list of names; ignored"));
+                Vec::new()
+            }
+        }
+    }
+
+    /// A structured field kept as written (as JSON) for the agent driver,
+    /// when `shape` holds.
+    fn json(
+        &self,
+        key: &str,
+        shape: fn(&Value) -> bool,
+        what: &str,
+        warnings: &mut Vec<String>,
+    ) -> Option<serde_json::Value> {
+        let v = self.get(key)?;
+        match serde_json::to_value(v).ok().filter(|_| shape(v)) {
+            Some(j) => Some(j),
+            None => {
+                warnings.push(self.warning(key, &format!("expected {what}; ignored")));
+                None
+            }
         }
     }
 
@@ -282,23 +394,46 @@ fn strings(seq: &[Value]) -> Option<Vec<String>> {
     seq.iter().map(|v| v.as_str().map(str::to_owned)).collect()
 }
 
-/// Our name for a Claude Code tool name; other names pass unchanged.
-fn claude_tool(name: String) -> String {
-    CLAUDE_TOOLS
-        .iter()
-        .find(|(c, _)| *c == name)
-        .map_or(name, |(_, ours)| (*ours).to_owned())
+/// Tool entries separated by commas or spaces outside parentheses
+/// (`Read, Bash(git add:*)` is two entries).
+fn split_tools(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut depth = 0usize;
+    for c in s.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' | ' ' | '\t' | '\n' | '\r' if depth == 0 => {
+                if !cur.trim().is_empty() {
+                    out.push(cur.trim().to_owned());
+                }
+                cur.clear();
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_owned());
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const GOOD: &str = "---\nname: reviewer\ndescription: Reviews a diff.\ntools: [file_read, grep]\ncommand: [my-agent, --headless]\nlimits:\n  wall_time_s: 600\nnetwork: false\ncolor: blue\n---\nYou review code.\n\nBe brief.\n";
+    const GOOD: &str = "---\nname: reviewer\ndescription: Reviews a diff.\ntools: [file_read, grep]\ncommand: [my-agent, --headless]\nlimits:\n  wall_time_s: 600\nnetwork: false\nflavour: blue\n---\nYou review code.\n\nBe brief.\n";
+
+    fn parsed(text: &str) -> Definition {
+        parse(Path::new("/p/a.md"), text).unwrap_or_else(|e| panic!("{e}"))
+    }
 
     #[test]
     fn parses_every_field_and_keeps_the_body() {
-        let d = parse(Path::new("/p/.subagents/reviewer.md"), GOOD, false).unwrap();
+        let d = parse(Path::new("/p/.subagents/reviewer.md"), GOOD).unwrap();
         assert_eq!(d.name, "reviewer");
         assert_eq!(
             d.tools.as_deref(),
@@ -311,24 +446,130 @@ mod tests {
         assert_eq!(d.limits.wall_time_s, Some(600));
         assert_eq!(d.network, Some(false));
         assert_eq!(d.body, "You review code.\n\nBe brief.");
+        assert_eq!(d.lines["network"], 8);
         assert_eq!(
             d.warnings,
-            vec!["/p/.subagents/reviewer.md:9: unknown field `color` ignored".to_owned()]
+            vec!["/p/.subagents/reviewer.md:9: unknown field `flavour` ignored".to_owned()]
         );
     }
 
     #[test]
-    fn claude_code_files_work_unchanged() {
-        let text = "---\nname: code-reviewer\ndescription: Expert reviewer\ntools: Read, Grep, Glob, Bash\nmodel: sonnet\n---\nReview.\n";
-        let d = parse(Path::new("x.md"), text, true).unwrap();
-        assert_eq!(d.tools.unwrap(), ["file_read", "grep", "glob", "shell"]);
+    fn claude_code_fields_are_recorded() {
+        let d = parsed("---\nname: code-reviewer\ndescription: Expert reviewer\ntools: Read, Grep, Bash(git diff:*)\ndisallowedTools: [Write]\nmodel: sonnet\npermissionMode: plan\nmaxTurns: \"12\"\ncolor: blue\nskills: review, lint\nmcpServers:\n  - github\n  - db: {command: npx}\nhooks:\n  Stop: [{command: ./done.sh}]\n---\nReview.\n");
+        assert_eq!(d.tools.unwrap(), ["Read", "Grep", "Bash(git diff:*)"]);
+        assert_eq!(d.disallowed_tools, ["Write"]);
+        assert_eq!(d.model.as_deref(), Some("sonnet"));
+        assert_eq!(d.permission_mode.as_deref(), Some("plan"));
+        assert_eq!(d.max_turns, Some(12));
+        assert_eq!(d.color.as_deref(), Some("blue"));
+        assert_eq!(d.skills, ["review", "lint"]);
+        assert_eq!(
+            d.mcp_servers,
+            Some(serde_json::json!(["github", {"db": {"command": "npx"}}]))
+        );
+        assert_eq!(
+            d.hooks,
+            Some(serde_json::json!({"Stop": [{"command": "./done.sh"}]}))
+        );
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    }
+
+    #[test]
+    fn bad_claude_code_values_are_ignored_with_a_warning() {
+        let d = parsed("---\nname: a\ndescription: d\npermissionMode: yolo\nmaxTurns: -3\nmodel: [x]\nhooks: [x]\nmemory: project\n---\n");
+        assert_eq!(
+            (d.permission_mode, d.max_turns, d.model, d.hooks),
+            (None, None, None, None)
+        );
+        let w = d.warnings.join("\n");
+        for want in [
+            "/p/a.md:4: permissionMode: \"yolo\" is not one of",
+            "/p/a.md:5: maxTurns: expected a positive integer; ignored",
+            "/p/a.md:6: model: expected a string; ignored",
+            "/p/a.md:7: hooks: expected a mapping; ignored",
+            "/p/a.md:8: unknown field `memory` ignored",
+        ] {
+            assert!(w.contains(want), "{want}\n{w}");
+        }
+    }
+
+    #[test]
+    fn empty_tools_are_no_tools_and_absent_tools_no_narrowing() {
+        let tools =
+            |line: &str| parsed(&format!("---\nname: a\ndescription: d\n{line}\n---\n")).tools;
+        assert_eq!(tools(""), None);
+        for empty in ["tools: []", "tools: \"\"", "tools:"] {
+            assert_eq!(tools(empty), Some(vec![]), "{empty}");
+        }
+        assert_eq!(
+            tools("tools: Read Grep,Bash(npm run test:*) , mcp__ctx__docs"),
+            Some(vec![
+                "Read".into(),
+                "Grep".into(),
+                "Bash(npm run test:*)".into(),
+                "mcp__ctx__docs".into()
+            ])
+        );
+        let d = parsed("---\nname: a\ndescription: d\ntools: [Read, 5, \"Grep, LS\"]\n---\n");
+        assert_eq!(d.tools.unwrap(), ["Read", "Grep", "LS"]);
+        assert_eq!(
+            d.warnings,
+            ["/p/a.md:4: tools: an entry that is not a name is ignored"]
+        );
+    }
+
+    #[test]
+    fn what_strict_yaml_refuses_is_read_line_by_line_with_the_file_line() {
+        let text = "---\nname: api-expert\ndescription: Use this agent when: the API changes. Examples: none\ntools: Read\nmodel: opus\n---\nBody.\n";
+        let d = parsed(text);
+        assert_eq!(
+            d.description,
+            "Use this agent when: the API changes. Examples: none"
+        );
+        assert_eq!(d.tools.unwrap(), ["Read"]);
+        assert_eq!(d.model.as_deref(), Some("opus"));
+        assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
+        assert!(
+            d.warnings[0].starts_with("/p/a.md:3: `description` is not valid YAML ("),
+            "{:?}",
+            d.warnings
+        );
+        let d =
+            parsed("---\nname: b\ndescription: **Bold** helper\n  that wraps\ncolor: red\n---\n");
+        assert_eq!(d.description, "**Bold** helper that wraps");
+        assert_eq!(d.color.as_deref(), Some("red"));
+        assert!(
+            d.warnings[0].starts_with("/p/a.md:3: `description`"),
+            "{:?}",
+            d.warnings
+        );
+    }
+
+    #[test]
+    fn a_key_given_twice_keeps_the_first_with_a_warning() {
+        let d = parsed("---\nname: a\ndescription: one\ndescription: two\n---\n");
+        assert_eq!(d.description, "one");
+        assert_eq!(
+            d.warnings,
+            ["/p/a.md:4: `description` is given again; the first (line 3) is used"]
+        );
+    }
+
+    #[test]
+    fn names_are_taken_as_claude_code_takes_them() {
+        for name in ["Code Reviewer", "api.v2-helper", "DB_Expert"] {
+            assert_eq!(
+                parsed(&format!("---\nname: {name}\ndescription: d\n---\n")).name,
+                name
+            );
+        }
     }
 
     #[test]
     fn errors_name_the_file_the_line_and_the_field() {
         let cases = [
             (
-                "---\nname: Bad_Name\ndescription: d\n---\n",
+                "---\nname: \"a\\u0007b\"\ndescription: d\n---\n",
                 2,
                 Some("name"),
             ),
@@ -348,17 +589,28 @@ mod tests {
                 4,
                 Some("network"),
             ),
-            ("---\nname: [unclosed\n---\n", 3, None),
+            ("---\ndescription: [unclosed\n---\n", 2, Some("name")),
             ("no front matter\n", 1, None),
+            ("\n---\nname: ok\ndescription: d\n---\n", 1, None),
             ("---\nname: ok\n", 1, None),
         ];
         for (text, line, field) in cases {
-            let e = parse(Path::new("/d/a.md"), text, false).unwrap_err();
+            let e = parse(Path::new("/d/a.md"), text).unwrap_err();
             assert_eq!((e.line, e.field.as_deref()), (line, field), "{text:?}: {e}");
             assert!(
                 e.to_string().starts_with(&format!("/d/a.md:{line}: ")),
                 "{e}"
             );
         }
+        let e = parse(
+            Path::new("/d/a.md"),
+            "---\nname: ok\ntools: 5\ndescription: d\n---\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.name.as_deref(),
+            Some("ok"),
+            "an error names the name it blocks"
+        );
     }
 }

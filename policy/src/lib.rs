@@ -9,6 +9,8 @@
 //!   plan.json), a pure function of its inputs.
 //! - [`config`]: the config file, parsed from its text.
 //! - [`definition`]: subagent definitions (Markdown with YAML front matter).
+//! - [`agenttools`]: a definition's tool entries resolved against the
+//!   catalog (Claude Code's names, `Tool(pattern)`, MCP names).
 //! - [`env`](mod@env): the allowlisted environment a child starts with.
 //! - [`limits`]: resource limits with their defaults.
 //! - [`tools`]: the tool catalog and capability classes.
@@ -18,6 +20,7 @@
 //! - [`sandbox`]: the sandbox spec the runner applies (file-system rules,
 //!   seccomp deny-list, cgroup plan, rlimits, required mechanisms).
 
+pub mod agenttools;
 pub mod audience;
 pub mod compose;
 pub mod config;

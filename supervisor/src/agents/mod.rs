@@ -1,79 +1,144 @@
-//! Finding subagent definitions on disk: `<project>/.subagents/`, then
+//! Finding subagent definitions on disk, as Claude Code finds its own:
+//! every `*.md` (in any case) beneath `<project>/.subagents/`, then
 //! `<project>/.claude/agents/`, then `$XDG_CONFIG_HOME/subagentd/agents/`,
-//! then `~/.claude/agents/`. The first definition of a name wins (project
-//! first). A malformed file is reported and does not hide the others.
+//! then `~/.claude/agents/`, subfolders included. The first definition of
+//! a name wins (the folders in that order, then by path); every other one
+//! is reported as shadowed. A malformed file is reported and does not hide
+//! the others.
 //!
 //! A child with the write right may have written the project's folders:
-//! they are opened beneath the project with no link on the way, and in
-//! every folder a definition file must be a regular file (not a link, not
-//! a FIFO) of at most [`DEFINITION_MAX`] bytes; at most
-//! [`FILES_MAX`] files of a folder are read.
+//! they are opened beneath the project with no link on the way, and
+//! within each folder links are followed only where they stay in it
+//! ([`walk`]); a definition must be a regular file of at most
+//! [`DEFINITION_MAX`] bytes.
+//!
+//! - [`walk`]: the folder walk.
+//! - [`cache`]: parses kept per file and content.
 
-use policy::definition::{parse, Definition, DefinitionError};
-use std::ffi::OsString;
+pub mod cache;
+pub mod walk;
+
+pub use cache::DEFINITION_MAX;
+use policy::agenttools::{resolve, AgentTools};
+use policy::definition::{Definition, DefinitionError};
+use policy::toolpolicy::ToolPolicy;
+use policy::tools::{covers, NEVER_DELEGATED};
+use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use subagent_runner::safefile;
 
-/// The largest definition file read.
-pub const DEFINITION_MAX: u64 = 1 << 20;
-/// At most this many `*.md` files of one folder are read (by name order).
-pub const FILES_MAX: usize = 1_000;
-
-/// Where definitions are looked for, in order, and whether each holds
-/// Claude Code files.
-pub fn search_dirs(project_dir: &Path) -> Vec<(PathBuf, bool)> {
+/// Where definitions are looked for, in order.
+pub fn search_dirs(project_dir: &Path) -> Vec<PathBuf> {
     let config_home = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let mut dirs = vec![
-        (project_dir.join(".subagents"), false),
-        (project_dir.join(".claude").join("agents"), true),
+        project_dir.join(".subagents"),
+        project_dir.join(".claude").join("agents"),
     ];
     if let Some(c) = config_home {
-        dirs.push((c.join("subagentd").join("agents"), false));
+        dirs.push(c.join("subagentd").join("agents"));
     }
     if let Some(h) = home {
-        dirs.push((h.join(".claude").join("agents"), true));
+        dirs.push(h.join(".claude").join("agents"));
     }
     dirs
+}
+
+/// A usable definition, its tools resolved against the catalog.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    pub definition: Definition,
+    pub tools: AgentTools,
+    /// Everything said about it: the file's warnings, the tools', its
+    /// body's size.
+    pub warnings: Vec<String>,
+    /// Read now, not taken from the cache: its warnings are new.
+    pub fresh: bool,
+}
+
+impl Agent {
+    /// The tools it may hold at most, as `subagent agents` shows them: its
+    /// list without the tools no child holds and those it denies (None:
+    /// any the parent may delegate, but those it denies).
+    pub fn shown_tools(&self, policy: &ToolPolicy) -> Option<Vec<String>> {
+        let allow = self.tools.allow.as_ref()?;
+        let delegable = |n: &String| {
+            policy
+                .tool(n)
+                .is_none_or(|t| t.class.delegable() && !NEVER_DELEGATED.contains(&n.as_str()))
+        };
+        let denied = |n: &String| self.tools.deny.iter().any(|d| covers(d, n));
+        Some(
+            allow
+                .iter()
+                .filter(|n| delegable(n) && !denied(n))
+                .cloned()
+                .collect(),
+        )
+    }
+}
+
+/// A definition hidden by an earlier one of the same name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Duplicate {
+    pub name: String,
+    /// The file whose definition is used.
+    pub winner: PathBuf,
+    pub shadowed: PathBuf,
 }
 
 /// Every definition found, and every file that could not be used.
 #[derive(Debug, Default)]
 pub struct Found {
-    /// Usable definitions, first of each name, in search order.
-    pub definitions: Vec<Definition>,
+    /// Usable definitions, the first of each name, in search order.
+    pub agents: Vec<Agent>,
+    /// Definitions hidden by an earlier one of the same name.
+    pub duplicates: Vec<Duplicate>,
     /// Files that could not be used.
     pub errors: Vec<DefinitionError>,
+    /// What was not walked (links out of a folder, limits).
+    pub notes: Vec<String>,
 }
 
 impl Found {
     /// The definition called `name`.
-    pub fn get(&self, name: &str) -> Option<&Definition> {
-        self.definitions.iter().find(|d| d.name == name)
+    pub fn get(&self, name: &str) -> Option<&Agent> {
+        self.agents.iter().find(|a| a.definition.name == name)
     }
 
     /// The names available (a malformed file blocks its name), sorted.
     pub fn names(&self) -> Vec<String> {
         let mut n: Vec<String> = self
-            .definitions
+            .agents
             .iter()
-            .map(|d| d.name.clone())
+            .map(|a| a.definition.name.clone())
             .filter(|n| self.error_for(n).is_none())
             .collect();
         n.sort();
         n
     }
 
-    /// The error of a file whose stem is `name` (a definition of that name
-    /// that could not be read).
+    /// The error of a file that names `name`, or whose stem is `name`
+    /// when it names nothing (a definition of that name that could not be
+    /// read).
     pub fn error_for(&self, name: &str) -> Option<&DefinitionError> {
-        self.errors
-            .iter()
-            .find(|e| e.file.file_stem().is_some_and(|s| s == name))
+        self.errors.iter().find(|e| match &e.name {
+            Some(n) => n == name,
+            None => e.file.file_stem().is_some_and(|s| s == name),
+        })
+    }
+
+    /// Logs the warnings not logged before (once per file and content).
+    pub fn log_new_warnings(&self) {
+        for a in self.agents.iter().filter(|a| a.fresh) {
+            for w in &a.warnings {
+                tracing::warn!("{w}");
+            }
+        }
     }
 }
 
@@ -89,61 +154,65 @@ fn open_search_dir(project_dir: &Path, dir: &Path) -> Option<OwnedFd> {
     }
 }
 
-/// The `*.md` names of a folder, sorted, at most [`FILES_MAX`].
-fn md_names(dir: &OwnedFd, shown: &Path) -> Vec<OsString> {
-    let (mut names, _) = safefile::names(dir.as_fd(), usize::MAX).unwrap_or_default();
-    names.retain(|n| Path::new(n).extension().is_some_and(|x| x == "md"));
-    names.sort();
-    if names.len() > FILES_MAX {
-        tracing::warn!(dir = %shown.display(), "only the first {FILES_MAX} of {} definition files are read", names.len());
-        names.truncate(FILES_MAX);
-    }
-    names
-}
-
-/// Reads every `*.md` in the search dirs of `project_dir`.
-pub fn discover(project_dir: &Path) -> Found {
+/// Reads every definition in the search dirs of `project_dir`, its tools
+/// resolved against `tools`; a body over `max_body_chars` (the context's
+/// per-layer cap, which it is not cut at) is warned about.
+pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -> Found {
     let mut found = Found::default();
-    for (dir, claude) in search_dirs(project_dir) {
+    let mut seen_files = HashSet::new();
+    for dir in search_dirs(project_dir) {
         let Some(fd) = open_search_dir(project_dir, &dir) else {
             continue;
         };
-        for name in md_names(&fd, &dir) {
-            let file = dir.join(&name);
-            let read = safefile::open_beneath(fd.as_fd(), Path::new(&name));
-            // A directory named `*.md` is no definition.
-            if matches!(&read, Err(safefile::SafeFileError::NotRegular { kind, .. }) if *kind == "a directory")
-            {
+        let walked = walk::walk(fd.as_fd(), &dir);
+        found.notes.extend(walked.notes);
+        for (path, e) in walked.errors {
+            found
+                .errors
+                .push(DefinitionError::unreadable(&path, e.to_string()));
+        }
+        for f in walked.files {
+            // A file reached twice (a link, a hard link) counts once.
+            if !seen_files.insert((f.id.dev, f.id.ino)) {
                 continue;
             }
-            let text = read
-                .and_then(|f| f.read_all(DEFINITION_MAX))
-                .map_err(|e| e.to_string())
-                .and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8".to_owned()));
-            let text = match text {
-                Ok(t) => t,
-                Err(message) => {
-                    found.errors.push(DefinitionError {
-                        file,
-                        line: 0,
-                        field: None,
-                        message,
-                    });
-                    continue;
-                }
-            };
-            match parse(&file, &text, claude) {
-                Ok(d) => {
-                    for w in &d.warnings {
-                        tracing::warn!("{w}");
-                    }
-                    if found.get(&d.name).is_none() {
-                        found.definitions.push(d);
-                    }
-                }
-                Err(e) => found.errors.push(e),
+            match cache::parsed(f) {
+                (Ok(d), fresh) => found.add(agent(d, fresh, tools, max_body_chars)),
+                (Err(e), _) => found.errors.push(e),
             }
         }
     }
     found
+}
+
+impl Found {
+    fn add(&mut self, a: Agent) {
+        match self.get(&a.definition.name) {
+            Some(first) => self.duplicates.push(Duplicate {
+                name: a.definition.name.clone(),
+                winner: first.definition.source.clone(),
+                shadowed: a.definition.source,
+            }),
+            None => self.agents.push(a),
+        }
+    }
+}
+
+fn agent(d: Definition, fresh: bool, tools: &ToolPolicy, max_body_chars: usize) -> Agent {
+    let resolved = resolve(tools, &d);
+    let mut warnings = d.warnings.clone();
+    warnings.extend(resolved.warning.clone());
+    let chars = d.body.chars().count();
+    if chars > max_body_chars {
+        warnings.push(format!(
+            "{}: the body is {chars} characters, over the per-layer cap of {max_body_chars}; it is given whole",
+            d.source.display()
+        ));
+    }
+    Agent {
+        definition: d,
+        tools: resolved,
+        warnings,
+        fresh,
+    }
 }

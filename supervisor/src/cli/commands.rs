@@ -369,27 +369,23 @@ fn remove_worktree(ctx: &Ctx, run: &str) -> Result<u8> {
     Ok(0)
 }
 
-/// Lists the definitions found for `project_dir`; exits 1 when a file
-/// could not be used.
+/// Lists the definitions found for `project_dir`, their tools resolved
+/// against the config's catalog (`SUBAGENTD_CONFIG`, else the default
+/// file); exits 1 when a file could not be used.
 fn agents(ctx: &Ctx, project_dir: Option<PathBuf>) -> Result<u8> {
     let dir = match project_dir {
         Some(d) => std::path::absolute(&d)?,
         None => std::env::current_dir()?,
     };
-    let found = crate::agents::discover(&dir);
+    let explicit = std::env::var_os("SUBAGENTD_CONFIG").map(PathBuf::from);
+    let (_, settings) =
+        crate::paths::load_config(explicit.as_deref()).map_err(anyhow::Error::msg)?;
+    let tools = settings.tool_policy().map_err(anyhow::Error::msg)?;
+    let found = crate::agents::discover(&dir, &tools, settings.context.max_file_chars);
     if ctx.json {
-        let defs: Vec<Value> = found
-            .definitions
-            .iter()
-            .map(|d| {
-                json!({"name": d.name, "description": d.description, "source": d.source,
-                       "tools": d.tools, "command": d.command, "warnings": d.warnings})
-            })
-            .collect();
-        let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
-        print_json(&json!({"agents": defs, "errors": errors}), true)?;
+        print_json(&show::agents_json(&found, &tools), true)?;
     } else {
-        stdout::write(&show::agents_table(&found))?;
+        stdout::write(&show::agents_table(&found, &tools))?;
     }
     Ok(if found.errors.is_empty() { 0 } else { 1 })
 }

@@ -99,34 +99,99 @@ pub fn table(runs: &[RunStatus]) -> String {
     out
 }
 
-/// The `agents` listing: name, source file, tools, description; then the
-/// files that could not be used.
-pub fn agents_table(found: &crate::agents::Found) -> String {
+/// The `agents` listing: each definition's name, source file, tools,
+/// description and warnings; then the shadowed ones, the files that could
+/// not be used and what was not walked.
+pub fn agents_table(
+    found: &crate::agents::Found,
+    policy: &policy::toolpolicy::ToolPolicy,
+) -> String {
     let mut out = String::new();
-    if found.definitions.is_empty() {
+    if found.agents.is_empty() {
         let _ = writeln!(out, "(no subagent definitions found)");
     }
-    for d in &found.definitions {
-        let tools = d
-            .tools
-            .as_ref()
-            .map_or("(any the parent may delegate)".to_owned(), |t| t.join(", "));
+    for a in &found.agents {
+        let d = &a.definition;
+        let tools = match a.shown_tools(policy) {
+            None => "(any the parent may delegate)".to_owned(),
+            Some(t) if t.is_empty() => "(none)".to_owned(),
+            Some(t) => t.join(", "),
+        };
         let _ = writeln!(
             out,
-            "{}\n  source:      {}\n  tools:       {}\n  description: {}",
+            "{}\n  source:      {}\n  tools:       {}",
             one_line(&d.name),
             one_line(&d.source.to_string_lossy()),
             one_line(&tools),
-            one_line(&d.description)
         );
-        for w in &d.warnings {
-            let _ = writeln!(out, "  warning:     {}", one_line(w));
+        let mut row = |key: &str, value: String| {
+            let _ = writeln!(out, "  {key:<12} {}", one_line(&value));
+        };
+        if a.tools.allow.is_none() && !a.tools.deny.is_empty() {
+            row("not:", a.tools.deny.join(", "));
         }
+        if !a.tools.patterns.is_empty() {
+            let p: Vec<&str> = a
+                .tools
+                .patterns
+                .iter()
+                .map(|p| p.written.as_str())
+                .collect();
+            row("patterns:", p.join(", "));
+        }
+        if let Some(m) = &d.model {
+            row("model:", m.clone());
+        }
+        row("description:", d.description.clone());
+        for w in &a.warnings {
+            row("warning:", w.clone());
+        }
+    }
+    for dup in &found.duplicates {
+        let _ = writeln!(
+            out,
+            "shadowed: {}: {} (the one used: {})",
+            one_line(&dup.name),
+            one_line(&dup.shadowed.to_string_lossy()),
+            one_line(&dup.winner.to_string_lossy())
+        );
     }
     for e in &found.errors {
         let _ = writeln!(out, "error: {}", one_line(&e.to_string()));
     }
+    for n in &found.notes {
+        let _ = writeln!(out, "note: {}", one_line(n));
+    }
     out
+}
+
+/// `agents --json`: every field of each definition as read.
+pub fn agents_json(
+    found: &crate::agents::Found,
+    policy: &policy::toolpolicy::ToolPolicy,
+) -> serde_json::Value {
+    use serde_json::json;
+    let agents: Vec<serde_json::Value> = found
+        .agents
+        .iter()
+        .map(|a| {
+            let d = &a.definition;
+            json!({"name": d.name, "description": d.description, "source": d.source,
+                   "tools": a.shown_tools(policy), "disallowed_tools": a.tools.deny,
+                   "tool_patterns": a.tools.patterns, "command": d.command,
+                   "model": d.model, "permission_mode": d.permission_mode,
+                   "max_turns": d.max_turns, "color": d.color, "skills": d.skills,
+                   "mcp_servers": d.mcp_servers, "hooks": d.hooks,
+                   "body_chars": d.body.chars().count(), "warnings": a.warnings})
+        })
+        .collect();
+    let duplicates: Vec<serde_json::Value> = found
+        .duplicates
+        .iter()
+        .map(|d| json!({"name": d.name, "used": d.winner, "shadowed": d.shadowed}))
+        .collect();
+    let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
+    json!({"agents": agents, "duplicates": duplicates, "errors": errors, "notes": found.notes})
 }
 
 /// `subagent context`: each layer with its sizes, the totals, the stable

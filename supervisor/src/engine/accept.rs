@@ -65,7 +65,7 @@ pub struct Plan {
     /// The OS rights.
     pub grants: policy::sandbox::Grants,
     /// The subagent definition, when `agent` was given.
-    pub agent: Option<policy::definition::Definition>,
+    pub agent: Option<crate::agents::Agent>,
 }
 
 fn merge_limits(first: policy::Limits, then: policy::Limits) -> policy::Limits {
@@ -78,13 +78,17 @@ fn merge_limits(first: policy::Limits, then: policy::Limits) -> policy::Limits {
     }
 }
 
-/// The definition named `name` among those found for `project_dir`.
+/// The definition named `name` among those found for `project_dir`; the
+/// warnings of files read for the first time (or changed) are logged.
 /// Blocking (reads definitions).
 fn find_agent(
+    tools: &policy::toolpolicy::ToolPolicy,
+    settings: &policy::config::Config,
     project_dir: &Path,
     name: &str,
-) -> Result<policy::definition::Definition, EngineError> {
-    let found = crate::agents::discover(project_dir);
+) -> Result<crate::agents::Agent, EngineError> {
+    let found = crate::agents::discover(project_dir, tools, settings.context.max_file_chars);
+    found.log_new_warnings();
     // A malformed file of that name is an error even when another
     // directory has a valid one: never silently run a different
     // definition than the one that was meant.
@@ -107,35 +111,28 @@ fn find_agent(
 }
 
 /// The child's tools: the parent's, filtered by the audience and the
-/// definition (None without session.tools).
+/// definition (None without session.tools). A definition's tool names were
+/// resolved when it was read: one that names nothing was dropped then.
 fn child_tools(
     tools: &policy::toolpolicy::ToolPolicy,
     p: &SpawnParams,
-    agent: Option<&policy::definition::Definition>,
+    agent: Option<&crate::agents::Agent>,
 ) -> Result<Option<Vec<String>>, EngineError> {
     use policy::toolpolicy::ToolError;
-    let def_tools = agent.and_then(|d| d.tools.as_deref());
+    let allow = agent.and_then(|a| a.tools.allow.as_deref());
+    let deny = agent.map_or(&[][..], |a| &a.tools.deny[..]);
     let Some(parent) = &p.session.tools else {
-        return match def_tools {
-            Some(_) => Err(EngineError::invalid(
+        if allow.is_some() || !deny.is_empty() {
+            return Err(EngineError::invalid(
                 "session.tools",
                 "required when the agent's definition lists tools (the child's tools are the parent's, filtered)",
-            )),
-            None => Ok(None),
-        };
+            ));
+        }
+        return Ok(None);
     };
     let filtered = tools
-        .child_tools(p.session.audience, parent, def_tools)
+        .child_tools_narrowed(p.session.audience, parent, allow, deny)
         .map_err(|e| match e {
-            ToolError::Unknown { field, names } if field == "agent tools" => {
-                let file = agent
-                    .map(|d| d.source.display().to_string())
-                    .unwrap_or_default();
-                EngineError::invalid(
-                    "agent",
-                    format!("{file}: unknown tools: {}", names.join(", ")),
-                )
-            }
             ToolError::Unknown { field, names } => {
                 EngineError::invalid(&field, format!("unknown tools: {}", names.join(", ")))
             }
@@ -148,12 +145,12 @@ fn child_tools(
 /// the config's.
 fn pick_command(
     p: &SpawnParams,
-    agent: Option<&policy::definition::Definition>,
+    agent: Option<&crate::agents::Agent>,
     settings: &policy::config::Config,
 ) -> Result<Vec<String>, EngineError> {
     let command = if !p.command.is_empty() {
         p.command.clone()
-    } else if let Some(c) = agent.and_then(|d| d.command.clone()) {
+    } else if let Some(c) = agent.and_then(|a| a.definition.command.clone()) {
         c
     } else if let Some(c) = settings.command.clone() {
         c
@@ -175,13 +172,13 @@ pub fn plan(
     p: &SpawnParams,
 ) -> Result<Plan, EngineError> {
     let agent = match &p.agent {
-        Some(name) => Some(find_agent(&p.session.project_dir, name)?),
+        Some(name) => Some(find_agent(tools, settings, &p.session.project_dir, name)?),
         None => None,
     };
     let child_tools = child_tools(tools, p, agent.as_ref())?;
     let switches = policy::sandbox::SandboxRequest {
         // A definition can ask for less network, never more.
-        network: match agent.as_ref().and_then(|d| d.network) {
+        network: match agent.as_ref().and_then(|a| a.definition.network) {
             Some(false) => Some(false),
             _ => p.sandbox.network,
         },
@@ -191,7 +188,10 @@ pub fn plan(
     let grants = policy::sandbox::grants(classes.as_ref(), &switches);
     let command = pick_command(p, agent.as_ref(), settings)?;
     // The parent's own limits win; a definition only lowers the defaults.
-    let from_def = agent.as_ref().map(|d| d.limits).unwrap_or_default();
+    let from_def = agent
+        .as_ref()
+        .map(|a| a.definition.limits)
+        .unwrap_or_default();
     let limits = merge_limits(
         p.limits,
         settings
@@ -269,17 +269,17 @@ fn check_texts(p: &SpawnParams) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// Checks an agent name: `[a-z0-9-]+`.
+/// Checks an agent name: as a definition may give it.
 fn check_agent_name(a: &str) -> Result<(), EngineError> {
-    let ok = !a.is_empty()
-        && a.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if ok {
+    if policy::definition::valid_name(a) {
         return Ok(());
     }
     Err(EngineError::invalid(
         "agent",
-        format!("{a:?} is not an agent name ([a-z0-9-]+)"),
+        format!(
+            "{a:?} is not an agent name (1 to {} characters, no control character)",
+            policy::definition::NAME_MAX
+        ),
     ))
 }
 
@@ -418,9 +418,9 @@ fn compose_input(
     policy::compose::ComposeInput {
         playbook,
         project_instructions: super::instructions::project_instructions(&place.workdir),
-        agent: plan.agent.as_ref().map(|d| policy::compose::Sourced {
-            path: d.source.clone(),
-            text: d.body.clone(),
+        agent: plan.agent.as_ref().map(|a| policy::compose::Sourced {
+            path: a.definition.source.clone(),
+            text: a.definition.body.clone(),
         }),
         tools,
         tools_json,
@@ -710,7 +710,7 @@ fn accepted_record(
         sandbox: p.sandbox.clone(),
         isolation: None,
         resources: None,
-        agent: plan.agent.as_ref().map(|d| d.name.clone()),
+        agent: plan.agent.as_ref().map(|a| a.definition.name.clone()),
         tools: plan.tools.clone(),
         rights: Some(plan.grants),
         git: Some(git),
@@ -922,7 +922,7 @@ mod tests {
         p.max_restarts = Some(11);
         assert_eq!(field_of(&p), "max_restarts");
         let mut p = params();
-        p.agent = Some("Bad Name".into());
+        p.agent = Some("Bad\u{1b}Name".into());
         assert_eq!(field_of(&p), "agent");
         let mut p = params();
         p.env.insert("SUBAGENT_RUN_ID".into(), "x".into());
