@@ -183,3 +183,68 @@ fn each_run_has_a_uid_of_its_own() {
         );
     }
 }
+
+/// A queued run keeps the uid it was leased across a daemon restart; if a
+/// run of another supervisor took that uid meanwhile, it is given another
+/// (it never started, so it owns nothing) instead of failing.
+#[test]
+fn a_queued_run_whose_uid_was_taken_meanwhile_gets_another() {
+    if !runnable(is_root(), "root", "per-run uids need a root daemon") {
+        return;
+    }
+    let project = subagentd_e2e::channel();
+    let go = project.path().join("go");
+    let mut d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(1),
+        ..Default::default()
+    });
+    let s = session("reuid");
+    let mut c = d.conn();
+    let params =
+        json!({"session": {"id": s, "audience": "personal", "project_dir": project.path()}});
+    let blocker = c.spawn(
+        &s,
+        &["sh", "-c", "while [ ! -e go ]; do sleep 0.05; done"],
+        params.clone(),
+    );
+    let queued = c.spawn(&s, &["id", "-u"], params);
+    let st = c
+        .call("check_agent_run", json!({"run_id": queued}))
+        .unwrap();
+    assert_eq!(st["state"], "accepted", "{st}");
+    let log = std::path::PathBuf::from(st["log_path"].as_str().unwrap());
+    let record = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(log.with_file_name("run.json")).unwrap()).unwrap()
+    };
+    let first = record()["uid"].as_u64().unwrap();
+    drop(c);
+    d.stop();
+    // Another supervisor's run takes the queued run's uid.
+    let lease = std::fs::File::create(format!("/run/subagentd/uids/{first}")).unwrap();
+    // SAFETY: flock on a descriptor we own; touches no memory.
+    let rc = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&lease),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    assert_eq!(rc, 0, "the uid's lease is free while the daemon is down");
+    d.restart();
+    std::fs::write(&go, "").unwrap();
+    let mut c = d.conn();
+    assert_eq!(c.wait(&blocker)["state"], "succeeded");
+    let st = c.wait(&queued);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let ran_as: u64 = std::fs::read_to_string(&log)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(ran_as, first, "the run used a uid another run holds");
+    assert_eq!(
+        record()["uid"].as_u64(),
+        Some(ran_as),
+        "its record names the uid it ran as"
+    );
+    drop(lease);
+}

@@ -220,12 +220,17 @@ async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
             let Some(id) = rec.id() else {
                 return Recovered::Settled;
             };
-            // A queued run keeps the uid it was given.
+            // A queued run keeps the uid it was given, or gets another
+            // when a run of another supervisor took it meanwhile.
             if let (Some(pool), Some(uid)) = (&sup.inner.uids, rec.uid) {
-                match pool.relock(uid) {
+                let lease = match pool.relock(uid) {
+                    Err(crate::uids::UidError::Taken(_)) => reassign_uid(sup, &slot).await,
+                    other => other.map_err(|e| e.to_string()),
+                };
+                match lease {
                     Ok(lease) => sup.hold_lease(&id, lease),
-                    Err(e) => {
-                        fail_queued(sup, &slot, e.to_string()).await;
+                    Err(why) => {
+                        fail_queued(sup, &slot, why).await;
                         return Recovered::Ended;
                     }
                 }
@@ -287,6 +292,39 @@ async fn watch_again(
 fn finish_later(sup: &Supervisor, slot: &Arc<super::Slot>) {
     let (sup, slot) = (sup.clone(), slot.clone());
     tokio::spawn(async move { finish::finish_run(&sup, &slot, pidfd::RunnerExit::Unknown).await });
+}
+
+/// Gives a queued run, which never started and so owns nothing, a new uid
+/// of its own: leased, written into its runner.json and its record.
+async fn reassign_uid(
+    sup: &Supervisor,
+    slot: &Arc<super::Slot>,
+) -> Result<crate::uids::UidLease, String> {
+    let Some(pool) = &sup.inner.uids else {
+        return Err("no per-run uids".into());
+    };
+    let lease = pool.lease().map_err(|e| e.to_string())?;
+    let mut r = slot.rec.lock().await;
+    let spec_path = r.files().runner_spec();
+    let uid = lease.uid;
+    let rewrite = move || -> Result<(), String> {
+        let bytes = std::fs::read(&spec_path).map_err(|e| format!("read runner.json: {e}"))?;
+        let mut spec =
+            subagent_runner::spec::RunnerSpec::parse(&bytes).map_err(|e| e.to_string())?;
+        spec.run_as = Some((uid, uid));
+        let bytes = serde_json::to_vec(&spec).map_err(|e| e.to_string())?;
+        subagent_runner::atomic::write_atomic(&spec_path, &bytes).map_err(|e| e.to_string())
+    };
+    tokio::task::spawn_blocking(rewrite)
+        .await
+        .map_err(|e| e.to_string())??;
+    let mut next = r.clone();
+    next.uid = Some(uid);
+    sup.persist(slot, &mut r, next)
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(run_id = %r.run_id, uid, "its uid was taken while it was queued; it has another");
+    Ok(lease)
 }
 
 /// Ends a queued run that cannot start again after a restart.
