@@ -370,3 +370,49 @@ fn worktree_isolation_end_to_end() {
         "{err}"
     );
 }
+
+/// A child with the write right rewrites the repository's record of
+/// another run's worktree (`.git/worktrees/<name>/gitdir`) to name a
+/// directory outside; removing that worktree must remove its checkout and
+/// record only, never what the record names.
+#[test]
+fn a_forged_worktree_record_does_not_steer_its_removal() {
+    let d = Daemon::start();
+    let p = project();
+    let s = session("wtforge");
+    let st = spawn(&d, &s, p.path(), "true", json!({"isolation": "worktree"}));
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let wt = PathBuf::from(st["worktree_dir"].as_str().unwrap());
+    let victim = tempfile::tempdir().unwrap();
+    std::fs::write(victim.path().join("keep.txt"), "keep\n").unwrap();
+    let admin = std::fs::read_dir(p.path().join(".git/worktrees"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let forge = format!(
+        "printf '%s\\n' '{}' > .git/worktrees/{}/gitdir && echo forged",
+        victim.path().join("keep.txt").display(),
+        admin.file_name().unwrap().to_str().unwrap()
+    );
+    let f = spawn(&d, &session("wtforge2"), p.path(), &forge, json!({}));
+    assert!(
+        std::fs::read_to_string(f["log_path"].as_str().unwrap())
+            .unwrap()
+            .contains("forged"),
+        "{f}"
+    );
+    let out = d.cli(&["worktree", "rm", st["run_id"].as_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        victim.path().join("keep.txt").exists(),
+        "the forged record's target was removed"
+    );
+    assert!(!wt.exists(), "the run's own checkout is removed");
+    assert!(!admin.exists(), "the repository's record of it is removed");
+}

@@ -67,14 +67,9 @@ pub enum WorktreeError {
     /// The repository could not be opened.
     #[error(transparent)]
     Open(#[from] crate::gitsnap::OpenError),
-    /// The worktree could not be pruned.
-    #[error("prune worktree {name}: {}", source.message())]
-    Prune {
-        /// The worktree's name in the repository.
-        name: String,
-        /// The underlying error.
-        source: git2::Error,
-    },
+    /// The repository's git dir is reached through a symbolic link now.
+    #[error("{} is a symbolic link; the worktree's record is left alone", .0.display())]
+    Linked(PathBuf),
     /// The run's branch could not be deleted.
     #[error("delete branch {branch}: {}", source.message())]
     DeleteBranch {
@@ -198,16 +193,12 @@ pub fn remove_worktree(
     // gitsnap gives its reason as text.
     let repo = crate::gitsnap::open_found(&found).map_err(WorktreeError::Open)?;
     let name = run_id.replace('.', "-");
-    if let Ok(w) = repo.find_worktree(&name) {
-        let mut opts = git2::WorktreePruneOptions::new();
-        opts.valid(true).working_tree(true).locked(false);
-        if let Err(source) = w.prune(Some(&mut opts)) {
-            return Err(WorktreeError::Prune { name, source });
-        }
-    }
+    // The checkout is removed as the record names it (in the state dir),
+    // never as the repository's files (which a child may write) name it.
     if wt.dir.exists() {
         std::fs::remove_dir_all(&wt.dir).map_err(io("remove", &wt.dir))?;
     }
+    remove_admin_dir(&found.common_dir, &name)?;
     if let Ok(mut b) = repo.find_branch(&wt.branch, git2::BranchType::Local) {
         b.delete().map_err(|source| WorktreeError::DeleteBranch {
             branch: wt.branch.clone(),
@@ -215,6 +206,34 @@ pub fn remove_worktree(
         })?;
     }
     Ok(())
+}
+
+/// Removes the repository's record of worktree `name`,
+/// `<common dir>/worktrees/<name>`, without following a link on the way
+/// or in it (a child with the write right may have planted one).
+fn remove_admin_dir(common_dir: &Path, name: &str) -> Result<(), WorktreeError> {
+    use std::os::fd::{AsFd, AsRawFd};
+    if let Some((link, _)) = crate::securedir::link_on_the_way(common_dir) {
+        return Err(WorktreeError::Linked(link));
+    }
+    let Ok(common) = subagent_runner::safefile::open_dir(common_dir) else {
+        return Ok(());
+    };
+    let Ok(dir) =
+        subagent_runner::safefile::open_dir_beneath(common.as_fd(), Path::new("worktrees"))
+    else {
+        return Ok(());
+    };
+    // The entry is named through the opened directory: remove_dir_all
+    // follows no link beneath it.
+    let at = PathBuf::from(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd()));
+    let removed = match std::fs::symlink_metadata(&at) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&at),
+        Ok(_) => std::fs::remove_file(&at),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    };
+    removed.map_err(io("remove", &common_dir.join("worktrees").join(name)))
 }
 
 /// What became of a run's delta.
