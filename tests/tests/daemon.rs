@@ -203,3 +203,60 @@ fn a_killed_daemon_loses_nothing() {
     let n = c.call("take_notices", json!({"session_id": s})).unwrap();
     assert_eq!(n["notices"].as_array().unwrap().len(), 1, "{n}");
 }
+
+/// A descriptor the daemon inherited from whoever started it (here, this
+/// test) never reaches a runner, nor therefore a run.
+#[test]
+fn descriptors_the_daemon_inherited_do_not_reach_its_runners() {
+    let marker = tempfile::NamedTempFile::new().unwrap();
+    let path = std::ffi::CString::new(marker.path().to_str().unwrap()).unwrap();
+    // SAFETY: open without O_CLOEXEC on a NUL-terminated path we own, then
+    // a copy above the numbers a runner is handed (F_DUPFD keeps no
+    // close-on-exec either).
+    let fd = unsafe {
+        let low = libc::open(path.as_ptr(), libc::O_RDONLY);
+        let high = libc::fcntl(low, libc::F_DUPFD, 300);
+        libc::close(low);
+        high
+    };
+    assert!(fd >= 300);
+    let d = subagentd_e2e::Daemon::start();
+    // SAFETY: closes the descriptor opened above, which nothing else uses.
+    unsafe { libc::close(fd) };
+    let mut c = d.conn();
+    let channel = subagentd_e2e::channel();
+    let go = channel.path().join("go");
+    let run = c.spawn(
+        &session("inherit"),
+        &[
+            "sh",
+            "-c",
+            &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display()),
+        ],
+        json!({}),
+    );
+    let mut pid = 0;
+    wait_until(Duration::from_secs(20), "the run to be running", || {
+        let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
+        let rec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                std::path::Path::new(st["log_path"].as_str().unwrap()).with_file_name("run.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        pid = rec["runner_pid"].as_i64().unwrap_or(0);
+        pid > 0
+    });
+    let held: Vec<std::path::PathBuf> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .collect();
+    std::fs::write(&go, "").unwrap();
+    c.wait(&run);
+    assert!(
+        !held.iter().any(|p| p == marker.path()),
+        "the runner holds the daemon's inherited descriptor: {held:?}"
+    );
+}

@@ -251,6 +251,9 @@ async fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
+    // What the daemon inherited from whoever started it must not reach the
+    // runners it spawns.
+    let _ = subagent_runner::sys::cloexec_from(3);
     let args = Args::parse();
     if args.check {
         let runner = args
