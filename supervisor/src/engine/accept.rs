@@ -818,9 +818,13 @@ fn publish(
     mut draft: RunDraft,
     handed: Option<RunnerFiles>,
 ) -> Result<(Option<UidLease>, Option<Launched>), EngineError> {
-    let uid_lock = draft
-        .lease()
-        .and_then(|l| l.lock().try_clone_to_owned().ok());
+    // A runner started at once holds its own copy of the uid lease; without
+    // one it is not started here, so a uid is never in use unleased.
+    let uid_lock = match draft.lease().map(|l| l.lock().try_clone_to_owned()) {
+        Some(Ok(fd)) => Some(fd),
+        Some(Err(_)) => return publish(inner, draft, None),
+        None => None,
+    };
     let id = draft.id().clone();
     let (published, runner) = std::thread::scope(|s| {
         let start = handed.as_ref().map(|h| {

@@ -168,7 +168,17 @@ impl Launched {
     /// A handle on the runner just started as `pid` (its pidfd and start
     /// time).
     fn of(pid: i32, gate: Option<OwnedFd>) -> Result<Launched, LaunchError> {
-        let pidfd = pidfd::open(pid)?;
+        let pidfd = match pidfd::open(pid) {
+            Ok(fd) => fd,
+            Err(e) => {
+                // Unwatchable: it must not go on, nor stay a zombie holding
+                // runner.lock.
+                let child = nix::unistd::Pid::from_raw(pid);
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::wait::waitpid(child, None);
+                return Err(e.into());
+            }
+        };
         let start_ticks = subagent_runner::procstat::read_stat(pid)
             .map(|s| s.start_ticks)
             .unwrap_or(0);
