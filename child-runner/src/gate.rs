@@ -25,6 +25,10 @@ pub fn wait(fd: RawFd) -> bool {
 /// The byte that opens the gate.
 pub const GO: u8 = b'1';
 
+/// The runner's exit status when its run was called off at the gate: it
+/// started nothing and took its pid out of runner.lock.
+pub const CALLED_OFF: u8 = 3;
+
 #[cfg(test)]
 mod tests {
     use super::*;

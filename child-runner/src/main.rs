@@ -100,7 +100,7 @@ fn main() -> ExitCode {
         if !gate::wait(fd) {
             ready.abandon();
             lock.clear();
-            return ExitCode::from(3);
+            return ExitCode::from(gate::CALLED_OFF);
         }
     }
     run(&spec, ready)

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use subagentd_e2e::{
-    alive, is_root, runnable, session, unsafe_kill, wait_until, Conn, Daemon, DaemonOpts,
+    alive, bin, is_root, runnable, session, unsafe_kill, wait_until, Conn, Daemon, DaemonOpts,
 };
 
 #[test]
@@ -599,4 +599,76 @@ fn a_crash_after_the_notice_and_before_the_last_save_repeats_nothing() {
         (&saved["state"], &saved["finalized"]),
         (&json!("succeeded"), &json!(true))
     );
+}
+
+/// A daemon killed between opening a run's gate and recording the run as
+/// running, while its runner is still starting (it holds runner.lock but
+/// has not written its pid yet): the next start waits for the pid instead
+/// of calling the run lost, watches the runner, and the run ends as its
+/// agent did, having run once.
+#[test]
+fn a_runner_still_starting_when_the_daemon_dies_is_watched_again() {
+    let scratch = subagentd_e2e::channel();
+    let wrapper = subagentd_e2e::script(
+        scratch.path(),
+        "slow-runner",
+        &format!(
+            "sleep 1.5\nexec {} \"$@\"\n",
+            bin("subagent-runner").display()
+        ),
+    );
+    let mut d = Daemon::start_with(DaemonOpts {
+        args: vec!["--runner".into(), wrapper.display().to_string()],
+        ..Default::default()
+    });
+    let ran = scratch.path().join("ran");
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("slowrunner"),
+        &["sh", "-c", &format!("echo once >> {}", ran.display())],
+        json!({"sandbox": {"write_paths": [scratch.path()]}}),
+    );
+    drop(c);
+    unsafe_kill(d.pid(), libc::SIGKILL);
+    d.child.wait().unwrap();
+    d.restart();
+    let mut c = d.conn();
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "once\n");
+}
+
+/// A runner still waiting at its gate when its daemon dies ends without
+/// starting anything (here a stand-in that does what the runner does then:
+/// its pid in runner.lock, then cleared, exit 3). Seen alive by the next
+/// start, it is watched; when it ends so, its run is queued again and runs
+/// once, instead of ending `lost`.
+#[test]
+fn a_run_whose_runner_was_called_off_at_its_gate_is_queued_again() {
+    let scratch = subagentd_e2e::channel();
+    let called_off = subagentd_e2e::script(
+        scratch.path(),
+        "called-off-runner",
+        "echo $$ > /proc/self/fd/3\nsleep 1.5\n: > /proc/self/fd/3\nexit 3\n",
+    );
+    let mut d = Daemon::start_with(DaemonOpts {
+        args: vec!["--runner".into(), called_off.display().to_string()],
+        ..Default::default()
+    });
+    let ran = scratch.path().join("ran");
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("calledoff"),
+        &["sh", "-c", &format!("echo once >> {}", ran.display())],
+        json!({"sandbox": {"write_paths": [scratch.path()]}}),
+    );
+    drop(c);
+    unsafe_kill(d.pid(), libc::SIGKILL);
+    d.child.wait().unwrap();
+    // The next daemon has the real runner.
+    d.restart();
+    let mut c = d.conn();
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "once\n");
 }

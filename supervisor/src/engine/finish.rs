@@ -111,6 +111,18 @@ fn runner_log_tail(rec: &RunRecord) -> String {
 /// finishes the run again from exit.json; result.md is rewritten and the
 /// notice is not stored twice (see `NoticeStore::store`).
 pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: RunnerExit) {
+    // An adopted runner is not our child: how it exited is not known, but
+    // one called off at its gate took its pid out of runner.lock.
+    let called_off = matches!(runner, RunnerExit::Unknown)
+        || runner == RunnerExit::Exited(i32::from(subagent_runner::gate::CALLED_OFF));
+    if called_off
+        && slot
+            .adopted
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        && requeue_called_off(sup, slot).await
+    {
+        return;
+    }
     let mut rec = slot.rec.lock().await;
     if !rec.state.is_terminal() {
         let mut next = rec.clone();
@@ -151,6 +163,41 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: Runne
     }
     drop(rec);
     finalize(sup, slot).await;
+}
+
+/// A runner adopted after a restart that exited at its gate started
+/// nothing (the engine that was to open it is gone): its run is queued
+/// again, with its uid, instead of ending `lost`. Returns whether it was.
+async fn requeue_called_off(sup: &Supervisor, slot: &Arc<Slot>) -> bool {
+    let mut rec = slot.rec.lock().await;
+    let files = rec.files();
+    let started = tokio::task::spawn_blocking(move || {
+        files.exit().exists() || super::recover::runner_pid_in_lock(&files).is_some()
+    })
+    .await
+    .unwrap_or(true);
+    let Some(id) = rec.id() else { return false };
+    if rec.state.is_terminal() || rec.cancel_requested || started {
+        return false;
+    }
+    if let (Some(pool), Some(uid)) = (&sup.inner.uids, rec.uid) {
+        match pool.relock(uid) {
+            Ok(lease) => sup.hold_lease(&id, lease),
+            Err(_) => return false,
+        }
+    }
+    let mut next = rec.clone();
+    next.state = RunState::Accepted;
+    next.started_at_ms = None;
+    next.runner_pid = None;
+    next.runner_start_ticks = None;
+    if let Err(e) = sup.persist(slot, &mut rec, next).await {
+        tracing::error!(run_id = %id, "queueing a run called off at its gate: {e}");
+        drop(sup.take_lease(&id));
+        return false;
+    }
+    tracing::info!(run_id = %id, "its runner was called off at its gate; queued again");
+    sup.enqueue(id).is_ok()
 }
 
 /// The blocking part of finalizing: result.md, the notice, the temp dir.

@@ -123,6 +123,9 @@ pub(crate) struct Slot {
     rec: tokio::sync::Mutex<RunRecord>,
     published: watch::Sender<RunRecord>,
     runner: Mutex<Option<(Arc<OwnedFd>, i32)>>,
+    /// Its runner was started by an engine that is gone (recovery watches
+    /// it): if it ends called off at its gate, its run is queued again.
+    adopted: AtomicBool,
 }
 
 impl Slot {
@@ -132,6 +135,7 @@ impl Slot {
             rec: tokio::sync::Mutex::new(rec),
             published,
             runner: Mutex::new(None),
+            adopted: AtomicBool::new(false),
         })
     }
 
@@ -289,13 +293,25 @@ impl Supervisor {
 
     /// Records a new run durably and starts it when a slot is free and no
     /// run waits for one, else queues it; returns its id. The agent has not
-    /// necessarily started when this returns.
+    /// necessarily started when this returns. Runs to its end on a task of
+    /// its own: a caller that goes away (a closed connection) cannot cut a
+    /// spawn short between recording the run and watching it.
     pub async fn spawn(&self, params: SpawnParams) -> Result<RunId, EngineError> {
+        let sup = self.clone();
+        tokio::spawn(async move { sup.spawn_to_end(params).await })
+            .await
+            .map_err(|e| EngineError::Unexpected(InternalError::Join(e)))?
+    }
+
+    async fn spawn_to_end(&self, params: SpawnParams) -> Result<RunId, EngineError> {
         if !self.inner.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
         accept::validate(&params)?;
         let permit = self.free_slot();
+        // A spawn that found no slot counts as waiting from now on, so that
+        // a later one cannot start before it.
+        let waiting = Waiting::new(&self.inner.waiting, permit.is_none());
         let start_now = permit.is_some();
         let inner = self.inner.clone();
         let created = blocking(move || {
@@ -326,7 +342,13 @@ impl Supervisor {
             }
             _ => {
                 self.insert(created.rec);
-                self.enqueue(id.clone())?;
+                // Counted already when no slot was free; else (its runner
+                // could not be started at once) counted now.
+                if waiting.keep() {
+                    self.queue(id.clone())?;
+                } else {
+                    self.enqueue(id.clone())?;
+                }
             }
         }
         Ok(id)
@@ -344,6 +366,11 @@ impl Supervisor {
     /// Queues an accepted run for the dispatcher.
     pub(crate) fn enqueue(&self, id: RunId) -> Result<(), EngineError> {
         self.inner.waiting.fetch_add(1, Ordering::SeqCst);
+        self.queue(id)
+    }
+
+    /// Queues a run already counted as waiting.
+    fn queue(&self, id: RunId) -> Result<(), EngineError> {
         self.inner.queue.send(id).map_err(|_| {
             self.inner.waiting.fetch_sub(1, Ordering::SeqCst);
             EngineError::ShuttingDown
@@ -530,6 +557,36 @@ impl Supervisor {
             }
         }
         saved
+    }
+}
+
+/// One count in the engine's `waiting` for a spawn that found no free
+/// slot, taken back unless the run is queued ([`Waiting::keep`]).
+struct Waiting<'a> {
+    count: &'a AtomicUsize,
+    held: bool,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize, wait: bool) -> Waiting<'a> {
+        if wait {
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+        Waiting { count, held: wait }
+    }
+
+    /// The run is queued: the dispatcher takes the count back. Returns
+    /// whether there was one.
+    fn keep(mut self) -> bool {
+        std::mem::replace(&mut self.held, false)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            self.count.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 

@@ -204,7 +204,13 @@ async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
         }
         return Recovered::Settled;
     }
-    match (state, live_runner(&rec, &files)) {
+    let live = {
+        let (r, f) = (rec.clone(), files.clone());
+        tokio::task::spawn_blocking(move || live_runner(&r, &f))
+            .await
+            .unwrap_or(None)
+    };
+    match (state, live) {
         (_, Some(pid)) => match pidfd::open(pid) {
             Ok(fd) => {
                 watch_again(sup, &slot, pid, fd).await;
@@ -254,12 +260,36 @@ fn live_runner(rec: &RunRecord, files: &crate::paths::RunFiles) -> Option<i32> {
         return pid;
     }
     // Started but not yet recorded as running when the last engine
-    // stopped: the runner wrote its pid into its lock.
+    // stopped: the runner writes its pid into its lock as it starts, so a
+    // lock held without a pid is a runner about to write it (or to let go
+    // of the lock at its gate). Wait for one or the other.
+    let deadline = std::time::Instant::now() + RUNNER_PID_WAIT;
+    loop {
+        let pid = lockfile::open(&files.runner_lock())
+            .ok()
+            .and_then(|mut f| lockfile::read_pid(&mut f));
+        if let Some(p) = pid {
+            return Some(p).filter(|&p| runner_alive(p, None));
+        }
+        if lockfile::is_held(&files.runner_lock()) != Some(true)
+            || std::time::Instant::now() >= deadline
+        {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The pid a runner wrote into the run's runner.lock, if any.
+pub(crate) fn runner_pid_in_lock(files: &crate::paths::RunFiles) -> Option<i32> {
     lockfile::open(&files.runner_lock())
         .ok()
         .and_then(|mut f| lockfile::read_pid(&mut f))
-        .filter(|&p| runner_alive(p, None))
 }
+
+/// How long recovery waits for a runner that holds its lock to write its
+/// pid there.
+const RUNNER_PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Records the run as running with runner `pid` and watches it again.
 async fn watch_again(
@@ -268,6 +298,8 @@ async fn watch_again(
     pid: i32,
     fd: std::os::fd::OwnedFd,
 ) {
+    slot.adopted
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let fd = Arc::new(fd);
     {
         let mut r = slot.rec.lock().await;
