@@ -92,6 +92,26 @@ pub enum ConfigFileError {
     },
 }
 
+/// Checks the config's read and write paths: each must exist and pass
+/// through no symbolic link (a run's roots are bound only as named).
+pub fn check_config_roots(config: &Path, file: &policy::config::Config) -> Result<(), String> {
+    for p in file.read_paths.iter().chain(&file.write_paths) {
+        if !p.exists() {
+            return Err(format!("config {}: {} does not exist", config.display(), p.display()));
+        }
+        if let Some((at, to)) = crate::securedir::link_on_the_way(p) {
+            return Err(format!(
+                "config {}: {} passes through the symbolic link {} -> {}; name the directory it leads to",
+                config.display(),
+                p.display(),
+                at.display(),
+                to.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads and parses the config: `explicit` (from --config or
 /// SUBAGENTD_CONFIG) must exist; the default file may be absent.
 pub fn load_config(

@@ -172,23 +172,7 @@ async fn run(args: Args) -> Result<()> {
         .unwrap_or_else(subagentd::paths::default_state_dir);
     let (config_path, file) =
         subagentd::paths::load_config(args.config.as_deref()).map_err(anyhow::Error::msg)?;
-    for p in file.read_paths.iter().chain(&file.write_paths) {
-        anyhow::ensure!(
-            p.exists(),
-            "config {}: {} does not exist",
-            config_path.display(),
-            p.display()
-        );
-        if let Some((at, to)) = subagentd::securedir::link_on_the_way(p) {
-            anyhow::bail!(
-                "config {}: {} passes through the symbolic link {} -> {}; name the directory it leads to",
-                config_path.display(),
-                p.display(),
-                at.display(),
-                to.display()
-            );
-        }
-    }
+    subagentd::paths::check_config_roots(&config_path, &file).map_err(anyhow::Error::msg)?;
     let mut cfg = Config::new(state_dir.clone());
     cfg.settings = file.clone();
     cfg.socket_dir = std::path::absolute(&socket_path)

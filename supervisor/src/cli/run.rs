@@ -113,7 +113,9 @@ async fn backend(ctx: &Ctx) -> Result<Backend> {
     // The same config as the daemon's (SUBAGENTD_CONFIG, else the default
     // file when it exists): its requirements and run_as hold here too.
     let explicit = std::env::var_os("SUBAGENTD_CONFIG").map(PathBuf::from);
-    let (_, file) = crate::paths::load_config(explicit.as_deref()).map_err(anyhow::Error::msg)?;
+    let (path, file) =
+        crate::paths::load_config(explicit.as_deref()).map_err(anyhow::Error::msg)?;
+    crate::paths::check_config_roots(&path, &file).map_err(anyhow::Error::msg)?;
     let mut cfg = Config::new(state_dir);
     if let Some(user) = &file.run_as {
         cfg.run_as = Some(crate::runas::parse(user).map_err(anyhow::Error::msg)?);
