@@ -1,4 +1,4 @@
-//! `subagent-runner --lock-fd 3 --spec-fd 4 [--uid-lock-fd 5] [--gate-fd 6]`:
+//! `subagent-runner --lock-fd 3 --spec-fd 4 [--uid-lock-fd 5] [--gate-fd 6] [--egress-fd 7]`:
 //! runs one subagent; see the library docs. Every input is a descriptor
 //! the daemon hands over, so the runner opens no path of the state dir
 //! before it knows its run is recorded:
@@ -13,6 +13,9 @@
 //!   writes once the run is on disk; only then does the agent start. End
 //!   of file instead: the run was never recorded, so the runner undoes what
 //!   it made, clears its pid from runner.lock and exits 3.
+//! - `--egress-fd`: a run in allowlist mode: a Unix socket to the daemon's
+//!   proxy, over which each attempt's init sends the listener of the
+//!   run's proxy port (see `sandbox::egress`).
 //!
 //! Exit status: 0 when exit.json was written, 2 when the runner could not
 //! do its job (the reason is on stderr, which the daemon keeps as
@@ -24,7 +27,7 @@ use subagent_runner::spec::RunnerSpec;
 use subagent_runner::{gate, lockfd, supervise};
 
 const USAGE: &str =
-    "usage: subagent-runner --lock-fd N --spec-fd N [--uid-lock-fd N] [--gate-fd N]";
+    "usage: subagent-runner --lock-fd N --spec-fd N [--uid-lock-fd N] [--gate-fd N] [--egress-fd N]";
 
 /// Writes a line to stderr (runner.log), ignoring failure: a full disk must
 /// not turn into a panic.
@@ -42,11 +45,12 @@ struct Fds {
     spec: RawFd,
     uid_lock: Option<RawFd>,
     gate: Option<RawFd>,
+    egress: Option<RawFd>,
 }
 
 /// Parses `--name N` pairs; each name once, numbers above 2.
 fn parse(args: &[String]) -> Option<Fds> {
-    let (mut lock, mut spec, mut uid_lock, mut gate) = (None, None, None, None);
+    let (mut lock, mut spec, mut uid_lock, mut gate, mut egress) = (None, None, None, None, None);
     for pair in args.chunks(2) {
         let [name, n] = pair else { return None };
         let fd: RawFd = n.parse().ok().filter(|&fd| fd > 2)?;
@@ -55,6 +59,7 @@ fn parse(args: &[String]) -> Option<Fds> {
             "--spec-fd" => &mut spec,
             "--uid-lock-fd" => &mut uid_lock,
             "--gate-fd" => &mut gate,
+            "--egress-fd" => &mut egress,
             _ => return None,
         };
         if slot.replace(fd).is_some() {
@@ -66,6 +71,7 @@ fn parse(args: &[String]) -> Option<Fds> {
         spec: spec?,
         uid_lock,
         gate,
+        egress,
     })
 }
 
@@ -95,7 +101,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let ready = supervise::Ready::prepare(&spec);
+    // The agent never gets the channel: it is closed at its exec.
+    let egress = fds.egress.filter(|&fd| {
+        // SAFETY: fcntl(F_SETFD) takes an int and touches no memory; a bad
+        // descriptor only makes it fail, and the channel is then unused.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) == 0 }
+    });
+    let ready = supervise::Ready::prepare(&spec, egress);
     if let Some(fd) = fds.gate {
         if !gate::wait(fd) {
             ready.abandon();
@@ -147,6 +159,8 @@ mod tests {
     fn descriptors_are_named_once_each() {
         let f = parse(&args("--lock-fd 3 --spec-fd 4 --gate-fd 6")).unwrap();
         assert_eq!((f.lock, f.spec, f.uid_lock, f.gate), (3, 4, None, Some(6)));
+        let f = parse(&args("--lock-fd 3 --spec-fd 4 --egress-fd 7")).unwrap();
+        assert_eq!(f.egress, Some(7));
         for bad in [
             "",
             "--lock-fd 3",

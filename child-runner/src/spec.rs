@@ -46,6 +46,10 @@ pub struct RunnerSpec {
     /// run's scratch file system).
     #[serde(default)]
     pub keep_temp: bool,
+    /// egress.log, which the daemon's proxy writes for a run in allowlist
+    /// mode: its size counts toward the run's disk budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_log: Option<PathBuf>,
 }
 
 /// How to restart a child that exits 75.

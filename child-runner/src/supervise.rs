@@ -110,11 +110,14 @@ pub struct Ready {
     scratch: Result<Scratch, sandbox::mountapi::MountError>,
     /// The first attempt's sandbox; absent when there is no scratch.
     first: Option<Result<sandbox::Prepared, sandbox::SandboxError>>,
+    /// The channel to the daemon's proxy (allowlist mode).
+    egress: Option<std::os::fd::RawFd>,
 }
 
 impl Ready {
-    /// Gets the first attempt ready.
-    pub fn prepare(spec: &RunnerSpec) -> Ready {
+    /// Gets the first attempt ready; `egress` is the channel to the
+    /// daemon's proxy, when the daemon handed one over.
+    pub fn prepare(spec: &RunnerSpec, egress: Option<std::os::fd::RawFd>) -> Ready {
         let mut notes = Vec::new();
         if !sandbox::caps::effective_has(sandbox::caps::CAP_SYS_ADMIN) {
             // An unprivileged runner makes the run's namespaces from a user
@@ -131,6 +134,7 @@ impl Ready {
             notes,
             scratch,
             first,
+            egress,
         }
     }
 
@@ -176,6 +180,7 @@ pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
         notes,
         scratch,
         mut first,
+        egress,
     } = ready;
     for n in notes {
         sink.note(&n);
@@ -207,7 +212,11 @@ pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
             // The run folder has its name now: the owners can be read.
             Some(p) => p.and_then(|mut p| p.map_owners().map(|()| p)),
             None => prepare_attempt(spec),
-        };
+        }
+        .map(|mut p| {
+            p.set_egress_channel(egress);
+            p
+        });
         let mut rec = attempt_once(spec, &sfd, &mut sink, &scratch, prepared, deadline)?;
         let mut continue_me =
             rec.outcome == Outcome::Exited && rec.exit_code == Some(crate::restart::EXIT_CONTINUE);
@@ -289,7 +298,14 @@ pub const MAX_DELTA_BYTES: u64 = 1 << 20;
 fn keep(spec: &RunnerSpec, scratch: &Scratch) -> crate::exit_record::Kept {
     use policy::sandbox::mounts::{Source, SCRATCH_ARTIFACTS, SCRATCH_DELTA, SCRATCH_TEMP};
     let mut kept = crate::exit_record::Kept::default();
-    let mut budget = scratch.bytes;
+    // The proxy's audit log of the run shares its disk budget.
+    let audited = spec
+        .egress_log
+        .as_ref()
+        .and_then(|p| std::fs::symlink_metadata(p).ok())
+        .filter(|m| m.is_file())
+        .map_or(0, |m| m.len());
+    let mut budget = scratch.bytes.saturating_sub(audited);
     for m in &spec.sandbox.mounts.mounts {
         let Source::Scratch { dir } = &m.source else {
             continue;

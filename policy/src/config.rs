@@ -75,14 +75,26 @@ pub struct Config {
     /// for this long is closed (default 600).
     #[serde(default)]
     pub idle_timeout_s: Option<u64>,
+    /// Destinations every run may reach through the proxy (`host:port`).
+    #[serde(default)]
+    pub network_allow: Vec<String>,
+    /// What a network tool grants: the host's network (`"full"`, the
+    /// default) or the run's allowlist only (`"allowlist"`).
+    #[serde(default)]
+    pub network_tools: crate::sandbox::network::NetworkTools,
 }
 
 /// One audience's settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AudienceConfig {
-    /// The tools the audience may hold.
-    pub tools: Vec<String>,
+    /// The tools the audience may hold (the default set when absent).
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    /// A cap on the entries a parent (and a definition) of this audience
+    /// may list in `network_allow`: each must fall within one of these.
+    #[serde(default)]
+    pub network_allow: Option<Vec<String>>,
 }
 
 /// The config text is not a valid config.
@@ -153,7 +165,28 @@ impl Config {
         self.tool_policy()
             .map_err(|e| Refused::new("tools", e.to_string()))?;
         self.check_values()?;
+        self.check_network()?;
         self.check_counts()
+    }
+
+    fn check_network(&self) -> Result<(), Refused> {
+        let lists = std::iter::once(("network_allow".to_owned(), &self.network_allow)).chain(
+            self.audiences.iter().filter_map(|(a, c)| {
+                let key = format!("audiences.{}.network_allow", a.as_str());
+                c.network_allow.as_ref().map(|l| (key, l))
+            }),
+        );
+        for (key, list) in lists {
+            if let Err((i, e)) = crate::sandbox::network::parse_list(list) {
+                let at = if key == "network_allow" {
+                    key.clone()
+                } else {
+                    "network_allow".to_owned()
+                };
+                return Err(Refused::new(at, format!("{key}[{i}]: {e}")));
+            }
+        }
+        Ok(())
     }
 
     fn check_paths(&self) -> Result<(), Refused> {
@@ -223,9 +256,18 @@ impl Config {
         let overrides = self
             .audiences
             .iter()
-            .map(|(a, c)| (*a, c.tools.clone()))
+            .filter_map(|(a, c)| Some((*a, c.tools.clone()?)))
             .collect();
         crate::toolpolicy::ToolPolicy::new(&self.tools, &overrides)
+    }
+
+    /// The cap on what `audience` may list in `network_allow`, if any.
+    pub fn network_cap(
+        &self,
+        audience: Audience,
+    ) -> Option<Vec<crate::sandbox::network::AllowEntry>> {
+        let list = self.audiences.get(&audience)?.network_allow.as_ref()?;
+        crate::sandbox::network::parse_list(list).ok()
     }
 
     /// The default limits of `audience` (built-in defaults where unset).
@@ -320,6 +362,35 @@ tools = ["file_read", "db_query"]
         let e =
             parse("[[tools]]\nname = \"x\"\ndescription = \"d\"\nclass = \"magic\"\n").unwrap_err();
         assert_eq!(e.line, 4, "{e}");
+    }
+
+    #[test]
+    fn network_keys_parse_and_bad_entries_are_named() {
+        use crate::sandbox::network::NetworkTools;
+        let c = parse(
+            "network_allow = [\"api.example.com:443\"]\nnetwork_tools = \"allowlist\"\n\n[audiences.team]\nnetwork_allow = [\"*.example.com:443\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.network_allow, ["api.example.com:443"]);
+        assert_eq!(c.network_tools, NetworkTools::Allowlist);
+        assert_eq!(c.network_cap(Audience::Team).unwrap().len(), 1);
+        assert!(c.network_cap(Audience::Personal).is_none());
+        // An audience with only a cap keeps the default tools.
+        let p = c.tool_policy().unwrap();
+        assert_eq!(
+            p.audience_tools(Audience::Team),
+            Config::default()
+                .tool_policy()
+                .unwrap()
+                .audience_tools(Audience::Team)
+        );
+        assert_eq!(parse("").unwrap().network_tools, NetworkTools::Full);
+        let e = parse("max_concurrent = 1\nnetwork_allow = [\"nope\"]\n").unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("network_allow[0]"), "{e}");
+        let e = parse("[audiences.team]\nnetwork_allow = [\"*:1\"]\n").unwrap_err();
+        assert!(e.message.contains("audiences.team.network_allow[0]"), "{e}");
+        assert!(parse("network_tools = \"some\"").is_err());
     }
 
     #[test]

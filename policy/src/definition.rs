@@ -42,6 +42,8 @@ pub struct Definition {
     pub mcp_servers: Option<serde_json::Value>,
     /// Claude Code's `hooks`, as written.
     pub hooks: Option<serde_json::Value>,
+    /// Destinations its runs may reach through the proxy (`host:port`).
+    pub network_allow: Vec<String>,
     /// The Markdown body: the subagent's own prompt.
     pub body: String,
     /// The file it came from.
@@ -87,6 +89,7 @@ const KNOWN: &[&str] = &[
     "command",
     "limits",
     "network",
+    "network_allow",
     "model",
     "permissionMode",
     "maxTurns",
@@ -129,6 +132,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Definition, DefinitionError> {
         command: fields.command().map_err(named)?,
         limits: fields.limits().map_err(named)?,
         network: fields.network().map_err(named)?,
+        network_allow: fields.network_allow().map_err(named)?,
         model: fields.text("model", &mut warnings),
         permission_mode: fields.permission_mode(&mut warnings),
         max_turns: fields.max_turns(&mut warnings),
@@ -372,6 +376,19 @@ impl Fields<'_> {
         }
     }
 
+    /// A list of `host:port` entries, each checked.
+    fn network_allow(&self) -> Result<Vec<String>, DefinitionError> {
+        let list = match self.get("network_allow") {
+            None => return Ok(Vec::new()),
+            Some(Value::Sequence(seq)) => strings(seq),
+            Some(_) => None,
+        }
+        .ok_or_else(|| self.invalid("network_allow", "expected a list of \"host:port\""))?;
+        crate::sandbox::network::parse_list(&list)
+            .map_err(|(_, e)| self.invalid("network_allow", e.to_string()))?;
+        Ok(list)
+    }
+
     /// A warning for each field this version does not know.
     fn unknown(&self) -> Vec<String> {
         self.map
@@ -445,6 +462,19 @@ mod tests {
         );
         assert_eq!(d.limits.wall_time_s, Some(600));
         assert_eq!(d.network, Some(false));
+        assert!(d.network_allow.is_empty());
+        let listed = parse(
+            Path::new("a.md"),
+            "---\nname: a\ndescription: d\nnetwork_allow: [\"api.example.com:443\"]\n---\n",
+        )
+        .unwrap();
+        assert_eq!(listed.network_allow, ["api.example.com:443"]);
+        let bad = parse(
+            Path::new("a.md"),
+            "---\nname: a\ndescription: d\nnetwork_allow: [\"nope\"]\n---\n",
+        )
+        .unwrap_err();
+        assert_eq!(bad.field.as_deref(), Some("network_allow"));
         assert_eq!(d.body, "You review code.\n\nBe brief.");
         assert_eq!(d.lines["network"], 8);
         assert_eq!(

@@ -15,6 +15,8 @@
 //!   and in Markdown without letting it act.
 //! - [`engine`]: the supervisor itself: accepting, queueing, launching,
 //!   watching and finishing runs; used by the daemon and by `subagent run`.
+//! - [`egress`]: the proxy through which runs in allowlist mode reach
+//!   their listed hosts, and their egress.log.
 //! - [`server`]: the Unix socket listener and one handler per connection.
 //! - [`client`]: a blocking client for the socket.
 //! - [`cli`]: the `subagent` command.
@@ -22,6 +24,7 @@
 pub mod agents;
 pub mod cli;
 pub mod client;
+pub mod egress;
 pub mod engine;
 pub mod gitsnap;
 pub mod ids;

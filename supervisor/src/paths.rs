@@ -226,6 +226,10 @@ impl RunFiles {
         self.delta_dir().join("delta.json")
     }
     /// result.md: written when the run ends.
+    pub fn egress_log(&self) -> PathBuf {
+        self.dir.join("egress.log")
+    }
+
     pub fn result(&self) -> PathBuf {
         self.dir.join("result.md")
     }

@@ -165,6 +165,15 @@ pub struct RunRecord {
     /// daemons).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
+    /// How the run reaches the network (a record may lack it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<policy::sandbox::network::NetworkMode>,
+    /// Its allowlist, in allowlist mode.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_allow: Vec<String>,
+    /// What its egress.log holds, once the run has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::log::EgressSummary>,
 }
 
 fn one() -> u32 {
@@ -299,6 +308,15 @@ impl RunRecord {
                 }
             }),
             max_attempts: self.max_attempts,
+            network: self.network,
+            network_allow: self.network_allow.clone(),
+            egress: self.egress.clone().or_else(|| {
+                // A running run's counts so far, from its log.
+                let listed = self.network == Some(policy::sandbox::network::NetworkMode::Allowlist);
+                (listed && self.state == RunState::Running)
+                    .then(|| crate::egress::log::summarize(&files.egress_log()))
+                    .flatten()
+            }),
         }
     }
 }
@@ -382,6 +400,15 @@ pub struct RunStatus {
     /// Attempts allowed (1 + max_restarts).
     #[serde(default)]
     pub max_attempts: u32,
+    /// How the run reaches the network: `none`, `allowlist` or `full`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<policy::sandbox::network::NetworkMode>,
+    /// Its allowlist, in allowlist mode.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_allow: Vec<String>,
+    /// Its egress so far (allowlist mode): counts, refused hosts, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::log::EgressSummary>,
 }
 
 #[cfg(test)]

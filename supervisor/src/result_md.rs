@@ -169,6 +169,7 @@ pub fn render(rec: &RunRecord) -> String {
     tools_and_rights(&mut s, rec);
     working_context(&mut s, rec);
     isolation(&mut s, rec);
+    egress(&mut s, rec);
     resources(&mut s, rec);
     artifacts(&mut s, rec);
     log_tail(&mut s, rec);
@@ -319,6 +320,31 @@ fn isolation(s: &mut String, rec: &RunRecord) {
     let _ = writeln!(s, "- rlimits: {}", mdsafe::text(&iso.rlimits.join(", ")));
     for n in &iso.notes {
         let _ = writeln!(s, "- note: {}", mdsafe::text(n));
+    }
+}
+
+/// The allowlist and what the proxy let through: hosts are the child's
+/// words and show as code.
+fn egress(s: &mut String, rec: &RunRecord) {
+    if rec.network != Some(policy::sandbox::network::NetworkMode::Allowlist) {
+        return;
+    }
+    let _ = writeln!(s, "\n## Egress\n");
+    let listed: Vec<String> = rec.network_allow.iter().map(|e| mdsafe::code(e)).collect();
+    let _ = writeln!(s, "- network: allowlist: {}", listed.join(", "));
+    let log = rec.files().egress_log();
+    let _ = writeln!(s, "- log: {}", mdsafe::text_os(log.as_os_str()));
+    let Some(e) = &rec.egress else {
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "- connections: {} allowed, {} refused, {} failed; {} bytes sent, {} received",
+        e.allowed, e.refused, e.failed, e.bytes_up, e.bytes_down
+    );
+    if !e.refused_hosts.is_empty() {
+        let hosts: Vec<String> = e.refused_hosts.iter().map(|h| mdsafe::code(h)).collect();
+        let _ = writeln!(s, "- refused: {}", hosts.join(", "));
     }
 }
 

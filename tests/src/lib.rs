@@ -87,6 +87,9 @@ pub struct DaemonOpts {
     /// Where the daemon's folder (socket, state dir, log) is made; `/tmp`
     /// when `None`.
     pub base_dir: Option<PathBuf>,
+    /// A command the daemon is started through (its path and arguments
+    /// follow), e.g. to give it a mount namespace of its own.
+    pub wrap: Vec<String>,
 }
 
 /// Whether a test may run: when `available` is false it prints
@@ -152,7 +155,14 @@ impl Daemon {
             .append(true)
             .open(dir.join("daemon.log"))
             .unwrap();
-        let mut cmd = Command::new(bin("subagentd"));
+        let mut cmd = match opts.wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin("subagentd"));
+                c
+            }
+            None => Command::new(bin("subagentd")),
+        };
         cmd.arg("--socket")
             .arg(socket)
             .arg("--state-dir")

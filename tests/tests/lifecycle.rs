@@ -546,13 +546,20 @@ fn a_runner_called_off_at_its_gate_starts_nothing() {
     // The run's own temp dir went with it; the copy binds it again.
     std::fs::create_dir_all(path(&st["temp_dir"])).unwrap();
     let runner = bin("subagent-runner");
-    let l = start_runner(&runner, &RunnerFiles::open(&files).unwrap(), None, true).unwrap();
+    let l = start_runner(
+        &runner,
+        &RunnerFiles::open(&files).unwrap(),
+        None,
+        true,
+        false,
+    )
+    .unwrap();
     assert_eq!(l.call_off(), RunnerExit::Exited(3));
     assert!(!m.exists(), "the agent ran");
     assert!(!files.exit().exists() && !files.log().exists());
     assert_eq!(std::fs::read(files.runner_lock()).unwrap(), b"");
     let handed = RunnerFiles::open(&files).unwrap();
-    let mut l = start_runner(&runner, &handed, None, true).unwrap();
+    let mut l = start_runner(&runner, &handed, None, true, false).unwrap();
     l.open_gate();
     assert_eq!(reap(&l.pidfd), RunnerExit::Exited(0));
     let log = std::fs::read_to_string(files.log()).unwrap_or_default();

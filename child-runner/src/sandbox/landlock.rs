@@ -4,8 +4,8 @@
 //! fully is an error, never a silent fallback.
 
 use landlock::{
-    Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use policy::sandbox::fs::{Access as Want, FsRules};
 use std::path::{Path, PathBuf};
@@ -80,12 +80,31 @@ pub fn abi(version: i32) -> ABI {
     }
 }
 
+/// What the ruleset allows of TCP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetRules {
+    /// Nothing is restricted (full network).
+    Open,
+    /// No bind; connect only to these ports (none: no TCP at all).
+    ConnectOnly(Vec<u16>),
+}
+
+/// The TCP rules of a run: none without network, the proxy port in
+/// allowlist mode, open with full network.
+pub fn net_rules(spec: &policy::sandbox::SandboxSpec) -> NetRules {
+    match (&spec.egress, spec.network) {
+        (_, true) => NetRules::Open,
+        (Some(e), false) => NetRules::ConnectOnly(vec![e.proxy_port]),
+        (None, false) => NetRules::ConnectOnly(Vec::new()),
+    }
+}
+
 /// Builds the ruleset (opening every rule's path now, while the process
-/// may still reach it) without enforcing it. `restrict_net` denies TCP
-/// bind and connect (ABI 4+).
+/// may still reach it) without enforcing it. `net` restricts TCP bind
+/// and connect (ABI 4+).
 pub fn build(
     rules: &FsRules,
-    restrict_net: bool,
+    net: NetRules,
     version: i32,
 ) -> Result<landlock::RulesetCreated, LandlockError> {
     let abi = abi(version);
@@ -99,9 +118,13 @@ pub fn build(
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(all)?;
-    if restrict_net && version >= 4 {
-        ruleset = ruleset.handle_access(AccessNet::from_all(abi))?;
-    }
+    let ports = match net {
+        NetRules::ConnectOnly(ports) if version >= 4 => {
+            ruleset = ruleset.handle_access(AccessNet::from_all(abi))?;
+            ports
+        }
+        _ => Vec::new(),
+    };
     if version >= 6 {
         ruleset = ruleset.scope(Scope::from_all(abi))?;
     }
@@ -138,7 +161,12 @@ pub fn build(
     }
     ruleset
         .create()?
-        .add_rules(beneath.into_iter().map(Ok::<_, landlock::RulesetError>))
+        .add_rules(beneath.into_iter().map(Ok::<_, landlock::RulesetError>))?
+        .add_rules(
+            ports
+                .into_iter()
+                .map(|p| Ok::<_, landlock::RulesetError>(NetPort::new(p, AccessNet::ConnectTcp))),
+        )
         .map_err(LandlockError::Ruleset)
 }
 

@@ -12,12 +12,14 @@
 //!
 //! - [`landlock`], [`seccomp`], [`caps`], [`rlimits`], [`cgroup`],
 //!   [`namespaces`], [`mountapi`]: one file per kernel concern.
+//! - [`egress`]: the allowlist mode's relay to the daemon's proxy.
 //! - [`root`]: the run's root file system; [`idmap`]: the user namespaces
 //!   of its idmapped mounts; [`scratch`]: its size-bounded scratch tmpfs.
 //! - [`report`]: what was enforced, recorded with every run.
 
 pub mod caps;
 pub mod cgroup;
+pub mod egress;
 pub mod idmap;
 pub mod landlock;
 pub mod mountapi;
@@ -84,6 +86,9 @@ pub enum ApplyError {
     /// seccomp.
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
+    /// The allowlist relay.
+    #[error(transparent)]
+    Egress(#[from] egress::EgressError),
     /// A sysctl of the run's namespaces.
     #[error("{name}: {source}")]
     Sysctl {
@@ -113,6 +118,8 @@ pub struct Prepared {
     /// which.
     _userns: Vec<OwnedFd>,
     owners: BTreeMap<PathBuf, RawFd>,
+    /// The runner's channel to the daemon's proxy (allowlist mode).
+    egress_channel: Option<RawFd>,
     /// What will be enforced once the agent has started.
     pub report: IsolationReport,
 }
@@ -182,8 +189,13 @@ fn landlock_report(spec: &SandboxSpec, abi: i32) -> Enforcement {
             abi + 1
         )
     }];
-    if !spec.network && abi >= 4 {
-        parts.push("TCP bind and connect denied".into());
+    match &spec.egress {
+        Some(e) if abi >= 4 => parts.push(format!(
+            "TCP bind denied, connect only to port {} (the proxy)",
+            e.proxy_port
+        )),
+        _ if !spec.network && abi >= 4 => parts.push("TCP bind and connect denied".into()),
+        _ => {}
     }
     if abi >= 6 {
         parts.push("abstract Unix sockets and signals scoped to the run".into());
@@ -200,7 +212,24 @@ fn seccomp_report(spec: &SandboxSpec, compiled: Option<&seccomp::Compiled>) -> E
 
 fn network_report(spec: &SandboxSpec, seccomp: bool, landlock_abi: i32) -> Enforcement {
     if spec.network {
-        return Enforcement::off("granted to this run");
+        return Enforcement::off("full: the host's network, granted to this run");
+    }
+    if let Some(e) = &spec.egress {
+        let mut how = vec![format!(
+            "allowlist: a network namespace of its own with only loopback up; 127.0.0.1:{} relayed to the daemon's proxy, which lets through {} (audited in egress.log)",
+            e.proxy_port,
+            e.allow.join(", ")
+        )];
+        if seccomp {
+            how.push("seccomp (AF_UNIX, AF_INET and AF_INET6 sockets only)".into());
+        }
+        if landlock_abi >= 4 {
+            how.push(format!(
+                "Landlock (TCP connect to port {} only)",
+                e.proxy_port
+            ));
+        }
+        return Enforcement::on(how.join("; "));
     }
     let mut how = vec!["a network namespace of its own with no interfaces up"];
     if seccomp {
@@ -438,6 +467,7 @@ pub fn prepare_host(
         run_as,
         _userns: Vec::new(),
         owners: BTreeMap::new(),
+        egress_channel: None,
         report,
     })
 }
@@ -454,6 +484,11 @@ impl Prepared {
         Ok(())
     }
 
+    /// Hands the attempt the runner's channel to the daemon's proxy.
+    pub fn set_egress_channel(&mut self, fd: Option<RawFd>) {
+        self.egress_channel = fd;
+    }
+
     /// The namespaces the attempt is cloned into.
     pub fn namespaces(&self) -> namespaces::RunNamespaces {
         self.namespaces
@@ -468,6 +503,9 @@ impl Prepared {
     /// builds the run's root, and keeps memfds from ever being executed.
     pub fn setup_in_init(&self, scratch: &scratch::Scratch) -> Result<(), ApplyError> {
         self.cgroups.join_self()?;
+        if let Some(e) = &self.spec.egress {
+            egress::open_relay(e.proxy_port, self.egress_channel)?;
+        }
         root::build(&self.spec.mounts, scratch.root(), &self.owners)?;
         if !self.host_privileged {
             return Ok(());
@@ -499,7 +537,7 @@ impl Prepared {
         let ruleset = if self.landlock_abi > 0 {
             Some(landlock::build(
                 &self.spec.fs,
-                !self.spec.network,
+                landlock::net_rules(&self.spec),
                 self.landlock_abi,
             )?)
         } else {

@@ -379,6 +379,8 @@ impl Compiled {
             },
             if spec.only_unix_sockets {
                 "AF_UNIX only"
+            } else if spec.only_unix_and_inet_sockets {
+                "AF_UNIX, AF_INET and AF_INET6 only"
             } else {
                 "any family"
             }
@@ -1041,6 +1043,7 @@ mod tests {
         let none = SeccompSpec {
             rules: Vec::new(),
             only_unix_sockets: false,
+            only_unix_and_inet_sockets: false,
             deny_fd_exec: false,
         };
         match run_filtered(&none, no_setup, i386_getpid) {

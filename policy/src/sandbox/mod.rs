@@ -8,6 +8,8 @@
 //! - [`seccomp`]: the syscalls an agent never needs, each with its reason.
 //! - [`mounts`]: the child's own root file system, what exists at all;
 //!   [`places`]: the daemon's own places, hidden in it.
+//! - [`network`]: the run's network mode, and what its proxy lets
+//!   through.
 //! - [`cgroup`]: where memory and process limits come from on this host.
 //! - [`program`]: what the agent program needs to start (`#!`, `env`,
 //!   the ELF loader), read from its first bytes.
@@ -15,6 +17,7 @@
 pub mod cgroup;
 pub mod fs;
 pub mod mounts;
+pub mod network;
 pub mod places;
 pub mod program;
 pub mod seccomp;
@@ -34,6 +37,10 @@ pub struct SandboxRequest {
     /// Let the child use the network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<bool>,
+    /// Destinations the child may reach through the daemon's proxy
+    /// (`host:port`, host exact or `*.domain`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_allow: Vec<String>,
     /// Extra read-only roots (absolute, existing).
     #[serde(default)]
     pub read_paths: Vec<PathBuf>,
@@ -109,8 +116,11 @@ pub struct SandboxSpec {
     /// The child's root file system (a runner.json without one is refused).
     #[serde(default)]
     pub mounts: mounts::MountPlan,
-    /// Whether the child may use the network.
+    /// Whether the child may use the host's network (full mode).
     pub network: bool,
+    /// Allowlist mode: the proxy port inside the run and its list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<network::EgressSpec>,
     /// The seccomp deny-list.
     pub seccomp: seccomp::SeccompSpec,
     /// Resource limits by setrlimit.
@@ -197,6 +207,22 @@ pub struct SandboxInputs {
     /// The child runs as a uid no other process has (a root daemon's
     /// per-run uid): RLIMIT_NPROC then counts the run's processes alone.
     pub own_uid: bool,
+    /// The run's allowlist, when it is in allowlist mode (its grants then
+    /// hold no network).
+    pub network_allow: Option<Vec<String>>,
+}
+
+impl SandboxSpec {
+    /// The run's network mode.
+    pub fn network_mode(&self) -> network::NetworkMode {
+        if self.network {
+            network::NetworkMode::Full
+        } else if self.egress.is_some() {
+            network::NetworkMode::Allowlist
+        } else {
+            network::NetworkMode::None
+        }
+    }
 }
 
 /// Default memory limit in MiB.
@@ -251,11 +277,26 @@ pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
         &input.grants,
         input.disk_bytes,
     );
+    let egress = match &input.network_allow {
+        Some(allow) if !network => Some(network::EgressSpec {
+            proxy_port: network::PROXY_PORT,
+            allow: allow.clone(),
+        }),
+        _ => None,
+    };
+    let mode = if network {
+        network::NetworkMode::Full
+    } else if egress.is_some() {
+        network::NetworkMode::Allowlist
+    } else {
+        network::NetworkMode::None
+    };
     SandboxSpec {
         fs,
         mounts,
         network,
-        seccomp: seccomp::spec(network, input.grants.exec),
+        egress,
+        seccomp: seccomp::for_mode(mode, input.grants.exec),
         rlimits,
         memory_bytes: input.memory_mb.saturating_mul(1024 * 1024),
         pids_max: input.pids,
@@ -293,7 +334,33 @@ mod tests {
             disk_bytes: 8 << 20,
             require: None,
             own_uid: true,
+            network_allow: None,
         }
+    }
+
+    #[test]
+    fn an_allowlist_run_gets_the_proxy_port_and_the_ip_families() {
+        let mut input = inputs(SandboxRequest::default());
+        input.network_allow = Some(vec!["api.example.com:443".into()]);
+        let spec = sandbox_spec(&input);
+        assert_eq!(spec.network_mode(), network::NetworkMode::Allowlist);
+        let egress = spec.egress.as_ref().unwrap();
+        assert_eq!(egress.proxy_port, network::PROXY_PORT);
+        assert_eq!(egress.allow, ["api.example.com:443"]);
+        assert!(!spec.network);
+        assert!(spec.seccomp.only_unix_and_inet_sockets);
+        assert!(spec.require.contains(&Mechanism::NetworkIsolation));
+        // Full network wins over a list; no list, no proxy.
+        input.grants.network = true;
+        assert_eq!(
+            sandbox_spec(&input).network_mode(),
+            network::NetworkMode::Full
+        );
+        assert!(sandbox_spec(&input).egress.is_none());
+        let none = sandbox_spec(&inputs(SandboxRequest::default()));
+        assert_eq!(none.network_mode(), network::NetworkMode::None);
+        assert!(none.egress.is_none());
+        assert_eq!(serde_json_roundtrip(&spec), spec);
     }
 
     #[test]

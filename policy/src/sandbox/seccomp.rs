@@ -5,6 +5,7 @@
 //! drop and namespaces do the rest. The runner compiles these rules and
 //! installs them; nothing here knows how.
 
+use super::network::NetworkMode;
 use serde::{Deserialize, Serialize};
 
 /// What a refused call returns.
@@ -75,6 +76,10 @@ pub struct SeccompSpec {
     /// The rules refuse every socket family but AF_UNIX (a run without
     /// network).
     pub only_unix_sockets: bool,
+    /// The rules refuse every socket family but AF_UNIX, AF_INET and
+    /// AF_INET6 (a run in allowlist mode: TCP to its proxy port).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub only_unix_and_inet_sockets: bool,
     /// The rules refuse memfd_create and executing a descriptor (the run
     /// has no exec right).
     pub deny_fd_exec: bool,
@@ -104,6 +109,10 @@ pub mod abi {
     pub const S_ISGID: u64 = 0o2000;
     /// `AF_UNIX`.
     pub const AF_UNIX: u64 = 1;
+    /// `AF_INET`.
+    pub const AF_INET: u64 = 2;
+    /// `AF_INET6`.
+    pub const AF_INET6: u64 = 10;
     /// setpriority's `PRIO_USER`.
     pub const PRIO_USER: u64 = 2;
     /// ioprio_set's `IOPRIO_WHO_USER`.
@@ -409,12 +418,44 @@ fn socket_rules() -> Vec<Rule> {
         .collect()
 }
 
-/// The seccomp spec; `network` lifts the socket-family restriction;
-/// without `exec` (the run's exec right), memfd_create and executing a
-/// descriptor are refused. chmod stays allowed (never to a set-id mode):
-/// the run's own root holds no file of the daemon's or the system's it
-/// could reach writable.
+/// socket() and socketpair() for any family but AF_UNIX, AF_INET and
+/// AF_INET6: a run in allowlist mode reaches its proxy by TCP on loopback
+/// (IPv6 for clients that try `::1` first); netlink, packet and the rest
+/// stay closed.
+fn inet_socket_rules() -> Vec<Rule> {
+    ["socket", "socketpair"]
+        .iter()
+        .map(|s| {
+            rule(
+                s,
+                [abi::AF_UNIX, abi::AF_INET, abi::AF_INET6]
+                    .iter()
+                    .map(|&f| test(0, Width::Int, ArgOp::Ne(f)))
+                    .collect(),
+                Errno::Eafnosupport,
+                "allowlist network: only Unix and IP sockets, for the proxy on loopback",
+            )
+        })
+        .collect()
+}
+
+/// The seccomp spec of a run with (`network`) or without the network.
 pub fn spec(network: bool, exec: bool) -> SeccompSpec {
+    let mode = if network {
+        NetworkMode::Full
+    } else {
+        NetworkMode::None
+    };
+    for_mode(mode, exec)
+}
+
+/// The seccomp spec; the network `mode` sets which socket families stay
+/// open (none: AF_UNIX; allowlist: AF_UNIX and IP; full: any); without
+/// `exec` (the run's exec right), memfd_create and executing a descriptor
+/// are refused. chmod stays allowed (never to a set-id mode): the run's
+/// own root holds no file of the daemon's or the system's it could reach
+/// writable.
+pub fn for_mode(mode: NetworkMode, exec: bool) -> SeccompSpec {
     let always = |list: &[(&str, &str)], errno: Errno| -> Vec<Rule> {
         list.iter()
             .map(|(s, r)| rule(s, Vec::new(), errno, r))
@@ -428,12 +469,15 @@ pub fn spec(network: bool, exec: bool) -> SeccompSpec {
     if !exec {
         rules.extend(fd_exec_rules());
     }
-    if !network {
-        rules.extend(socket_rules());
+    match mode {
+        NetworkMode::None => rules.extend(socket_rules()),
+        NetworkMode::Allowlist => rules.extend(inet_socket_rules()),
+        NetworkMode::Full => {}
     }
     SeccompSpec {
         rules,
-        only_unix_sockets: !network,
+        only_unix_sockets: mode == NetworkMode::None,
+        only_unix_and_inet_sockets: mode == NetworkMode::Allowlist,
         deny_fd_exec: !exec,
     }
 }
@@ -454,9 +498,9 @@ mod tests {
 
     fn all_specs() -> Vec<SeccompSpec> {
         let mut out = Vec::new();
-        for network in [false, true] {
+        for mode in [NetworkMode::None, NetworkMode::Allowlist, NetworkMode::Full] {
             for exec in [false, true] {
-                out.push(spec(network, exec));
+                out.push(for_mode(mode, exec));
             }
         }
         out
@@ -651,5 +695,37 @@ mod tests {
                 .collect()
         };
         assert_eq!(rest(&off), rest(&on));
+    }
+
+    #[test]
+    fn allowlist_opens_exactly_the_ip_families() {
+        let (off, list) = (spec(false, true), for_mode(NetworkMode::Allowlist, true));
+        assert!(list.only_unix_and_inet_sockets && !list.only_unix_sockets);
+        for s in ["socket", "socketpair"] {
+            let rules = rules_of(&list, s);
+            assert_eq!(rules.len(), 1, "{s}");
+            assert_eq!(rules[0].errno, Errno::Eafnosupport);
+            let open: Vec<u64> = rules[0]
+                .when
+                .iter()
+                .map(|t| match t.op {
+                    ArgOp::Ne(f) => f,
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            assert_eq!(open, [abi::AF_UNIX, abi::AF_INET, abi::AF_INET6]);
+            assert!(rules[0]
+                .when
+                .iter()
+                .all(|t| t.arg == 0 && t.width == Width::Int));
+        }
+        let rest = |s: &SeccompSpec| -> Vec<Rule> {
+            s.rules
+                .iter()
+                .filter(|r| r.errno != Errno::Eafnosupport)
+                .cloned()
+                .collect()
+        };
+        assert_eq!(rest(&off), rest(&list));
     }
 }

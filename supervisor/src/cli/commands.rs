@@ -93,6 +93,7 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
             network: args.network.then_some(true),
             read_paths: args.read_path.clone(),
             write_paths: args.write_path.clone(),
+            network_allow: Vec::new(),
         },
     })
 }

@@ -13,6 +13,7 @@ use crate::paths::RunFiles;
 use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
 use crate::uids::UidLease;
+use policy::sandbox::network::{self, AllowEntry, NetworkMode};
 use policy::sandbox::places::Places;
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
@@ -66,6 +67,71 @@ pub struct Plan {
     pub grants: policy::sandbox::Grants,
     /// The subagent definition, when `agent` was given.
     pub agent: Option<crate::agents::Agent>,
+    /// How the run reaches the network.
+    pub network: NetworkMode,
+    /// Its allowlist: the config's, the definition's and the request's
+    /// entries (empty unless `network` is the allowlist).
+    pub network_allow: Vec<String>,
+}
+
+/// Refuses an entry of `list` (the request's or the definition's) that no
+/// entry of the audience's cap holds.
+fn check_cap(cap: Option<&[AllowEntry]>, list: &[String], field: &str) -> Result<(), EngineError> {
+    let Some(cap) = cap else { return Ok(()) };
+    for (i, text) in list.iter().enumerate() {
+        let field = format!("{field}[{i}]");
+        let entry =
+            network::parse_entry(text).map_err(|e| EngineError::invalid(&field, e.to_string()))?;
+        if !cap.iter().any(|c| entry.within(c)) {
+            return Err(EngineError::invalid(
+                &field,
+                format!("{text} is outside what the audience may reach (its network_allow in the config)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The run's network mode and allowlist; a request or definition entry
+/// outside the audience's cap is refused.
+fn network_plan(
+    settings: &policy::config::Config,
+    p: &SpawnParams,
+    agent: Option<&policy::definition::Definition>,
+    switches: &policy::sandbox::SandboxRequest,
+    granted: bool,
+) -> Result<(NetworkMode, Vec<String>), EngineError> {
+    let cap = settings.network_cap(p.session.audience);
+    let from_def = agent
+        .map(|d| d.network_allow.as_slice())
+        .unwrap_or_default();
+    check_cap(
+        cap.as_deref(),
+        &p.sandbox.network_allow,
+        "sandbox.network_allow",
+    )?;
+    check_cap(cap.as_deref(), from_def, "agent network_allow")?;
+    let mut list: Vec<String> = Vec::new();
+    for e in settings
+        .network_allow
+        .iter()
+        .chain(from_def)
+        .chain(&p.sandbox.network_allow)
+    {
+        if !list.contains(e) {
+            list.push(e.clone());
+        }
+    }
+    let mode = network::mode(
+        granted,
+        switches.network == Some(false),
+        settings.network_tools,
+        !list.is_empty(),
+    );
+    if mode != NetworkMode::Allowlist {
+        list.clear();
+    }
+    Ok((mode, list))
 }
 
 fn merge_limits(first: policy::Limits, then: policy::Limits) -> policy::Limits {
@@ -185,7 +251,12 @@ pub fn plan(
         ..p.sandbox.clone()
     };
     let classes = child_tools.as_ref().map(|t| tools.classes(t));
-    let grants = policy::sandbox::grants(classes.as_ref(), &switches);
+    let mut grants = policy::sandbox::grants(classes.as_ref(), &switches);
+    let (network, network_allow) =
+        network_plan(settings, p, agent.as_ref().map(|a| &a.definition), &switches, grants.network)?;
+    // The host's network only in full mode (a network tool may get the
+    // allowlist instead).
+    grants.network = network == NetworkMode::Full;
     let command = pick_command(p, agent.as_ref(), settings)?;
     // The parent's own limits win; a definition only lowers the defaults.
     let from_def = agent
@@ -204,6 +275,8 @@ pub fn plan(
         tools: child_tools,
         grants,
         agent,
+        network,
+        network_allow,
     })
 }
 
@@ -298,6 +371,15 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), EngineError> {
     })
 }
 
+/// Checks the sandbox's allowlist entries: each `host:port`.
+fn check_network_allow(sandbox: &policy::sandbox::SandboxRequest) -> Result<(), EngineError> {
+    network::parse_list(&sandbox.network_allow)
+        .map(|_| ())
+        .map_err(|(i, e)| {
+            EngineError::invalid(&format!("sandbox.network_allow[{i}]"), e.to_string())
+        })
+}
+
 /// Checks the sandbox's read and write paths: absolute, and existing.
 fn check_roots(sandbox: &policy::sandbox::SandboxRequest) -> Result<(), EngineError> {
     for (field, list) in [
@@ -343,6 +425,7 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
     p.limits
         .validate()
         .map_err(|(f, why)| EngineError::invalid(&format!("limits.{f}"), why))?;
+    check_network_allow(&p.sandbox)?;
     check_roots(&p.sandbox)
 }
 
@@ -620,6 +703,7 @@ fn sandbox_spec(
         disk_bytes: plan.limits.disk_bytes(),
         require: Some(inner.cfg.required(plan.grants.network)),
         own_uid,
+        network_allow: (plan.network == NetworkMode::Allowlist).then(|| plan.network_allow.clone()),
     })
 }
 
@@ -634,7 +718,10 @@ fn runner_spec(
     uid: Option<u32>,
 ) -> Result<RunnerSpec, EngineError> {
     let files = &place.files;
-    let env = child_env(inner, p, place)?;
+    let mut env = child_env(inner, p, place)?;
+    if plan.network == NetworkMode::Allowlist {
+        env.extend(network::proxy_env(network::PROXY_PORT));
+    }
     let sandbox = sandbox_spec(inner, p, plan, place, &env, uid.is_some());
     // The child's uid: its own, or the one `run_as` user. Its files
     // (project, context) are reached through idmapped mounts and its own
@@ -657,6 +744,7 @@ fn runner_spec(
         cgroup_plan: inner.probe.cgroups.clone(),
         run_as,
         keep_temp: p.keep_temp,
+        egress_log: (plan.network == NetworkMode::Allowlist).then(|| files.egress_log()),
         restart: Some(subagent_runner::spec::RestartSpec {
             max_attempts: input.max_attempts,
             // The inputs stay with the run (not in the child's context
@@ -720,6 +808,9 @@ fn accepted_record(
         attempts: None,
         kept: None,
         uid,
+        network: Some(plan.network),
+        network_allow: plan.network_allow.clone(),
+        egress: None,
     }
 }
 
@@ -795,7 +886,8 @@ pub(crate) fn create_run(
     let rec = accepted_record(p, plan, place, work.git, max_attempts, draft.uid());
     draft.write(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
     let handed = start_now.then(|| handed_files(&draft)).flatten();
-    let (lease, runner) = publish(inner, draft, handed)?;
+    let egress = plan.network == NetworkMode::Allowlist;
+    let (lease, runner) = publish(inner, draft, handed, egress)?;
     Ok(Created { rec, lease, runner })
 }
 
@@ -812,17 +904,19 @@ fn handed_files(draft: &RunDraft) -> Option<RunnerFiles> {
 /// Publishes the draft while, on another thread, a runner is started with
 /// `handed` behind its gate; then opens the gate. The runner holds the uid
 /// lease from then on. When publishing fails, the runner is called off
-/// before the draft is undone.
+/// before the draft is undone. With `egress`, the runner gets a channel to
+/// the proxy.
 fn publish(
     inner: &Inner,
     mut draft: RunDraft,
     handed: Option<RunnerFiles>,
+    egress: bool,
 ) -> Result<(Option<UidLease>, Option<Launched>), EngineError> {
     // A runner started at once holds its own copy of the uid lease; without
     // one it is not started here, so a uid is never in use unleased.
     let uid_lock = match draft.lease().map(|l| l.lock().try_clone_to_owned()) {
         Some(Ok(fd)) => Some(fd),
-        Some(Err(_)) => return publish(inner, draft, None),
+        Some(Err(_)) => return publish(inner, draft, None, egress),
         None => None,
     };
     let id = draft.id().clone();
@@ -834,6 +928,7 @@ fn publish(
                     h,
                     uid_lock.as_ref().map(|f| f.as_fd()),
                     true,
+                    egress,
                 )
             })
         });

@@ -50,6 +50,10 @@ pub fn apply_exit(
             rec.attempts = Some(x.attempts);
             rec.resources = Some(x.resources.clone());
             rec.kept = x.kept.clone();
+            if rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist) {
+                let log = rec.files().egress_log();
+                rec.egress = Some(crate::egress::log::summarize(&log).unwrap_or_default());
+            }
             let mut reason = x.reason.clone();
             if let Some(e) = &x.log_error {
                 reason.push_str(&format!("; {e}"));

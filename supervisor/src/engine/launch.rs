@@ -49,6 +49,9 @@ pub enum LaunchError {
     /// The gate's pipe could not be made.
     #[error("pipe for the runner's gate: {0}")]
     Gate(#[source] nix::Error),
+    /// The socket pair to the egress proxy could not be made.
+    #[error("socket pair for the runner's egress proxy: {0}")]
+    Channel(#[source] nix::Error),
     /// The runner could not be spawned.
     #[error(transparent)]
     Spawn(#[from] super::spawn::SpawnError),
@@ -70,6 +73,8 @@ pub struct Launched {
     pub pidfd: OwnedFd,
     /// The write end of its gate, while it waits there.
     gate: Option<OwnedFd>,
+    /// The daemon's end of its channel to the egress proxy, until served.
+    egress: Option<OwnedFd>,
 }
 
 /// The numbers the runner finds its descriptors at.
@@ -77,6 +82,7 @@ const LOCK_FD: RawFd = 3;
 const SPEC_FD: RawFd = 4;
 const UID_LOCK_FD: RawFd = 5;
 const GATE_FD: RawFd = 6;
+const EGRESS_FD: RawFd = 7;
 
 /// Opens `path` for the runner: runner.log to append to, runner.json to
 /// read (never through a link).
@@ -121,13 +127,19 @@ impl RunnerFiles {
 
 /// Starts a runner with `handed`. With `uid_lock` (the run's uid lease),
 /// the runner holds that too. With `gated`, it prepares the first attempt
-/// and waits until [`Launched::open_gate`]. Blocking.
+/// and waits until [`Launched::open_gate`]. With `egress` (allowlist
+/// mode), it gets one end of a channel to the proxy. Blocking.
 pub fn start_runner(
     runner: &Path,
     handed: &RunnerFiles,
     uid_lock: Option<BorrowedFd<'_>>,
     gated: bool,
+    egress: bool,
 ) -> Result<Launched, LaunchError> {
+    let channel = match egress {
+        true => Some(crate::egress::channel().map_err(LaunchError::Channel)?),
+        false => None,
+    };
     let gate = if gated {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(LaunchError::Gate)?;
         Some((r, w))
@@ -152,6 +164,10 @@ pub fn start_runner(
         fds.push((r.as_fd(), GATE_FD));
         args.extend(["--gate-fd".to_owned(), GATE_FD.to_string()]);
     }
+    if let Some((_, theirs)) = &channel {
+        fds.push((theirs.as_fd(), EGRESS_FD));
+        args.extend(["--egress-fd".to_owned(), EGRESS_FD.to_string()]);
+    }
     // The runner reads its signals through a signalfd, so they are blocked
     // from its first instruction and an early cancel is never lost.
     let pid = super::spawn::spawn(&super::spawn::RunnerSpawn {
@@ -161,7 +177,9 @@ pub fn start_runner(
         fds: &fds,
         blocked: subagent_runner::supervise::handled_signals(),
     })?;
-    Launched::of(pid, gate.map(|(_, w)| w))
+    let mut l = Launched::of(pid, gate.map(|(_, w)| w))?;
+    l.egress = channel.map(|(ours, _)| ours);
+    Ok(l)
 }
 
 impl Launched {
@@ -187,7 +205,22 @@ impl Launched {
             start_ticks,
             pidfd,
             gate,
+            egress: None,
         })
+    }
+
+    /// Serves the run's egress channel, if it has one (allowlist mode):
+    /// the proxy lives as long as the runner holds its end.
+    pub(crate) fn serve_egress(&mut self, rec: &RunRecord) {
+        let Some(fd) = self.egress.take() else { return };
+        let allow = policy::sandbox::network::parse_list(&rec.network_allow).unwrap_or_default();
+        let run = crate::egress::RunProxy::new(
+            rec.run_id.clone(),
+            allow,
+            rec.files().egress_log(),
+            rec.limits.disk_bytes(),
+        );
+        tokio::spawn(crate::egress::serve(fd, Arc::new(run)));
     }
 
     /// Lets a gated runner start the agent. A runner that died meanwhile is
@@ -233,19 +266,27 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
         return;
     }
     let files = rec.files();
+    let egress = rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist);
     let runner = sup.inner.cfg.runner.clone();
     let lease = rec.id().and_then(|id| sup.take_lease(&id));
     let launched = tokio::task::spawn_blocking(move || {
         // The runner holds the uid lease from here on; ours goes with
         // this task.
         let handed = RunnerFiles::open(&files)?;
-        start_runner(&runner, &handed, lease.as_ref().map(|l| l.lock()), false)
+        start_runner(
+            &runner,
+            &handed,
+            lease.as_ref().map(|l| l.lock()),
+            false,
+            egress,
+        )
     })
     .await
     .unwrap_or_else(|e| Err(LaunchError::Task(e)));
     match launched {
-        Ok(l) => {
+        Ok(mut l) => {
             *rec = running(rec.clone(), &l);
+            l.serve_egress(&rec);
             let fd = slot.set_runner(l);
             drop(rec);
             run_started(sup, slot, permit, fd).await;

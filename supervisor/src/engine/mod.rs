@@ -329,8 +329,9 @@ impl Supervisor {
             self.hold_lease(&id, l);
         }
         match (created.runner, permit) {
-            (Some(l), Some(permit)) => {
+            (Some(mut l), Some(permit)) => {
                 let rec = launch::running(created.rec, &l);
+                l.serve_egress(&rec);
                 let slot = Slot::new(rec);
                 let fd = slot.set_runner(l);
                 self.inner

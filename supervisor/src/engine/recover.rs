@@ -121,6 +121,9 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
         attempts: None,
         kept: None,
         uid: None,
+        network: None,
+        network_allow: Vec::new(),
+        egress: None,
     };
     rec.save().ok()?;
     Some(rec)

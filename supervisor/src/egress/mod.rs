@@ -1,0 +1,158 @@
+//! The egress proxy of runs in allowlist mode. A run's runner holds one
+//! end of a Unix socket pair the daemon made at its start; each attempt's
+//! init sends over it the listener of the run's proxy port (127.0.0.1
+//! inside the run's network namespace). The daemon accepts the run's
+//! connections on that listener and serves each one ([`proxy`]): HTTP
+//! CONNECT or a plain HTTP request, let through only to the run's list,
+//! recorded in the run's egress.log ([`log`]).
+//!
+//! The run's identity is the socket pair itself: nothing a child sends
+//! names a run, and no path to the proxy exists in its view.
+
+pub mod log;
+pub mod proxy;
+
+use policy::sandbox::network::AllowEntry;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// Connections of one run served at once; more are refused.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Everything the proxy knows of one run.
+pub struct RunProxy {
+    /// The run (for the daemon's log only).
+    pub run_id: String,
+    /// Where it may connect.
+    pub allow: Vec<AllowEntry>,
+    /// Its egress.log.
+    pub log: log::EgressLog,
+    /// Its share of connections.
+    pub slots: Arc<tokio::sync::Semaphore>,
+    /// How names are resolved.
+    pub resolver: proxy::Resolver,
+}
+
+impl RunProxy {
+    /// The proxy of run `run_id` with `allow`, logging to `log_path` within
+    /// `log_cap` bytes.
+    pub fn new(
+        run_id: String,
+        allow: Vec<AllowEntry>,
+        log_path: std::path::PathBuf,
+        log_cap: u64,
+    ) -> RunProxy {
+        RunProxy {
+            run_id,
+            allow,
+            log: log::EgressLog::new(log_path, log_cap),
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            resolver: proxy::Resolver::System,
+        }
+    }
+}
+
+/// The socket pair of a run's runner: the daemon's end and the runner's.
+pub fn channel() -> nix::Result<(OwnedFd, OwnedFd)> {
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+    )
+}
+
+/// Receives one descriptor from `channel`; `None` at end of file (the
+/// runner is gone).
+async fn recv_fd(channel: &AsyncFd<OwnedFd>) -> std::io::Result<Option<OwnedFd>> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    loop {
+        let mut guard = channel.readable().await?;
+        let got = guard.try_io(|inner| {
+            let mut byte = [0u8; 1];
+            let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+            let mut space = nix::cmsg_space!([RawFd; 1]);
+            let msg = recvmsg::<()>(
+                inner.get_ref().as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(std::io::Error::from)?;
+            let mut fds = Vec::new();
+            for c in msg.cmsgs().map_err(std::io::Error::from)? {
+                if let ControlMessageOwned::ScmRights(f) = c {
+                    fds.extend(f);
+                }
+            }
+            Ok((msg.bytes, fds))
+        });
+        let (bytes, fds) = match got {
+            Ok(r) => r?,
+            Err(_would_block) => continue,
+        };
+        // SAFETY: each descriptor was just received and is owned here alone.
+        let mut owned: Vec<OwnedFd> = fds
+            .into_iter()
+            .map(|f| unsafe { OwnedFd::from_raw_fd(f) })
+            .collect();
+        if bytes == 0 && owned.is_empty() {
+            return Ok(None);
+        }
+        if let Some(fd) = owned.pop() {
+            return Ok(Some(fd));
+        }
+    }
+}
+
+/// A received descriptor as a listening TCP socket; anything else is
+/// refused.
+fn as_listener(fd: OwnedFd) -> std::io::Result<tokio::net::TcpListener> {
+    let listening = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::AcceptConn)
+        .map_err(std::io::Error::from)?;
+    let l = std::net::TcpListener::from(fd);
+    // A Unix socket has no IP address: local_addr fails for it.
+    if !listening || !l.local_addr()?.ip().is_loopback() {
+        return Err(std::io::Error::other("not a loopback TCP listener"));
+    }
+    l.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(l)
+}
+
+/// Serves run `run`'s channel until its runner is gone: each listener it
+/// sends (one per attempt) replaces the one before.
+pub async fn serve(channel: OwnedFd, run: Arc<RunProxy>) {
+    // SAFETY: the AsyncFd owns the descriptor: it stays open, and the same
+    // one, for as long as it is registered.
+    let channel = match unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) } {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(run_id = %run.run_id, "egress channel: {e}; the run has no proxy");
+            return;
+        }
+    };
+    let mut current: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        let fd = match recv_fd(&channel).await {
+            Ok(Some(fd)) => fd,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(run_id = %run.run_id, "egress channel: {e}");
+                break;
+            }
+        };
+        if let Some(h) = current.take() {
+            h.abort();
+        }
+        match as_listener(fd) {
+            Ok(l) => current = Some(tokio::spawn(proxy::accept_loop(l, run.clone()))),
+            Err(e) => tracing::warn!(run_id = %run.run_id, "egress channel: {e}"),
+        }
+    }
+    if let Some(h) = current {
+        h.abort();
+    }
+}

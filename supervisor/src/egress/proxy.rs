@@ -1,0 +1,567 @@
+//! One proxied connection: the request head read within a size and a time
+//! bound and parsed with `httparse`, the target checked against the run's
+//! list, the name resolved here and every address judged
+//! ([`policy::sandbox::network::judge`]), then a CONNECT tunnel or one
+//! plain HTTP request relayed, and a line written to egress.log.
+
+use super::log::{Entry, Verdict};
+use super::RunProxy;
+use policy::sandbox::network::{self, HostPattern, Refusal};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The largest request head read.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// The time a client has to send its whole request head.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// The time a name has to resolve.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The time a destination has to accept the connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Headers per request.
+const MAX_HEADERS: usize = 128;
+/// The relay's buffer each way.
+const RELAY_BUF: usize = 256 * 1024;
+/// Headers that concern one hop only, never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+];
+
+/// How the proxy resolves names.
+pub enum Resolver {
+    /// The host's resolver (getaddrinfo).
+    System,
+    /// Fixed answers (tests).
+    #[cfg(test)]
+    Fixed(Vec<(String, Vec<IpAddr>)>),
+}
+
+impl Resolver {
+    async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
+        match self {
+            Resolver::System => Ok(tokio::net::lookup_host((host, port))
+                .await?
+                .map(|a| a.ip())
+                .collect()),
+            #[cfg(test)]
+            Resolver::Fixed(table) => Ok(table
+                .iter()
+                .find(|(n, _)| n == host)
+                .map(|(_, ips)| ips.clone())
+                .unwrap_or_default()),
+        }
+    }
+}
+
+/// Accepts the run's connections and serves each on a task of its own,
+/// within the run's connection cap.
+pub async fn accept_loop(listener: tokio::net::TcpListener, run: Arc<RunProxy>) {
+    loop {
+        let client = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors or memory: let the pressure pass.
+                tracing::warn!(run_id = %run.run_id, "egress accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let run = run.clone();
+        match run.slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(async move {
+                    serve_connection(&run, client).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                tokio::spawn(async move { over_cap(&run, client).await });
+            }
+        }
+    }
+}
+
+/// A connection over the run's cap: refused, and logged.
+async fn over_cap(run: &RunProxy, mut client: TcpStream) {
+    let mut entry = new_entry();
+    entry.reason = Some(format!(
+        "the run's connection cap ({}) is reached",
+        super::MAX_CONNECTIONS
+    ));
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        reply(
+            &mut client,
+            503,
+            "Service Unavailable",
+            entry.reason.as_deref().unwrap_or(""),
+        ),
+    )
+    .await;
+    write_entry(run, &entry);
+}
+
+fn new_entry() -> Entry {
+    Entry {
+        time: crate::timefmt::rfc3339_ms(crate::timefmt::now_ms()),
+        method: String::new(),
+        host: String::new(),
+        port: 0,
+        address: None,
+        verdict: Verdict::Refused,
+        reason: None,
+        bytes_up: 0,
+        bytes_down: 0,
+        duration_ms: 0,
+    }
+}
+
+fn write_entry(run: &RunProxy, entry: &Entry) {
+    if let Err(e) = run.log.append(entry) {
+        tracing::warn!(run_id = %run.run_id, "egress.log: {e}");
+    }
+}
+
+/// Serves one connection of the run to its end and logs it.
+pub async fn serve_connection(run: &RunProxy, mut client: TcpStream) {
+    let started = Instant::now();
+    let mut entry = new_entry();
+    let _ = client.set_nodelay(true);
+    if !run.log.has_room() {
+        // No audit, no egress.
+        let why = "egress.log has reached the run's disk budget";
+        let _ = reply(&mut client, 503, "Service Unavailable", why).await;
+        return;
+    }
+    handle(run, &mut client, &mut entry).await;
+    entry.duration_ms = started.elapsed().as_millis() as u64;
+    write_entry(run, &entry);
+}
+
+/// Why a request head was not read.
+#[derive(Debug, thiserror::Error)]
+enum HeadError {
+    #[error("the request head is over {MAX_HEAD_BYTES} bytes")]
+    TooLarge,
+    #[error("the request head is not complete after {} s", HEAD_TIMEOUT.as_secs())]
+    Slow,
+    #[error("malformed request: {0}")]
+    Malformed(httparse::Error),
+    #[error("the client closed the connection before a whole request head")]
+    Closed,
+    #[error("reading the request: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads until `buf` holds a whole request head; returns its length (what
+/// follows it in `buf` is the start of the body or the tunnel).
+async fn read_head(client: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, HeadError> {
+    let read = async {
+        let mut chunk = vec![0u8; 16 * 1024];
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            match httparse::Request::new(&mut headers).parse(buf) {
+                Ok(httparse::Status::Complete(n)) => return Ok(n),
+                Ok(httparse::Status::Partial) => {}
+                Err(e) => return Err(HeadError::Malformed(e)),
+            }
+            let room = MAX_HEAD_BYTES.saturating_sub(buf.len());
+            if room == 0 {
+                return Err(HeadError::TooLarge);
+            }
+            let want = room.min(chunk.len());
+            let n = client.read(&mut chunk[..want]).await?;
+            if n == 0 {
+                return Err(HeadError::Closed);
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(HEAD_TIMEOUT, read)
+        .await
+        .unwrap_or(Err(HeadError::Slow))
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// CONNECT host:port.
+    Tunnel { host: String, port: u16 },
+    /// A plain request in absolute form: `http://authority/path`.
+    Forward {
+        host: String,
+        port: u16,
+        authority: String,
+        path: String,
+    },
+}
+
+impl Target {
+    fn host_port(&self) -> (&str, u16) {
+        match self {
+            Target::Tunnel { host, port } | Target::Forward { host, port, .. } => (host, *port),
+        }
+    }
+}
+
+/// The target of a request, from its method and request target.
+fn target(method: &str, uri: &str) -> Result<Target, &'static str> {
+    if method == "CONNECT" {
+        let a: http::uri::Authority = uri.parse().map_err(|_| "CONNECT needs host:port")?;
+        let port = a.port_u16().ok_or("CONNECT needs host:port")?;
+        return Ok(Target::Tunnel {
+            host: a.host().to_owned(),
+            port,
+        });
+    }
+    let u: http::Uri = uri.parse().map_err(|_| "malformed request target")?;
+    if u.scheme_str() != Some("http") {
+        return Err("only http:// URLs are forwarded; use CONNECT for anything else");
+    }
+    let a = u.authority().ok_or("the URL names no host")?;
+    Ok(Target::Forward {
+        host: a.host().to_owned(),
+        port: a.port_u16().unwrap_or(80),
+        authority: a.as_str().to_owned(),
+        path: u
+            .path_and_query()
+            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+    })
+}
+
+/// The parsed head: method, target, and the head to send upstream (plain
+/// requests only).
+struct Parsed {
+    method: String,
+    target: Target,
+    upstream_head: Vec<u8>,
+}
+
+fn parse_head(head: &[u8]) -> Result<Parsed, String> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    req.parse(head)
+        .map_err(|e| format!("malformed request: {e}"))?;
+    let method = req.method.unwrap_or_default().to_owned();
+    let target = target(&method, req.path.unwrap_or_default()).map_err(str::to_owned)?;
+    let mut upstream_head = Vec::new();
+    if let Target::Forward {
+        authority, path, ..
+    } = &target
+    {
+        upstream_head = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\n").into_bytes();
+        for h in req.headers.iter() {
+            if HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
+                continue;
+            }
+            upstream_head.extend_from_slice(h.name.as_bytes());
+            upstream_head.extend_from_slice(b": ");
+            upstream_head.extend_from_slice(h.value);
+            upstream_head.extend_from_slice(b"\r\n");
+        }
+        upstream_head.extend_from_slice(b"Connection: close\r\n\r\n");
+    }
+    Ok(Parsed {
+        method,
+        target,
+        upstream_head,
+    })
+}
+
+/// Writes a short error response.
+async fn reply(client: &mut TcpStream, code: u16, status: &str, why: &str) -> std::io::Result<()> {
+    let body = format!("subagentd egress proxy: {why}\n");
+    let text = format!(
+        "HTTP/1.1 {code} {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(text.as_bytes()).await?;
+    client.shutdown().await
+}
+
+/// Reads, checks and relays one request; fills `entry` in.
+async fn handle(run: &RunProxy, client: &mut TcpStream, entry: &mut Entry) {
+    let mut buf = Vec::with_capacity(4096);
+    let head_len = match read_head(client, &mut buf).await {
+        Ok(n) => n,
+        Err(e) => {
+            entry.reason = Some(e.to_string());
+            let (code, status) = match e {
+                HeadError::TooLarge => (431, "Request Header Fields Too Large"),
+                HeadError::Malformed(_) => (400, "Bad Request"),
+                _ => return,
+            };
+            let _ = reply(client, code, status, &e.to_string()).await;
+            return;
+        }
+    };
+    let parsed = match parse_head(&buf[..head_len]) {
+        Ok(p) => p,
+        Err(why) => {
+            let _ = reply(client, 400, "Bad Request", &why).await;
+            entry.reason = Some(why);
+            return;
+        }
+    };
+    entry.method = parsed.method.clone();
+    let (host, port) = parsed.target.host_port();
+    entry.host = host.to_owned();
+    entry.port = port;
+    let upstream = match connect(run, host, port, entry).await {
+        Some(s) => s,
+        None => {
+            let (code, status) = match entry.verdict {
+                Verdict::Refused => (403, "Forbidden"),
+                _ => (502, "Bad Gateway"),
+            };
+            let why = format!("{host}:{port}: {}", entry.reason.as_deref().unwrap_or(""));
+            let _ = reply(client, code, status, &why).await;
+            return;
+        }
+    };
+    entry.verdict = Verdict::Allowed;
+    relay(client, upstream, &parsed, &buf[head_len..], entry).await;
+}
+
+/// Checks `host:port` against the run's list, resolves it and connects to
+/// the first address the rules allow. On `None`, `entry` says why.
+async fn connect(run: &RunProxy, host: &str, port: u16, entry: &mut Entry) -> Option<TcpStream> {
+    let pattern = network::parse_host(host);
+    let Some(listed) = pattern
+        .as_ref()
+        .and_then(|h| network::find(&run.allow, h, port))
+    else {
+        entry.reason = Some(Refusal::NotListed.to_string());
+        return None;
+    };
+    let addrs = match addresses(run, pattern.as_ref(), host, port).await {
+        Ok(a) => a,
+        Err(why) => {
+            entry.verdict = Verdict::Failed;
+            entry.reason = Some(why);
+            return None;
+        }
+    };
+    let mut allowed = Vec::new();
+    for ip in &addrs {
+        match network::judge(listed, *ip) {
+            Ok(()) => allowed.push(*ip),
+            Err(r) if allowed.is_empty() && entry.reason.is_none() => {
+                entry.address = Some(ip.to_string());
+                entry.reason = Some(r.to_string());
+            }
+            Err(_) => {}
+        }
+    }
+    if allowed.is_empty() {
+        return None;
+    }
+    entry.reason = None;
+    let mut last = String::new();
+    for ip in allowed {
+        entry.address = Some(ip.to_string());
+        match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            TcpStream::connect(SocketAddr::new(ip, port)),
+        )
+        .await
+        {
+            Ok(Ok(s)) => return Some(s),
+            Ok(Err(e)) => last = format!("connect to {ip}: {e}"),
+            Err(_) => {
+                last = format!(
+                    "connect to {ip}: no answer in {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                )
+            }
+        }
+    }
+    entry.verdict = Verdict::Failed;
+    entry.reason = Some(last);
+    None
+}
+
+/// The addresses of the request's host: itself when it is an address,
+/// else what the resolver says (within its time bound).
+async fn addresses(
+    run: &RunProxy,
+    pattern: Option<&HostPattern>,
+    host: &str,
+    port: u16,
+) -> Result<Vec<IpAddr>, String> {
+    if let Some(HostPattern::Ip(ip)) = pattern {
+        return Ok(vec![*ip]);
+    }
+    match tokio::time::timeout(RESOLVE_TIMEOUT, run.resolver.resolve(host, port)).await {
+        Ok(Ok(a)) if !a.is_empty() => Ok(a),
+        Ok(Ok(_)) => Err(format!("{host} has no address")),
+        Ok(Err(e)) => Err(format!("cannot resolve {host}: {e}")),
+        Err(_) => Err(format!(
+            "cannot resolve {host} in {} s",
+            RESOLVE_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// Relays a tunnel (after its 200) or a plain request (its rewritten head
+/// first), both ways, until both sides are done.
+async fn relay(
+    client: &mut TcpStream,
+    mut upstream: TcpStream,
+    parsed: &Parsed,
+    rest: &[u8],
+    entry: &mut Entry,
+) {
+    let _ = upstream.set_nodelay(true);
+    let mut up = 0u64;
+    let start = async {
+        if matches!(parsed.target, Target::Tunnel { .. }) {
+            client
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await?;
+        } else {
+            upstream.write_all(&parsed.upstream_head).await?;
+            up += parsed.upstream_head.len() as u64;
+        }
+        upstream.write_all(rest).await?;
+        up += rest.len() as u64;
+        Ok::<_, std::io::Error>(())
+    };
+    if let Err(e) = start.await {
+        entry.reason = Some(format!("relay: {e}"));
+        entry.bytes_up = up;
+        return;
+    }
+    match tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, RELAY_BUF, RELAY_BUF)
+        .await
+    {
+        Ok((a, b)) => {
+            entry.bytes_up = up + a;
+            entry.bytes_down = b;
+        }
+        Err(e) => {
+            entry.bytes_up = up;
+            entry.reason = Some(format!("relay ended: {e}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn targets_of_connect_and_plain_requests() {
+        assert_eq!(
+            target("CONNECT", "api.example.com:443").unwrap(),
+            Target::Tunnel {
+                host: "api.example.com".into(),
+                port: 443
+            }
+        );
+        assert!(target("CONNECT", "api.example.com").is_err());
+        assert_eq!(
+            target("GET", "http://a.com:8080/x?y=1").unwrap(),
+            Target::Forward {
+                host: "a.com".into(),
+                port: 8080,
+                authority: "a.com:8080".into(),
+                path: "/x?y=1".into()
+            }
+        );
+        assert_eq!(
+            target("GET", "http://a.com").unwrap().host_port(),
+            ("a.com", 80)
+        );
+        assert!(target("GET", "/relative").is_err());
+        assert!(target("GET", "https://a.com/").is_err());
+        assert_eq!(
+            target("CONNECT", "[::1]:443").unwrap().host_port(),
+            ("[::1]", 443)
+        );
+    }
+
+    #[test]
+    fn a_plain_request_is_rewritten_without_hop_headers() {
+        let head = b"GET http://a.com:8080/p HTTP/1.1\r\nHost: evil.com\r\nProxy-Authorization: x\r\nConnection: keep-alive\r\nAccept: */*\r\n\r\n";
+        let p = parse_head(head).unwrap();
+        let text = String::from_utf8(p.upstream_head).unwrap();
+        assert_eq!(
+            text,
+            "GET /p HTTP/1.1\r\nHost: a.com:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+    }
+
+    fn run(allow: &[&str], table: Vec<(String, Vec<IpAddr>)>) -> RunProxy {
+        let dir = std::env::temp_dir().join(format!("egress-test-{}", std::process::id()));
+        let mut r = RunProxy::new(
+            "r".into(),
+            allow
+                .iter()
+                .map(|e| network::parse_entry(e).unwrap())
+                .collect(),
+            dir.join("egress.log"),
+            1 << 20,
+        );
+        r.resolver = Resolver::Fixed(table);
+        r
+    }
+
+    #[tokio::test]
+    async fn a_listed_name_resolving_to_metadata_or_loopback_is_refused() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let r = run(
+            &["meta.test:80", "rebind.test:80", "mixed.test:80"],
+            vec![
+                ("meta.test".into(), vec![ip("169.254.169.254")]),
+                ("rebind.test".into(), vec![ip("127.0.0.1")]),
+                (
+                    "mixed.test".into(),
+                    vec![ip("10.0.0.1"), ip("169.254.169.254")],
+                ),
+            ],
+        );
+        for (host, why) in [
+            ("meta.test", "metadata"),
+            ("rebind.test", "loopback or private"),
+            ("mixed.test", "loopback or private"),
+        ] {
+            let mut e = new_entry();
+            assert!(connect(&r, host, 80, &mut e).await.is_none());
+            assert_eq!(e.verdict, Verdict::Refused, "{host}");
+            assert!(e.reason.as_deref().unwrap().contains(why), "{host}: {e:?}");
+            assert!(e.address.is_some());
+        }
+        let mut e = new_entry();
+        assert!(connect(&r, "other.test", 80, &mut e).await.is_none());
+        assert_eq!(e.reason.as_deref(), Some("not on the run's list"));
+        let mut e = new_entry();
+        assert!(connect(&r, "meta.test", 81, &mut e).await.is_none());
+        assert_eq!(e.reason.as_deref(), Some("not on the run's list"));
+    }
+
+    #[tokio::test]
+    async fn a_literal_loopback_entry_connects() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let entry = format!("127.0.0.1:{port}");
+        let r = run(&[&entry], Vec::new());
+        let mut e = new_entry();
+        assert!(connect(&r, "127.0.0.1", port, &mut e).await.is_some());
+        assert_eq!(e.address.as_deref(), Some("127.0.0.1"));
+        let mut e = new_entry();
+        assert!(connect(&r, "localhost", port, &mut e).await.is_none());
+    }
+}
