@@ -10,11 +10,14 @@
 //! - [`load`]: throughput, and memory with many sleepers.
 //! - [`logs`]: log capture speed and `logs -f` latency.
 //! - [`git`]: the git snapshot against `git status`.
+//! - [`egress`]: the egress proxy's CONNECT throughput and the time it
+//!   adds to a connection's first byte.
 //!
 //! The same binary is the workload: `--stamp FILE`, `--emit`, `--tick`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod egress;
 mod git;
 mod load;
 mod logs;
@@ -63,7 +66,7 @@ pub fn pct(samples: &[f64], p: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
-fn row(name: &str, ours: String, reference: String, ratio: String, target: &str) {
+pub fn row(name: &str, ours: String, reference: String, ratio: String, target: &str) {
     println!("| {name} | {ours} | {reference} | {ratio} | {target} |");
 }
 
@@ -101,7 +104,7 @@ fn main() {
     {
         std::env::set_var("SUBAGENT_BIN_DIR", dir);
     }
-    // `--only NAME` (spawn, load, logs, git) runs one part, for profiling.
+    // `--only NAME` (spawn, load, logs, git, egress) runs one part.
     let args: Vec<String> = std::env::args().collect();
     let only = args
         .iter()
@@ -124,6 +127,7 @@ fn main() {
     let load = part("load", load::bench);
     let logs = part("logs", logs::bench);
     let git = part("git", git::bench_git);
+    let egress = part("egress", egress::bench);
     let results = json!({
         "mode": if quick { "quick" } else { "full" },
         "machine": machine(),
@@ -132,6 +136,7 @@ fn main() {
         "load": load,
         "logs": logs,
         "git_snapshot": git,
+        "egress": egress,
         "elapsed_s": started.elapsed().as_secs_f64(),
         "runner_linking": runner_linking(),
     });
@@ -153,6 +158,9 @@ fn main() {
     }
     if !git.is_null() {
         git_rows(&git);
+    }
+    if !egress.is_null() {
+        egress::rows(&egress);
     }
     let out = Path::new("target/bench");
     std::fs::create_dir_all(out).unwrap();
