@@ -97,7 +97,11 @@ pub enum ConfigFileError {
 pub fn check_config_roots(config: &Path, file: &policy::config::Config) -> Result<(), String> {
     for p in file.read_paths.iter().chain(&file.write_paths) {
         if !p.exists() {
-            return Err(format!("config {}: {} does not exist", config.display(), p.display()));
+            return Err(format!(
+                "config {}: {} does not exist",
+                config.display(),
+                p.display()
+            ));
         }
         if let Some((at, to)) = crate::securedir::link_on_the_way(p) {
             return Err(format!(

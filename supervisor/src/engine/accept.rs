@@ -252,8 +252,13 @@ pub fn plan(
     };
     let classes = child_tools.as_ref().map(|t| tools.classes(t));
     let mut grants = policy::sandbox::grants(classes.as_ref(), &switches);
-    let (network, network_allow) =
-        network_plan(settings, p, agent.as_ref().map(|a| &a.definition), &switches, grants.network)?;
+    let (network, network_allow) = network_plan(
+        settings,
+        p,
+        agent.as_ref().map(|a| &a.definition),
+        &switches,
+        grants.network,
+    )?;
     // The host's network only in full mode (a network tool may get the
     // allowlist instead).
     grants.network = network == NetworkMode::Full;
