@@ -400,3 +400,51 @@ fn every_command_ends_quietly_on_a_closed_stdout() {
         assert!(err.is_empty(), "{args:?} said: {err}");
     }
 }
+
+/// `subagent spawn --network-allow` lists a host:port for the run's proxy:
+/// the run is in allowlist mode, reaches that port and is refused another.
+#[test]
+fn spawn_network_allow_reaches_the_listed_port_only() {
+    let d = Daemon::start();
+    let listed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (lp, op) = (
+        listed.local_addr().unwrap().port(),
+        other.local_addr().unwrap().port(),
+    );
+    std::thread::spawn(move || {
+        for s in listed.incoming().flatten() {
+            use std::io::{Read, Write};
+            let mut s = s;
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 6\r\n\r\nlisted");
+        }
+    });
+    // NO_PROXY names the run's own loopback; these servers are the host's.
+    let script = format!(
+        "unset NO_PROXY no_proxy; python3 -c \"import urllib.request as u\nfor p in ({lp}, {op}):\n  try: print(p, u.urlopen('http://127.0.0.1:%d/' % p, timeout=10).read().decode())\n  except Exception as e: print(p, 'refused', e)\""
+    );
+    let out = d.cli(&[
+        "spawn",
+        "--session",
+        &session("allowcli"),
+        "--task",
+        "t",
+        "--network-allow",
+        &format!("127.0.0.1:{lp}"),
+        "--wait",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}\n{log}");
+    assert_eq!(st["network"], "allowlist", "{st}");
+    assert!(log.contains(&format!("{lp} listed")), "{log}");
+    assert!(log.contains(&format!("{op} refused")), "{log}");
+    drop(other);
+}

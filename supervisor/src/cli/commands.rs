@@ -93,7 +93,7 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
             network: args.network.then_some(true),
             read_paths: args.read_path.clone(),
             write_paths: args.write_path.clone(),
-            network_allow: Vec::new(),
+            network_allow: args.network_allow.clone(),
         },
     })
 }
@@ -217,10 +217,11 @@ fn spawn(ctx: &Ctx, run: &RunArgs, then_wait: bool) -> Result<u8> {
         .as_str()
         .ok_or_else(|| anyhow!("no run_id in {v}"))?
         .to_owned();
-    if ctx.json && !then_wait {
-        print_json(&v, false)?;
-    } else {
-        stdout::line(&id)?;
+    // With --json --wait the one JSON document is the final status.
+    match (ctx.json, then_wait) {
+        (true, false) => print_json(&v, false)?,
+        (true, true) => {}
+        (false, _) => stdout::line(&id)?,
     }
     if then_wait {
         return wait(ctx, &id, None);

@@ -85,6 +85,10 @@ pub struct RunArgs {
     /// Let the child use the network (default: none).
     #[arg(long)]
     pub network: bool,
+    /// A `host:port` the child may reach through the daemon's egress proxy
+    /// (repeatable; `*.example.com` for a domain's hosts).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub network_allow: Vec<String>,
     /// An extra read-only root (repeatable).
     #[arg(long, value_name = "DIR")]
     pub read_path: Vec<PathBuf>,
