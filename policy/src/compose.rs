@@ -302,10 +302,12 @@ const PROJECT_INSTRUCTIONS: FileLayer = FileLayer {
     blank: |path| format!("{} is empty", path.display()),
 };
 
+// Shrunk first: a definition may lie in a project a child writes, and
+// is not cut by the per-layer cap, so it must not crowd out the others.
 const AGENT: FileLayer = FileLayer {
     name: "agent",
     heading: "Your role",
-    priority: 4,
+    priority: 7,
     missing: "no agent definition given",
     blank: |path| format!("the definition {} has no body", path.display()),
 };
@@ -447,9 +449,9 @@ fn handoff_layer(note: &str, attempt: u32, max_attempts: u32) -> Layer {
 }
 
 /// How many characters of each layer are injected: each layer cut to the
-/// per-layer cap (but the definition's body, the operator's own text),
-/// then the lowest-priority layers (first in `layers` among equals)
-/// shrunk until the total fits. The task is never cut.
+/// per-layer cap (but the definition's body), then the lowest-priority
+/// layers (first in `layers` among equals) shrunk until the total fits.
+/// The task is never cut.
 fn budgets(layers: &[Layer], raw: &[usize], caps: &Caps) -> Vec<usize> {
     let mut budget: Vec<usize> = layers
         .iter()
@@ -699,6 +701,27 @@ mod tests {
             (25_000, 25_000, false)
         );
         assert!(c.system_md.contains(&"é".repeat(25_000)));
+    }
+
+    #[test]
+    fn a_huge_definition_body_gives_way_before_the_playbook_and_the_instructions() {
+        let mut big = input();
+        big.playbook = Some(Sourced {
+            path: "/etc/subagentd/playbook.md".into(),
+            text: "PLAYBOOK: never push.".into(),
+        });
+        big.agent = Some(Sourced {
+            path: "/p/.claude/agents/big.md".into(),
+            text: "x".repeat(420_000),
+        });
+        let c = compose(&big, 1, None);
+        let layer = |n: &str| c.plan.layers.iter().find(|l| l.name == n).unwrap();
+        assert!(!layer("playbook").truncated, "{:?}", c.plan.omitted);
+        assert!(!layer("project_instructions").truncated);
+        assert!(c.system_md.contains("PLAYBOOK: never push."));
+        assert!(c.system_md.contains("Use tabs."));
+        assert!(layer("agent").truncated, "the total cap cuts the body");
+        assert!(c.plan.total_injected_chars <= Caps::default().max_total_chars + 200);
     }
 
     #[test]
