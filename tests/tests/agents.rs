@@ -565,3 +565,22 @@ fn the_published_sample_lists_all_but_its_malformed_file_and_every_one_spawns() 
         );
     }
 }
+
+#[test]
+fn a_file_name_cannot_forge_a_log_line() {
+    let e = env();
+    let forged = "x\n1999-12-01T00:00:00Z  INFO subagentd: FORGED line.md";
+    write(
+        &e.p(&format!(".claude/agents/{forged}")),
+        &def("forger", "flavour: mint\n", "Forge."),
+    );
+    let st = e.spawn(e.project.path(), "forger", &all_tools()).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let log = e.d.log();
+    assert!(log.contains("unknown field `flavour` ignored"), "{log}");
+    assert!(
+        !log.lines().any(|l| l.starts_with("1999-12-01")),
+        "a forged line: {log}"
+    );
+    assert!(log.contains("x\\n1999-12-01"), "{log}");
+}

@@ -23,6 +23,7 @@ use policy::agenttools::{resolve, AgentTools};
 use policy::definition::{Definition, DefinitionError};
 use policy::toolpolicy::ToolPolicy;
 use policy::tools::{covers, NEVER_DELEGATED};
+use policy::visible::one_line;
 use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -132,11 +133,12 @@ impl Found {
         })
     }
 
-    /// Logs the warnings not logged before (once per file and content).
+    /// Logs the warnings not logged before (once per file and content),
+    /// each on one line: a file name cannot start a line of the log.
     pub fn log_new_warnings(&self) {
         for a in self.agents.iter().filter(|a| a.fresh) {
             for w in &a.warnings {
-                tracing::warn!("{w}");
+                tracing::warn!("{}", one_line(w));
             }
         }
     }
