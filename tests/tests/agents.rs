@@ -584,3 +584,91 @@ fn a_file_name_cannot_forge_a_log_line() {
     );
     assert!(log.contains("x\\n1999-12-01"), "{log}");
 }
+
+/// Lowers the soft open-files limit of process `pid` to `n`.
+fn limit_open_files(pid: i32, n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit writes the current limits into `lim` and sets none.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut lim) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    lim.rlim_cur = n;
+    // SAFETY: prlimit reads `lim` and writes nothing (old is null).
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut()) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn many_definitions_are_read_one_open_file_at_a_time() {
+    let e = env();
+    for i in 0..400 {
+        write(
+            &e.p(&format!(".claude/agents/a{i:03}.md")),
+            &def(&format!("a{i:03}"), "", "Many."),
+        );
+    }
+    let open = std::fs::read_dir(format!("/proc/{}/fd", e.d.pid()))
+        .unwrap()
+        .count() as u64;
+    limit_open_files(e.d.pid(), open + 200);
+    let st = e.spawn(e.project.path(), "a399", &all_tools()).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}");
+}
+
+#[test]
+fn a_search_folder_that_cannot_be_opened_blocks_the_names_after_it() {
+    let e = env();
+    write(
+        &e.p("real-claude/agents/reviewer.md"),
+        &def("reviewer", "", "project"),
+    );
+    std::os::unix::fs::symlink("real-claude", e.p(".claude")).unwrap();
+    let user = e.home.path().join(".claude/agents");
+    write(&user.join("reviewer.md"), &def("reviewer", "", "user"));
+    write(&e.p(".subagents/first.md"), &def("first", "", "first"));
+    let (listing, code) = e.agents(e.project.path());
+    assert_eq!(code, 1, "{listing:#}");
+    let notes = listing["notes"].to_string();
+    assert!(
+        notes.contains(&format!(
+            "{}: cannot be opened",
+            e.p(".claude/agents").display()
+        )),
+        "{notes}"
+    );
+    let err = e
+        .spawn(e.project.path(), "reviewer", &all_tools())
+        .unwrap_err();
+    let msg = err["message"].as_str().unwrap();
+    assert!(
+        msg.contains(".claude/agents") && msg.contains("cannot be opened"),
+        "{msg}"
+    );
+    assert!(e.d.log().contains("cannot be opened"), "{}", e.d.log());
+    // A folder before it is read as usual.
+    let st = e.spawn(e.project.path(), "first", &all_tools()).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}");
+}
+
+#[test]
+fn past_the_file_limit_one_note_is_given() {
+    let e = env();
+    let dir = e.p(".subagents");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..1_010 {
+        std::fs::write(
+            dir.join(format!("f{i:04}.md")),
+            def(&format!("f{i:04}"), "", ""),
+        )
+        .unwrap();
+    }
+    let (listing, _) = e.agents(e.project.path());
+    let notes: Vec<&Value> = listing["notes"].as_array().unwrap().iter().collect();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0]
+        .as_str()
+        .unwrap()
+        .contains("only the first 1000 definition files"));
+}

@@ -3,7 +3,7 @@
 //! ctime) changed, so its warnings are new once per content, not once per
 //! spawn.
 
-use super::walk::{Identity, Opened};
+use super::walk::Identity;
 use policy::definition::{parse, Definition, DefinitionError};
 use std::collections::HashMap;
 use std::io::Read;
@@ -29,19 +29,19 @@ struct Cache {
 static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(|| Mutex::new(Cache::default()));
 
 /// The definition in `f`, and whether it was read now (not cached).
-pub fn parsed(f: Opened) -> (Parsed, bool) {
+pub fn parsed(path: PathBuf, file: std::fs::File, fid: Identity) -> (Parsed, bool) {
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((id, p)) = cache.entries.get(&f.path) {
-        if *id == f.id {
+    if let Some((id, p)) = cache.entries.get(&path) {
+        if *id == fid {
             return (p.clone(), false);
         }
     }
-    let p = read(f.file, &f.path).and_then(|text| parse(&f.path, &text));
-    if cache.entries.len() >= ENTRIES_MAX || cache.bytes + f.id.size > BYTES_MAX {
+    let p = read(file, &path).and_then(|text| parse(&path, &text));
+    if cache.entries.len() >= ENTRIES_MAX || cache.bytes + fid.size > BYTES_MAX {
         *cache = Cache::default();
     }
-    cache.bytes += f.id.size;
-    if let Some((old, _)) = cache.entries.insert(f.path, (f.id, p.clone())) {
+    cache.bytes += fid.size;
+    if let Some((old, _)) = cache.entries.insert(path, (fid, p.clone())) {
         cache.bytes = cache.bytes.saturating_sub(old.size);
     }
     (p, true)

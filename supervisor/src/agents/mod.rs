@@ -27,7 +27,7 @@ use policy::visible::one_line;
 use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use subagent_runner::safefile;
+use subagent_runner::safefile::{self, SafeFileError};
 
 /// Where definitions are looked for, in order.
 pub fn search_dirs(project_dir: &Path) -> Vec<PathBuf> {
@@ -101,8 +101,11 @@ pub struct Found {
     pub duplicates: Vec<Duplicate>,
     /// Files that could not be used.
     pub errors: Vec<DefinitionError>,
-    /// What was not walked (links out of a folder, limits).
+    /// What was not walked (links out of a folder, limits, folders that
+    /// cannot be read).
     pub notes: Vec<String>,
+    /// The first search folder not read whole, and why.
+    blocked_by: Option<(PathBuf, String)>,
 }
 
 impl Found {
@@ -134,8 +137,13 @@ impl Found {
     }
 
     /// Logs the warnings not logged before (once per file and content),
-    /// each on one line: a file name cannot start a line of the log.
+    /// and the folders not read whole, each on one line: a file name
+    /// cannot start a line of the log.
     pub fn log_new_warnings(&self) {
+        if let Some((dir, why)) = &self.blocked_by {
+            let dir = one_line(&dir.to_string_lossy());
+            tracing::warn!("definitions: {dir}: {}", one_line(why));
+        }
         for a in self.agents.iter().filter(|a| a.fresh) {
             for w in &a.warnings {
                 tracing::warn!("{}", one_line(w));
@@ -145,26 +153,36 @@ impl Found {
 }
 
 /// A search dir, opened: the project's beneath the project (no link on
-/// the way), the user's as configured.
-fn open_search_dir(project_dir: &Path, dir: &Path) -> Option<OwnedFd> {
-    match dir.strip_prefix(project_dir) {
-        Ok(rel) => {
-            let root = safefile::open_root(project_dir).ok()?;
-            safefile::open_dir_beneath(root.as_fd(), rel).ok()
-        }
-        Err(_) => safefile::open_root(dir).ok(),
+/// the way), the user's as configured. None: it is not there.
+fn open_search_dir(project_dir: &Path, dir: &Path) -> Result<Option<OwnedFd>, SafeFileError> {
+    let opened = match dir.strip_prefix(project_dir) {
+        Ok(rel) => safefile::open_root(project_dir)
+            .and_then(|root| safefile::open_dir_beneath(root.as_fd(), rel)),
+        Err(_) => safefile::open_root(dir),
+    };
+    match opened {
+        Ok(fd) => Ok(Some(fd)),
+        Err(e) if e.is_missing() => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
 /// Reads every definition in the search dirs of `project_dir`, its tools
 /// resolved against `tools`; a body over `max_body_chars` (the context's
-/// per-layer cap, which it is not cut at) is warned about.
+/// per-layer cap, which it is not cut at) is warned about. A folder that
+/// cannot be read whole blocks the names found after it: one of them
+/// there would have come first.
 pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -> Found {
     let mut found = Found::default();
     let mut seen_files = HashSet::new();
     for dir in search_dirs(project_dir) {
-        let Some(fd) = open_search_dir(project_dir, &dir) else {
-            continue;
+        let fd = match open_search_dir(project_dir, &dir) {
+            Ok(Some(fd)) => fd,
+            Ok(None) => continue,
+            Err(e) => {
+                found.unread(&dir, format!("cannot be opened: {e}"));
+                continue;
+            }
         };
         let walked = walk::walk(fd.as_fd(), &dir);
         found.notes.extend(walked.notes);
@@ -174,20 +192,40 @@ pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -
                 .push(DefinitionError::unreadable(&path, e.to_string()));
         }
         for f in walked.files {
+            let (file, id) = match walk::open(fd.as_fd(), &dir, &f) {
+                Ok(opened) => opened,
+                Err(e) => {
+                    let e = DefinitionError::unreadable(&f.path, e.to_string());
+                    found.errors.push(e);
+                    continue;
+                }
+            };
             // A file reached twice (a link, a hard link) counts once.
-            if !seen_files.insert((f.id.dev, f.id.ino)) {
+            if !seen_files.insert((id.dev, id.ino)) {
                 continue;
             }
-            match cache::parsed(f) {
+            match cache::parsed(f.path, file, id) {
                 (Ok(d), fresh) => found.add(agent(d, fresh, tools, max_body_chars)),
                 (Err(e), _) => found.errors.push(e),
             }
+        }
+        if walked.incomplete {
+            found.unread(&dir, "some of its folders cannot be read".into());
         }
     }
     found
 }
 
 impl Found {
+    /// A search folder not read whole: said, and the names found after it
+    /// blocked.
+    fn unread(&mut self, dir: &Path, why: String) {
+        self.notes.push(format!("{}: {why}", dir.display()));
+        if self.blocked_by.is_none() {
+            self.blocked_by = Some((dir.to_path_buf(), why));
+        }
+    }
+
     fn add(&mut self, a: Agent) {
         match self.get(&a.definition.name) {
             Some(first) => self.duplicates.push(Duplicate {
@@ -195,7 +233,20 @@ impl Found {
                 winner: first.definition.source.clone(),
                 shadowed: a.definition.source,
             }),
-            None => self.agents.push(a),
+            None => {
+                if let Some((dir, why)) = &self.blocked_by {
+                    let mut e = DefinitionError::unreadable(
+                        dir,
+                        format!(
+                            "{why}; a definition of this name there would come before {}",
+                            a.definition.source.display()
+                        ),
+                    );
+                    e.name = Some(a.definition.name.clone());
+                    self.errors.push(e);
+                }
+                self.agents.push(a);
+            }
         }
     }
 }

@@ -72,23 +72,27 @@ impl Identity {
     }
 }
 
-/// A definition file, opened.
-pub struct Opened {
+/// A definition file found: opened (and closed) only when it is read, so
+/// that a walk holds no more than its folders' descriptors.
+pub struct Found {
     /// Where it was found (through links, as they are named).
     pub path: PathBuf,
-    pub file: File,
-    pub id: Identity,
+    /// Its path from the folder walked.
+    rel: PathBuf,
 }
 
 /// What a walk found.
 #[derive(Default)]
 pub struct Walked {
     /// The definition files, by path.
-    pub files: Vec<Opened>,
+    pub files: Vec<Found>,
     /// Entries named like definitions that could not be opened as one.
     pub errors: Vec<(PathBuf, WalkError)>,
     /// What was left out (links leading out, limits reached).
     pub notes: Vec<String>,
+    /// A folder could not be opened or listed: a definition in it may be
+    /// missing from `files`.
+    pub incomplete: bool,
 }
 
 /// Whether `name` is a definition's: `*.md`, in any case.
@@ -122,6 +126,20 @@ fn kind_of(t: std::fs::FileType) -> &'static str {
     }
 }
 
+fn walk_error(e: Errno, root: &Path) -> WalkError {
+    match e {
+        Errno::EXDEV => WalkError::Escapes {
+            root: root.display().to_string(),
+        },
+        Errno::ELOOP => WalkError::Loop,
+        Errno::ENOENT => WalkError::Missing,
+        other => WalkError::Io {
+            op: "open",
+            source: other.into(),
+        },
+    }
+}
+
 struct Walker<'a> {
     root: BorrowedFd<'a>,
     shown: &'a Path,
@@ -129,31 +147,34 @@ struct Walker<'a> {
     visited: HashSet<(u64, u64)>,
     dirs: usize,
     entries: usize,
+    files_full: bool,
 }
 
 impl Walker<'_> {
     fn error(&mut self, rel: &Path, e: Errno) {
         let path = self.shown.join(rel);
-        let err = match e {
-            Errno::EXDEV => WalkError::Escapes {
-                root: self.shown.display().to_string(),
-            },
-            Errno::ELOOP => WalkError::Loop,
-            Errno::ENOENT => WalkError::Missing,
-            other => WalkError::Io {
-                op: "open",
-                source: other.into(),
-            },
-        };
+        let err = walk_error(e, self.shown);
         if is_md(rel) {
             self.out.errors.push((path, err));
         } else if !matches!(e, Errno::ENOENT) {
+            // A folder behind it may hold definitions; a link out is meant.
+            self.out.incomplete |= matches!(err, WalkError::Io { .. });
             let shown = path.display();
             self.out.notes.push(format!("not walked: {shown}: {err}"));
         }
     }
 
-    /// Looks at one entry: a folder is queued, a definition opened.
+    /// A folder that could not be opened or listed: the walk is
+    /// incomplete.
+    fn unread(&mut self, rel: &Path, e: &dyn std::fmt::Display) {
+        self.out.incomplete = true;
+        let shown = self.shown.join(rel);
+        self.out
+            .notes
+            .push(format!("not walked: {}: {e}", shown.display()));
+    }
+
+    /// Looks at one entry: a folder is queued, a definition recorded.
     fn entry(&mut self, rel: PathBuf, depth: usize, queue: &mut Vec<(PathBuf, usize)>) {
         let probe = match open_beneath(self.root, &rel, OFlag::O_PATH) {
             Ok(f) => f,
@@ -179,58 +200,50 @@ impl Walker<'_> {
             let err = WalkError::NotRegular(kind_of(meta.file_type()));
             return self.out.errors.push((self.shown.join(&rel), err));
         }
-        self.open_file(rel);
-    }
-
-    /// Opens a definition for reading; what was opened must be regular.
-    fn open_file(&mut self, rel: PathBuf) {
-        let file = match open_beneath(self.root, &rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK) {
-            Ok(f) => f,
-            Err(e) => return self.error(&rel, e),
-        };
-        let path = self.shown.join(&rel);
-        let meta = match file.metadata() {
-            Ok(m) if m.is_file() => m,
-            Ok(m) => {
-                let err = WalkError::NotRegular(kind_of(m.file_type()));
-                return self.out.errors.push((path, err));
-            }
-            Err(source) => {
-                let err = WalkError::Io { op: "stat", source };
-                return self.out.errors.push((path, err));
-            }
-        };
         if self.out.files.len() == FILES_MAX {
-            let root = self.shown.display();
-            return self.out.notes.push(format!(
-                "only the first {FILES_MAX} definition files of {root} are read"
-            ));
+            if !self.files_full {
+                self.files_full = true;
+                let root = self.shown.display();
+                self.out.notes.push(format!(
+                    "only the first {FILES_MAX} definition files of {root} are read"
+                ));
+            }
+            return;
         }
-        self.out.files.push(Opened {
-            path,
-            file,
-            id: Identity::of(&meta),
-        });
+        let path = self.shown.join(&rel);
+        self.out.files.push(Found { path, rel });
     }
 
     /// Lists the folder `rel` (each folder once, however it is reached).
     fn dir(&mut self, rel: &Path, depth: usize, queue: &mut Vec<(PathBuf, usize)>) {
-        let Ok(dir) = open_beneath(self.root, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) else {
-            return;
+        let dir = match open_beneath(self.root, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+            Ok(d) => d,
+            Err(Errno::ENOENT) => return,
+            Err(e) => return self.unread(rel, &e),
         };
-        let Ok(meta) = dir.metadata() else { return };
+        let meta = match dir.metadata() {
+            Ok(m) => m,
+            Err(e) => return self.unread(rel, &e),
+        };
         if !self.visited.insert((meta.dev(), meta.ino())) {
             return;
         }
         self.dirs += 1;
         if self.dirs > DIRS_MAX {
-            let root = self.shown.display();
-            return self.out.notes.push(format!(
-                "only the first {DIRS_MAX} folders of {root} are walked"
-            ));
+            if self.dirs == DIRS_MAX + 1 {
+                let root = self.shown.display();
+                self.out.notes.push(format!(
+                    "only the first {DIRS_MAX} folders of {root} are walked"
+                ));
+            }
+            return;
         }
         let left = ENTRIES_MAX - self.entries;
-        let (mut names, more) = safefile::names(dir.as_fd(), left).unwrap_or_default();
+        let (mut names, more) = match safefile::names(dir.as_fd(), left) {
+            Ok(n) => n,
+            Err(e) => return self.unread(rel, &e),
+        };
+        drop(dir);
         self.entries += names.len();
         if more {
             let root = self.shown.display();
@@ -253,6 +266,21 @@ impl Walker<'_> {
     }
 }
 
+/// Opens a definition found beneath `root` for reading; what was opened
+/// must be a regular file.
+pub fn open(root: BorrowedFd<'_>, shown: &Path, f: &Found) -> Result<(File, Identity), WalkError> {
+    let file = open_beneath(root, &f.rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK)
+        .map_err(|e| walk_error(e, shown))?;
+    match file.metadata() {
+        Ok(m) if m.is_file() => {
+            let id = Identity::of(&m);
+            Ok((file, id))
+        }
+        Ok(m) => Err(WalkError::NotRegular(kind_of(m.file_type()))),
+        Err(source) => Err(WalkError::Io { op: "stat", source }),
+    }
+}
+
 /// Every definition file beneath the folder `root` (shown as `shown`).
 pub fn walk(root: BorrowedFd<'_>, shown: &Path) -> Walked {
     let mut w = Walker {
@@ -262,6 +290,7 @@ pub fn walk(root: BorrowedFd<'_>, shown: &Path) -> Walked {
         visited: HashSet::new(),
         dirs: 0,
         entries: 0,
+        files_full: false,
     };
     let mut queue = vec![(PathBuf::from("."), 0)];
     while let Some((rel, depth)) = queue.pop() {
