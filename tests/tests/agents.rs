@@ -672,3 +672,49 @@ fn past_the_file_limit_one_note_is_given() {
         .unwrap()
         .contains("only the first 1000 definition files"));
 }
+
+#[test]
+fn a_definition_changed_through_a_shared_mapping_is_read_again() {
+    use std::os::fd::AsRawFd;
+    let e = env();
+    let file = e.p(".claude/agents/m.md");
+    write(&file, &def("m", "", "BODY-AAAA"));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&file)
+        .unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: a new shared mapping of the whole file, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    // SAFETY: the mapping is `len` bytes, writable, and only this test
+    // touches it.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), len) };
+    let at = bytes.windows(4).position(|w| w == b"AAAA").unwrap();
+    let body = |e: &Env| {
+        let st = e.spawn(e.project.path(), "m", &all_tools()).unwrap();
+        let sys = context_file(&st, "system.md");
+        sys[sys.find("BODY-").unwrap()..][..9].to_owned()
+    };
+    bytes[at] = b'B';
+    assert_eq!(body(&e), "BODY-BAAA");
+    // The page is writable already: this write changes no time stamp.
+    bytes[at + 1] = b'B';
+    assert_eq!(
+        body(&e),
+        "BODY-BBAA",
+        "the content, not its metadata, decides"
+    );
+    // SAFETY: `map` is the mapping made above, of `len` bytes.
+    unsafe { libc::munmap(map, len) };
+}

@@ -1,13 +1,13 @@
-//! Parsed definitions kept per file and content: a file is read and
-//! parsed again only when its identity (device, inode, size, mtime,
-//! ctime) changed, so its warnings are new once per content, not once per
-//! spawn.
+//! Parsed definitions kept per file and content: a file is read on every
+//! discovery (a write through a shared mapping changes no time stamp) and
+//! parsed again only when its bytes' hash changed, so its warnings are new
+//! once per content, not once per spawn.
 
-use super::walk::Identity;
 use policy::definition::{parse, Definition, DefinitionError};
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex};
 
 /// The largest definition file read.
@@ -18,44 +18,74 @@ const ENTRIES_MAX: usize = 10_000;
 const BYTES_MAX: u64 = 64 << 20;
 
 type Parsed = Result<Definition, DefinitionError>;
+type Hash = [u8; 32];
 
-/// The parses by path, and the bytes of the files they came from.
+/// The parses by path, with the hash of the bytes they came from.
 #[derive(Default)]
 struct Cache {
-    entries: HashMap<PathBuf, (Identity, Parsed)>,
+    entries: HashMap<PathBuf, (Hash, u64, Parsed)>,
     bytes: u64,
 }
 
 static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(|| Mutex::new(Cache::default()));
 
-/// The definition in `f`, and whether it was read now (not cached).
-pub fn parsed(path: PathBuf, file: std::fs::File, fid: Identity) -> (Parsed, bool) {
+/// The definition in `file` (`size` as its metadata says, a hint), and
+/// whether it was parsed now (not cached).
+pub fn parsed(path: PathBuf, file: std::fs::File, size: u64) -> (Parsed, bool) {
+    let bytes = match read(file, &path, size) {
+        Ok(b) => b,
+        Err(e) => return (Err(e), true),
+    };
+    let hash: Hash = Sha256::digest(&bytes).into();
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((id, p)) = cache.entries.get(&path) {
-        if *id == fid {
+    if let Some((h, _, p)) = cache.entries.get(&path) {
+        if *h == hash {
             return (p.clone(), false);
         }
     }
-    let p = read(file, &path).and_then(|text| parse(&path, &text));
-    if cache.entries.len() >= ENTRIES_MAX || cache.bytes + fid.size > BYTES_MAX {
+    let p = String::from_utf8(bytes)
+        .map_err(|_| DefinitionError::unreadable(&path, "not UTF-8"))
+        .and_then(|text| parse(&path, &text));
+    let weight = self::weight(&p);
+    if cache.entries.len() >= ENTRIES_MAX || cache.bytes + weight > BYTES_MAX {
         *cache = Cache::default();
     }
-    cache.bytes += fid.size;
-    if let Some((old, _)) = cache.entries.insert(path, (fid, p.clone())) {
-        cache.bytes = cache.bytes.saturating_sub(old.size);
+    cache.bytes += weight;
+    if let Some((_, old, _)) = cache.entries.insert(path, (hash, weight, p.clone())) {
+        cache.bytes = cache.bytes.saturating_sub(old);
     }
     (p, true)
 }
 
-/// The whole file as UTF-8, at most [`DEFINITION_MAX`] bytes.
-fn read(file: std::fs::File, path: &std::path::Path) -> Result<String, DefinitionError> {
+/// What a parse holds, roughly, in bytes.
+fn weight(p: &Parsed) -> u64 {
+    let n = match p {
+        Ok(d) => {
+            d.body.len()
+                + d.description.len()
+                + d.warnings.iter().map(String::len).sum::<usize>()
+                + d.tools.iter().flatten().map(String::len).sum::<usize>()
+                + d.disallowed_tools.iter().map(String::len).sum::<usize>()
+        }
+        Err(e) => e.message.len(),
+    };
+    n as u64 + 1024
+}
+
+/// The whole file, at most [`DEFINITION_MAX`] bytes (`size`, its
+/// metadata's, spares reading one that says it is over).
+fn read(file: std::fs::File, path: &Path, size: u64) -> Result<Vec<u8>, DefinitionError> {
     let fail = |m: String| DefinitionError::unreadable(path, m);
+    let over = || fail(format!("over the limit of {DEFINITION_MAX} bytes"));
+    if size > DEFINITION_MAX {
+        return Err(over());
+    }
     let mut buf = Vec::new();
     file.take(DEFINITION_MAX + 1)
         .read_to_end(&mut buf)
         .map_err(|e| fail(format!("read: {e}")))?;
     if buf.len() as u64 > DEFINITION_MAX {
-        return Err(fail(format!("over the limit of {DEFINITION_MAX} bytes")));
+        return Err(over());
     }
-    String::from_utf8(buf).map_err(|_| fail("not UTF-8".into()))
+    Ok(buf)
 }

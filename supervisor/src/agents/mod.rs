@@ -204,7 +204,7 @@ pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -
             if !seen_files.insert((id.dev, id.ino)) {
                 continue;
             }
-            match cache::parsed(f.path, file, id) {
+            match cache::parsed(f.path, file, id.size) {
                 (Ok(d), fresh) => found.add(agent(d, fresh, tools, max_body_chars)),
                 (Err(e), _) => found.errors.push(e),
             }

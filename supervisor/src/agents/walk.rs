@@ -50,14 +50,12 @@ pub enum WalkError {
     },
 }
 
-/// What identifies a file's content without reading it.
+/// A file's identity, and its size (a hint: the content is read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Identity {
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
-    pub mtime: (i64, i64),
-    pub ctime: (i64, i64),
 }
 
 impl Identity {
@@ -66,8 +64,6 @@ impl Identity {
             dev: m.dev(),
             ino: m.ino(),
             size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
         }
     }
 }
