@@ -147,6 +147,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Definition, DefinitionError> {
     };
     let mut d = d;
     d.warnings.extend(fields.unknown());
+    frontmatter::cap_warnings(&mut d.warnings, front.untold);
     Ok(d)
 }
 
@@ -251,12 +252,18 @@ impl Fields<'_> {
             Some(Value::String(s)) => Ok(Some(split_tools(s))),
             Some(Value::Sequence(seq)) => {
                 let mut out = Vec::new();
+                let mut ignored = 0;
                 for v in seq {
                     match v {
                         Value::String(s) => out.extend(split_tools(s)),
-                        _ => warnings
-                            .push(self.warning(key, "an entry that is not a name is ignored")),
+                        _ => ignored += 1,
                     }
+                }
+                if ignored == 1 {
+                    warnings.push(self.warning(key, "an entry that is not a name is ignored"));
+                } else if ignored > 1 {
+                    let why = format!("{ignored} entries that are not names are ignored");
+                    warnings.push(self.warning(key, &why));
                 }
                 Ok(Some(out))
             }
@@ -582,6 +589,39 @@ mod tests {
         assert_eq!(
             d.warnings,
             ["/p/a.md:4: `description` is given again; the first (line 3) is used"]
+        );
+    }
+
+    #[test]
+    fn warnings_are_capped_and_a_huge_front_matter_is_an_error_for_its_name() {
+        let stray = "x\n".repeat(50);
+        let d = parsed(&format!("---\nname: a\ndescription: d\n{stray}---\n"));
+        assert_eq!(d.warnings.len(), 21, "{:?}", d.warnings);
+        assert_eq!(d.warnings[20], "… and 30 more warnings");
+        let unknown: String = (0..30).map(|i| format!("k{i}: v\n")).collect();
+        let d = parsed(&format!("---\nname: a\ndescription: d\n{unknown}---\n"));
+        assert_eq!(d.warnings.len(), 21);
+        assert_eq!(d.warnings[20], "… and 10 more warnings");
+        let huge = "x\n".repeat(40_000);
+        let e = parse(
+            Path::new("/p/a.md"),
+            &format!("---\nname: junk\ndescription: d\n{huge}---\n"),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("over the limit of 65536 bytes"), "{e}");
+        assert_eq!(e.name.as_deref(), Some("junk"));
+        let keys: String = (0..101).map(|i| format!("k{i}: v\n")).collect();
+        let e = parse(
+            Path::new("/p/a.md"),
+            &format!("---\nname: \"many\"\ndescription: d\n{keys}---\n"),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("more than 100 fields"), "{e}");
+        assert_eq!(e.name.as_deref(), Some("many"));
+        let d = parsed("---\nname: a\ndescription: d\ntools: [1, 2, Read, 3]\n---\n");
+        assert_eq!(
+            d.warnings,
+            ["/p/a.md:4: tools: 3 entries that are not names are ignored"]
         );
     }
 

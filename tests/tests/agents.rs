@@ -718,3 +718,62 @@ fn a_definition_changed_through_a_shared_mapping_is_read_again() {
     // SAFETY: `map` is the mapping made above, of `len` bytes.
     unsafe { libc::munmap(map, len) };
 }
+
+#[test]
+fn a_megabyte_of_stray_front_matter_is_an_error_not_half_a_million_warnings() {
+    let e = env();
+    let junk = format!(
+        "---\nname: junk\ndescription: d\n{}---\n",
+        "x\n".repeat(520_000)
+    );
+    write(&e.p(".claude/agents/junk.md"), &junk);
+    let keys: String = (0..40_000).map(|i| format!("k{i}: v\n")).collect();
+    write(
+        &e.p(".claude/agents/keys.md"),
+        &format!("---\nname: keys\ndescription: d\n{keys}---\n"),
+    );
+    write(&e.p(".claude/agents/ok.md"), &def("ok", "", "Fine."));
+    let started = std::time::Instant::now();
+    let st = e.spawn(e.project.path(), "ok", &all_tools()).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let took = started.elapsed();
+    assert!(
+        e.d.log().len() < 64 << 10,
+        "{} bytes of log",
+        e.d.log().len()
+    );
+    for (name, why) in [
+        ("junk", "the front matter is over the limit of 65536 bytes"),
+        ("keys", "the front matter is over the limit of 65536 bytes"),
+    ] {
+        let err = e.spawn(e.project.path(), name, &all_tools()).unwrap_err();
+        assert!(err["message"].as_str().unwrap().contains(why), "{err}");
+    }
+    let (listing, _) = e.agents(e.project.path());
+    assert!(listing.to_string().len() < 64 << 10);
+    assert!(took < std::time::Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
+fn one_discovery_reads_at_most_16_mib() {
+    let e = env();
+    let body = "b".repeat(1_000_000);
+    for i in 0..20 {
+        write(
+            &e.p(&format!(".subagents/big{i:02}.md")),
+            &def(&format!("big{i:02}"), "", &body),
+        );
+    }
+    let (listing, _) = e.agents(e.project.path());
+    let errors = listing["errors"].to_string();
+    assert!(
+        errors
+            .contains("big16.md: not read: the definitions one discovery reads are at most 16 MiB"),
+        "{errors}"
+    );
+    assert_eq!(names(&listing).len(), 16, "{listing:#}");
+    let err = e
+        .spawn(e.project.path(), "big19", &all_tools())
+        .unwrap_err();
+    assert!(err["message"].as_str().unwrap().contains("16 MiB"), "{err}");
+}

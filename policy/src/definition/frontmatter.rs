@@ -18,6 +18,42 @@ pub(super) struct FrontMatter {
     pub body: String,
     /// What the lenient reading had to do, as `file:line: ...`.
     pub warnings: Vec<String>,
+    /// Warnings past the cap, counted and not made.
+    pub untold: usize,
+}
+
+/// The longest front matter read, in bytes: past it the file is an error.
+pub const FRONT_MAX: usize = 64 << 10;
+/// The most top-level entries a front matter may hold.
+pub const KEYS_MAX: usize = 100;
+/// The most warnings kept for one file; one more says how many followed.
+pub const WARNINGS_MAX: usize = 20;
+
+/// The name a front matter gives on a `name:` line, read plainly: the name
+/// a file that cannot be used blocks.
+fn name_line(lines: &[String]) -> Option<String> {
+    let line = lines
+        .iter()
+        .find(|l| top_key(l).as_deref() == Some("name"))?;
+    let value = line.split_once(':').map_or("", |(_, v)| v).trim();
+    Some(unquote(value).trim().to_owned()).filter(|n| !n.is_empty())
+}
+
+/// An error for the front matter as a whole, naming the name it gives.
+fn refused(file: &Path, lines: &[String], message: String) -> DefinitionError {
+    let mut e = DefinitionError::new(file, 1, None, message);
+    e.name = name_line(lines);
+    e
+}
+
+/// Keeps the first [`WARNINGS_MAX`] warnings and says how many more there
+/// were (`untold` of them never made).
+pub(super) fn cap_warnings(warnings: &mut Vec<String>, untold: usize) {
+    if warnings.len() + untold > WARNINGS_MAX {
+        let more = warnings.len() + untold - WARNINGS_MAX.min(warnings.len());
+        warnings.truncate(WARNINGS_MAX);
+        warnings.push(format!("… and {more} more warnings"));
+    }
 }
 
 /// The text between the `---` lines (which begins on file line 2), and
@@ -33,11 +69,16 @@ fn split(file: &Path, text: &str) -> Result<(Vec<String>, String), DefinitionErr
     }
     let mut front = Vec::new();
     let mut consumed = text.find('\n').map_or(text.len(), |i| i + 1);
+    let start = consumed;
     for l in lines {
         consumed += l.len();
         if l.trim_end() == "---" {
             let body = text[consumed.min(text.len())..].trim().to_owned();
             return Ok((front, body));
+        }
+        if consumed - start > FRONT_MAX {
+            let why = format!("the front matter is over the limit of {FRONT_MAX} bytes");
+            return Err(refused(file, &front, why));
         }
         front.push(l.to_owned());
     }
@@ -48,6 +89,10 @@ fn split(file: &Path, text: &str) -> Result<(Vec<String>, String), DefinitionErr
 pub(super) fn read(file: &Path, text: &str) -> Result<FrontMatter, DefinitionError> {
     let (lines, body) = split(file, text)?;
     let (entries, stray) = entries(&lines);
+    if entries.len() > KEYS_MAX {
+        let why = format!("the front matter has more than {KEYS_MAX} fields");
+        return Err(refused(file, &lines, why));
+    }
     match serde_yaml::from_str::<Value>(&lines.concat()) {
         Ok(v @ (Value::Mapping(_) | Value::Null)) => Ok(FrontMatter {
             map: match v {
@@ -61,6 +106,7 @@ pub(super) fn read(file: &Path, text: &str) -> Result<FrontMatter, DefinitionErr
                 .collect(),
             body,
             warnings: Vec::new(),
+            untold: 0,
         }),
         Ok(_) => Ok(lenient(
             file,
@@ -191,6 +237,7 @@ fn lenient(
         lines: BTreeMap::new(),
         body,
         warnings: Vec::new(),
+        untold: 0,
     };
     for e in entries {
         let key = Value::String(e.key.clone());
@@ -217,10 +264,12 @@ fn lenient(
         fm.map.insert(key, value.unwrap_or_else(|| as_written(&e)));
         fm.lines.insert(e.key, e.line);
     }
-    for line in stray {
+    // Only those kept are made (a front matter may be all stray lines).
+    for line in stray.iter().take(WARNINGS_MAX + 1) {
         fm.warnings
             .push(format!("{shown}:{line}: not a `key: value` line; ignored"));
     }
+    fm.untold = stray.len().saturating_sub(WARNINGS_MAX + 1);
     if fm.warnings.is_empty() {
         fm.warnings.push(format!(
             "{shown}:{}: the front matter is not valid YAML ({}); its fields were read one by one",

@@ -12,6 +12,8 @@ use std::sync::{LazyLock, Mutex};
 
 /// The largest definition file read.
 pub const DEFINITION_MAX: u64 = 1 << 20;
+/// The most bytes of definitions one discovery reads.
+pub const READ_MAX: u64 = 16 << 20;
 /// Past this many files, or this many bytes of them, the cache starts
 /// again empty.
 const ENTRIES_MAX: usize = 10_000;
@@ -30,12 +32,21 @@ struct Cache {
 static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(|| Mutex::new(Cache::default()));
 
 /// The definition in `file` (`size` as its metadata says, a hint), and
-/// whether it was parsed now (not cached).
-pub fn parsed(path: PathBuf, file: std::fs::File, size: u64) -> (Parsed, bool) {
+/// whether it was parsed now (not cached). What is read is taken from
+/// `budget`; a file that does not fit in it is not read.
+pub fn parsed(path: PathBuf, file: std::fs::File, size: u64, budget: &mut u64) -> (Parsed, bool) {
+    if size > *budget {
+        let why = format!(
+            "not read: the definitions one discovery reads are at most {} MiB together",
+            READ_MAX >> 20
+        );
+        return (Err(DefinitionError::unreadable(&path, why)), true);
+    }
     let bytes = match read(file, &path, size) {
         Ok(b) => b,
         Err(e) => return (Err(e), true),
     };
+    *budget = budget.saturating_sub(bytes.len() as u64);
     let hash: Hash = Sha256::digest(&bytes).into();
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((h, _, p)) = cache.entries.get(&path) {

@@ -175,6 +175,7 @@ fn open_search_dir(project_dir: &Path, dir: &Path) -> Result<Option<OwnedFd>, Sa
 pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -> Found {
     let mut found = Found::default();
     let mut seen_files = HashSet::new();
+    let mut budget = cache::READ_MAX;
     for dir in search_dirs(project_dir) {
         let fd = match open_search_dir(project_dir, &dir) {
             Ok(Some(fd)) => fd,
@@ -204,7 +205,7 @@ pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -
             if !seen_files.insert((id.dev, id.ino)) {
                 continue;
             }
-            match cache::parsed(f.path, file, id.size) {
+            match cache::parsed(f.path, file, id.size, &mut budget) {
                 (Ok(d), fresh) => found.add(agent(d, fresh, tools, max_body_chars)),
                 (Err(e), _) => found.errors.push(e),
             }
