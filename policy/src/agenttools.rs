@@ -9,6 +9,7 @@ use crate::definition::Definition;
 use crate::toolpolicy::ToolPolicy;
 use crate::tools::is_mcp_pattern;
 use serde::Serialize;
+use std::collections::HashSet;
 
 /// Claude Code's tool names and ours (None: nothing a child of ours can
 /// use; the entry is dropped without a warning).
@@ -139,8 +140,10 @@ fn split_pattern(written: &str) -> (&str, Option<&str>) {
 pub fn resolve(policy: &ToolPolicy, d: &Definition) -> AgentTools {
     let mut out = AgentTools::default();
     let mut unknown: Vec<&str> = Vec::new();
+    let mut unknown_in_tools = false;
     let mut all = d.tools.is_none();
     let mut allow: Vec<String> = Vec::new();
+    let mut seen = HashSet::new();
     for written in d.tools.iter().flatten() {
         let (name, pattern) = split_pattern(written);
         match named(policy, name) {
@@ -149,21 +152,25 @@ pub fn resolve(policy: &ToolPolicy, d: &Definition) -> AgentTools {
                 if let Some(p) = pattern {
                     out.patterns.push(pattern_of(&t, p, written, false));
                 }
-                if !allow.contains(&t) {
+                if seen.insert(t.clone()) {
                     allow.push(t);
                 }
             }
             Named::Nothing => {}
-            Named::Unknown => unknown.push(written),
+            Named::Unknown => {
+                unknown_in_tools = true;
+                unknown.push(written);
+            }
         }
     }
     let mut deny_all = false;
+    let mut denied = HashSet::new();
     for written in &d.disallowed_tools {
         let (name, pattern) = split_pattern(written);
         match (named(policy, name), pattern) {
             (Named::All, _) => deny_all = true,
             (Named::Tool(t), Some(p)) => out.patterns.push(pattern_of(&t, p, written, true)),
-            (Named::Tool(t), None) if !out.deny.contains(&t) => out.deny.push(t),
+            (Named::Tool(t), None) if denied.insert(t.clone()) => out.deny.push(t),
             (Named::Unknown, _) => unknown.push(written),
             _ => {}
         }
@@ -174,12 +181,7 @@ pub fn resolve(policy: &ToolPolicy, d: &Definition) -> AgentTools {
         (false, false) => Some(allow),
     };
     if !unknown.is_empty() {
-        let key = if d
-            .tools
-            .iter()
-            .flatten()
-            .any(|t| unknown.contains(&t.as_str()))
-        {
+        let key = if unknown_in_tools {
             "tools"
         } else {
             "disallowedTools"

@@ -72,6 +72,9 @@ pub struct DefinitionError {
 /// The longest name.
 pub const NAME_MAX: usize = 128;
 
+/// The most entries of `tools`, and of `disallowedTools`.
+pub const TOOLS_MAX: usize = 256;
+
 /// The Claude Code permission modes.
 pub const PERMISSION_MODES: &[&str] = &[
     "default",
@@ -246,10 +249,10 @@ impl Fields<'_> {
         key: &str,
         warnings: &mut Vec<String>,
     ) -> Result<Option<Vec<String>>, DefinitionError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(Value::Null) => Ok(Some(Vec::new())),
-            Some(Value::String(s)) => Ok(Some(split_tools(s))),
+        let list = match self.raw(key) {
+            None => return Ok(None),
+            Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => split_tools(s),
             Some(Value::Sequence(seq)) => {
                 let mut out = Vec::new();
                 let mut ignored = 0;
@@ -265,10 +268,14 @@ impl Fields<'_> {
                     let why = format!("{ignored} entries that are not names are ignored");
                     warnings.push(self.warning(key, &why));
                 }
-                Ok(Some(out))
+                out
             }
-            Some(_) => Err(self.invalid(key, "expected a list or a comma-separated string")),
+            Some(_) => return Err(self.invalid(key, "expected a list or a comma-separated string")),
+        };
+        if list.len() > TOOLS_MAX {
+            return Err(self.invalid(key, format!("more than {TOOLS_MAX} entries")));
         }
+        Ok(Some(list))
     }
 
     /// A string field the agent driver reads; anything else is ignored

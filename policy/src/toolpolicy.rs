@@ -43,6 +43,18 @@ pub const PUBLIC_DEFAULT: &[&str] = &[
 ];
 
 impl ToolPolicy {
+    /// A hash of the catalog's names: what resolving a definition's tool
+    /// entries depends on.
+    pub fn catalog_hash(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for t in &self.catalog {
+            h.update(t.name.as_bytes());
+            h.update([0]);
+        }
+        h.finalize().into()
+    }
+
     /// The built-in catalog plus `extra` tools; audiences from `overrides`
     /// where given (names, and MCP patterns such as `mcp__github`), else
     /// the defaults: personal and team hold every tool, MCP tools too,

@@ -777,3 +777,28 @@ fn one_discovery_reads_at_most_16_mib() {
         .unwrap_err();
     assert!(err["message"].as_str().unwrap().contains("16 MiB"), "{err}");
 }
+
+#[test]
+fn a_definition_of_more_than_256_tool_entries_is_an_error_for_its_name() {
+    let e = env();
+    let many: Vec<String> = (0..300).map(|i| format!("mcp__s__t{i:06}")).collect();
+    write(
+        &e.p(".claude/agents/many.md"),
+        &def("many", &format!("tools: {}\n", many.join(", ")), ""),
+    );
+    let fine: Vec<String> = (0..256).map(|i| format!("mcp__s__t{i:06}")).collect();
+    write(
+        &e.p(".claude/agents/fine.md"),
+        &def("fine", &format!("tools: {}\n", fine.join(", ")), ""),
+    );
+    let err = e.spawn(e.project.path(), "many", &all_tools()).unwrap_err();
+    let msg = err["message"].as_str().unwrap();
+    assert!(
+        msg.contains("many.md:4: tools: more than 256 entries"),
+        "{msg}"
+    );
+    let mut parent = all_tools();
+    parent.push("mcp__s__t000255".into());
+    let st = e.spawn(e.project.path(), "fine", &parent).unwrap();
+    assert_eq!(st["tools"], json!(["mcp__s__t000255"]), "{st}");
+}

@@ -1,9 +1,12 @@
-//! Parsed definitions kept per file and content: a file is read on every
-//! discovery (a write through a shared mapping changes no time stamp) and
-//! parsed again only when its bytes' hash changed, so its warnings are new
-//! once per content, not once per spawn.
+//! Parsed definitions, their tools resolved, kept per file and content: a
+//! file is read on every discovery (a write through a shared mapping
+//! changes no time stamp) and parsed and resolved again only when the hash
+//! of its bytes (and of the catalog) changed, so its warnings are new once
+//! per content, not once per spawn.
 
+use policy::agenttools::{resolve, AgentTools};
 use policy::definition::{parse, Definition, DefinitionError};
+use policy::toolpolicy::ToolPolicy;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::Read;
@@ -19,7 +22,7 @@ pub const READ_MAX: u64 = 16 << 20;
 const ENTRIES_MAX: usize = 10_000;
 const BYTES_MAX: u64 = 64 << 20;
 
-type Parsed = Result<Definition, DefinitionError>;
+type Parsed = Result<(Definition, AgentTools), DefinitionError>;
 type Hash = [u8; 32];
 
 /// The parses by path, with the hash of the bytes they came from.
@@ -31,10 +34,19 @@ struct Cache {
 
 static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(|| Mutex::new(Cache::default()));
 
-/// The definition in `file` (`size` as its metadata says, a hint), and
+/// What a file is read into.
+pub struct Source {
+    pub path: PathBuf,
+    pub file: std::fs::File,
+    /// As its metadata says: a hint.
+    pub size: u64,
+}
+
+/// The definition in `src`, its tools resolved against `tools`, and
 /// whether it was parsed now (not cached). What is read is taken from
 /// `budget`; a file that does not fit in it is not read.
-pub fn parsed(path: PathBuf, file: std::fs::File, size: u64, budget: &mut u64) -> (Parsed, bool) {
+pub fn parsed(src: Source, tools: &ToolPolicy, budget: &mut u64) -> (Parsed, bool) {
+    let Source { path, file, size } = src;
     if size > *budget {
         let why = format!(
             "not read: the definitions one discovery reads are at most {} MiB together",
@@ -47,7 +59,11 @@ pub fn parsed(path: PathBuf, file: std::fs::File, size: u64, budget: &mut u64) -
         Err(e) => return (Err(e), true),
     };
     *budget = budget.saturating_sub(bytes.len() as u64);
-    let hash: Hash = Sha256::digest(&bytes).into();
+    let hash: Hash = Sha256::new()
+        .chain_update(tools.catalog_hash())
+        .chain_update(&bytes)
+        .finalize()
+        .into();
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((h, _, p)) = cache.entries.get(&path) {
         if *h == hash {
@@ -56,7 +72,11 @@ pub fn parsed(path: PathBuf, file: std::fs::File, size: u64, budget: &mut u64) -
     }
     let p = String::from_utf8(bytes)
         .map_err(|_| DefinitionError::unreadable(&path, "not UTF-8"))
-        .and_then(|text| parse(&path, &text));
+        .and_then(|text| parse(&path, &text))
+        .map(|d| {
+            let t = resolve(tools, &d);
+            (d, t)
+        });
     let weight = self::weight(&p);
     if cache.entries.len() >= ENTRIES_MAX || cache.bytes + weight > BYTES_MAX {
         *cache = Cache::default();
@@ -71,8 +91,9 @@ pub fn parsed(path: PathBuf, file: std::fs::File, size: u64, budget: &mut u64) -
 /// What a parse holds, roughly, in bytes.
 fn weight(p: &Parsed) -> u64 {
     let n = match p {
-        Ok(d) => {
-            d.body.len()
+        Ok((d, t)) => {
+            t.warning.as_ref().map_or(0, String::len)
+                + d.body.len()
                 + d.description.len()
                 + d.warnings.iter().map(String::len).sum::<usize>()
                 + d.tools.iter().flatten().map(String::len).sum::<usize>()

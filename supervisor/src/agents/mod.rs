@@ -19,7 +19,7 @@ pub mod cache;
 pub mod walk;
 
 pub use cache::DEFINITION_MAX;
-use policy::agenttools::{resolve, AgentTools};
+use policy::agenttools::AgentTools;
 use policy::definition::{Definition, DefinitionError};
 use policy::toolpolicy::ToolPolicy;
 use policy::tools::{covers, NEVER_DELEGATED};
@@ -205,8 +205,13 @@ pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -
             if !seen_files.insert((id.dev, id.ino)) {
                 continue;
             }
-            match cache::parsed(f.path, file, id.size, &mut budget) {
-                (Ok(d), fresh) => found.add(agent(d, fresh, tools, max_body_chars)),
+            let src = cache::Source {
+                path: f.path,
+                file,
+                size: id.size,
+            };
+            match cache::parsed(src, tools, &mut budget) {
+                (Ok((d, t)), fresh) => found.add(agent(d, t, fresh, max_body_chars)),
                 (Err(e), _) => found.errors.push(e),
             }
         }
@@ -252,8 +257,7 @@ impl Found {
     }
 }
 
-fn agent(d: Definition, fresh: bool, tools: &ToolPolicy, max_body_chars: usize) -> Agent {
-    let resolved = resolve(tools, &d);
+fn agent(d: Definition, resolved: AgentTools, fresh: bool, max_body_chars: usize) -> Agent {
     let mut warnings = d.warnings.clone();
     warnings.extend(resolved.warning.clone());
     let chars = d.body.chars().count();
