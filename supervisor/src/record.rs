@@ -174,6 +174,10 @@ pub struct RunRecord {
     /// What its egress.log holds, once the run has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::log::EgressSummary>,
+    /// What the spawn said about its definition (a project one over the
+    /// user's, a network_allow ignored).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 fn one() -> u32 {
@@ -317,6 +321,7 @@ impl RunRecord {
                     .then(|| crate::egress::log::summarize(&files.egress_log()))
                     .flatten()
             }),
+            notes: self.notes.clone(),
         }
     }
 }
@@ -409,6 +414,9 @@ pub struct RunStatus {
     /// Its egress so far (allowlist mode): counts, refused hosts, bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::log::EgressSummary>,
+    /// What the spawn said about its definition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 #[cfg(test)]

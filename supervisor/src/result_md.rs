@@ -226,6 +226,9 @@ fn tools_and_rights(s: &mut String, rec: &RunRecord) {
     if let Some(a) = &rec.agent {
         let _ = writeln!(s, "- agent: {}", mdsafe::text(a));
     }
+    for n in &rec.notes {
+        let _ = writeln!(s, "- note: {}", mdsafe::text(n));
+    }
     match &rec.tools {
         Some(t) if t.is_empty() => {
             let _ = writeln!(s, "- tools: (none)");

@@ -802,3 +802,89 @@ fn a_definition_of_more_than_256_tool_entries_is_an_error_for_its_name() {
     let st = e.spawn(e.project.path(), "fine", &parent).unwrap();
     assert_eq!(st["tools"], json!(["mcp__s__t000255"]), "{st}");
 }
+
+#[test]
+fn a_project_definition_gets_no_egress_the_config_does_not_cap() {
+    let e = env();
+    let allow = "network_allow: [\"exfil.example.net:443\"]\n";
+    write(
+        &e.p(".claude/agents/reviewer.md"),
+        &def("reviewer", allow, "planted"),
+    );
+    let user = e.home.path().join(".claude/agents");
+    write(
+        &user.join("reviewer.md"),
+        &def("reviewer", "", "the user's"),
+    );
+    write(
+        &user.join("fetcher.md"),
+        &def("fetcher", allow, "the user's"),
+    );
+    let (listing, _) = e.agents(e.project.path());
+    let w = agent(&listing, "reviewer")["warnings"].to_string();
+    assert!(w.contains("network_allow is ignored"), "{w}");
+    let st = e
+        .spawn(e.project.path(), "reviewer", &["file_read".to_owned()])
+        .unwrap();
+    assert_eq!(st["network"], "none", "{st}");
+    assert_eq!(st["network_allow"], Value::Null, "{st}");
+    let notes = st["notes"].to_string();
+    assert!(notes.contains("network_allow is ignored"), "{notes}");
+    assert!(
+        notes.contains(&format!(
+            "shadows the user-level {}",
+            user.join("reviewer.md").display()
+        )),
+        "{notes}"
+    );
+    let result = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
+    assert!(result.contains("network_allow is ignored"), "{result}");
+    // A user-level definition is the user's own: its list is honoured.
+    let st = e
+        .spawn(e.project.path(), "fetcher", &["file_read".to_owned()])
+        .unwrap();
+    assert_eq!(st["network"], "allowlist", "{st}");
+    assert_eq!(st["network_allow"], json!(["exfil.example.net:443"]));
+    assert_eq!(st["notes"], Value::Null, "{st}");
+}
+
+#[test]
+fn a_project_definitions_egress_is_honoured_within_the_audiences_cap() {
+    let home = tempfile::tempdir_in("/tmp").unwrap();
+    let cfg = home.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        "[audiences.team]\nnetwork_allow = [\"*.example.com:443\"]\n",
+    )
+    .unwrap();
+    let d = Daemon::start_with(DaemonOpts {
+        env: home_env(home.path()),
+        args: vec!["--config".into(), cfg.display().to_string()],
+        ..Default::default()
+    });
+    let project = tempfile::tempdir_in("/tmp").unwrap();
+    let e = Env { d, home, project };
+    write(
+        &e.p(".subagents/api.md"),
+        &def("api", "network_allow: [\"api.example.com:443\"]\n", ""),
+    );
+    write(
+        &e.p(".subagents/out.md"),
+        &def("out", "network_allow: [\"exfil.example.net:443\"]\n", ""),
+    );
+    let st = e
+        .spawn(e.project.path(), "api", &["file_read".to_owned()])
+        .unwrap();
+    assert_eq!(st["network"], "allowlist", "{st}");
+    assert_eq!(st["network_allow"], json!(["api.example.com:443"]));
+    let err = e
+        .spawn(e.project.path(), "out", &["file_read".to_owned()])
+        .unwrap_err();
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("outside what the audience may reach"),
+        "{err}"
+    );
+}

@@ -29,7 +29,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use subagent_runner::safefile::{self, SafeFileError};
 
-/// Where definitions are looked for, in order.
+/// The first search dirs, the project's.
+const PROJECT_DIRS: usize = 2;
+
+/// Where definitions are looked for, in order: the project's
+/// ([`PROJECT_DIRS`]), then the user's.
 pub fn search_dirs(project_dir: &Path) -> Vec<PathBuf> {
     let config_home = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
@@ -59,6 +63,8 @@ pub struct Agent {
     pub warnings: Vec<String>,
     /// Read now, not taken from the cache: its warnings are new.
     pub fresh: bool,
+    /// From a project folder, which a child may have written.
+    pub project: bool,
 }
 
 impl Agent {
@@ -90,6 +96,9 @@ pub struct Duplicate {
     /// The file whose definition is used.
     pub winner: PathBuf,
     pub shadowed: PathBuf,
+    /// The shadowed one is from a user-level folder, the one used from a
+    /// project folder.
+    pub over_user: bool,
 }
 
 /// Every definition found, and every file that could not be used.
@@ -112,6 +121,14 @@ impl Found {
     /// The definition called `name`.
     pub fn get(&self, name: &str) -> Option<&Agent> {
         self.agents.iter().find(|a| a.definition.name == name)
+    }
+
+    /// The user-level definition the project's definition `name` shadows.
+    pub fn shadowed_user_level(&self, name: &str) -> Option<&Path> {
+        self.duplicates
+            .iter()
+            .find(|d| d.name == name && d.over_user)
+            .map(|d| d.shadowed.as_path())
     }
 
     /// The names available (a malformed file blocks its name), sorted.
@@ -176,7 +193,8 @@ pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -
     let mut found = Found::default();
     let mut seen_files = HashSet::new();
     let mut budget = cache::READ_MAX;
-    for dir in search_dirs(project_dir) {
+    for (i, dir) in search_dirs(project_dir).into_iter().enumerate() {
+        let project = i < PROJECT_DIRS;
         let fd = match open_search_dir(project_dir, &dir) {
             Ok(Some(fd)) => fd,
             Ok(None) => continue,
@@ -211,7 +229,14 @@ pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -
                 size: id.size,
             };
             match cache::parsed(src, tools, &mut budget) {
-                (Ok((d, t)), fresh) => found.add(agent(d, t, fresh, max_body_chars)),
+                (Ok((d, t)), fresh) => {
+                    let mut a = agent(d, t, fresh, max_body_chars);
+                    a.project = project;
+                    if project {
+                        warn_project_network(&mut a);
+                    }
+                    found.add(a);
+                }
                 (Err(e), _) => found.errors.push(e),
             }
         }
@@ -238,6 +263,7 @@ impl Found {
                 name: a.definition.name.clone(),
                 winner: first.definition.source.clone(),
                 shadowed: a.definition.source,
+                over_user: first.project && !a.project,
             }),
             None => {
                 if let Some((dir, why)) = &self.blocked_by {
@@ -272,5 +298,21 @@ fn agent(d: Definition, resolved: AgentTools, fresh: bool, max_body_chars: usize
         tools: resolved,
         warnings,
         fresh,
+        project: false,
     }
+}
+
+/// What a project definition's `network_allow` gets, said where it is
+/// listed.
+pub const PROJECT_NETWORK: &str = "network_allow is ignored unless the session's audience has a network_allow cap in the config, and must fall within it then: a child may have written this folder";
+
+fn warn_project_network(a: &mut Agent) {
+    let d = &a.definition;
+    if d.network_allow.is_empty() {
+        return;
+    }
+    let line = d.lines.get("network_allow").copied().unwrap_or(1);
+    let source = d.source.display();
+    a.warnings
+        .push(format!("{source}:{line}: {PROJECT_NETWORK}"));
 }

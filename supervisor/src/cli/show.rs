@@ -148,9 +148,14 @@ pub fn agents_table(
         }
     }
     for dup in &found.duplicates {
+        let over = if dup.over_user {
+            ", a project definition over a user-level one"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "shadowed: {}: {} (the one used: {})",
+            "shadowed: {}: {} (the one used: {}{over})",
             one_line(&dup.name),
             one_line(&dup.shadowed.to_string_lossy()),
             one_line(&dup.winner.to_string_lossy())
@@ -188,7 +193,7 @@ pub fn agents_json(
     let duplicates: Vec<serde_json::Value> = found
         .duplicates
         .iter()
-        .map(|d| json!({"name": d.name, "used": d.winner, "shadowed": d.shadowed}))
+        .map(|d| json!({"name": d.name, "used": d.winner, "shadowed": d.shadowed, "over_user": d.over_user}))
         .collect();
     let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
     json!({"agents": agents, "duplicates": duplicates, "errors": errors, "notes": found.notes})

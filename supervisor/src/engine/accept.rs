@@ -72,6 +72,8 @@ pub struct Plan {
     /// Its allowlist: the config's, the definition's and the request's
     /// entries (empty unless `network` is the allowlist).
     pub network_allow: Vec<String>,
+    /// What the run is told about its definition.
+    pub notes: Vec<String>,
 }
 
 /// Refuses an entry of `list` (the request's or the definition's) that no
@@ -92,19 +94,42 @@ fn check_cap(cap: Option<&[AllowEntry]>, list: &[String], field: &str) -> Result
     Ok(())
 }
 
+/// The entries of the definition's `network_allow` the run may add: a
+/// project definition's only under an audience cap (which they must then
+/// fall within), else none, said in `notes`.
+fn definition_network<'a>(
+    agent: Option<&'a crate::agents::Agent>,
+    capped: bool,
+    audience: policy::Audience,
+    notes: &mut Vec<String>,
+) -> &'a [String] {
+    let Some(a) = agent else { return &[] };
+    let list = a.definition.network_allow.as_slice();
+    if list.is_empty() || !a.project || capped {
+        return list;
+    }
+    notes.push(format!(
+        "the definition's network_allow is ignored ({}): {} lies in a project folder and the audience {} has no network_allow cap in the config",
+        list.join(", "),
+        a.definition.source.display(),
+        audience.as_str()
+    ));
+    &[]
+}
+
 /// The run's network mode and allowlist; a request or definition entry
 /// outside the audience's cap is refused.
 fn network_plan(
     settings: &policy::config::Config,
     p: &SpawnParams,
-    agent: Option<&policy::definition::Definition>,
+    agent: Option<&crate::agents::Agent>,
     switches: &policy::sandbox::SandboxRequest,
     granted: bool,
+    notes: &mut Vec<String>,
 ) -> Result<(NetworkMode, Vec<String>), EngineError> {
     let cap = settings.network_cap(p.session.audience);
-    let from_def = agent
-        .map(|d| d.network_allow.as_slice())
-        .unwrap_or_default();
+    let audience = p.session.audience;
+    let from_def = definition_network(agent, cap.is_some(), audience, notes);
     check_cap(
         cap.as_deref(),
         &p.sandbox.network_allow,
@@ -152,6 +177,7 @@ fn find_agent(
     settings: &policy::config::Config,
     project_dir: &Path,
     name: &str,
+    notes: &mut Vec<String>,
 ) -> Result<crate::agents::Agent, EngineError> {
     let found = crate::agents::discover(project_dir, tools, settings.context.max_file_chars);
     found.log_new_warnings();
@@ -165,6 +191,14 @@ fn find_agent(
         ));
     }
     if let Some(d) = found.get(name) {
+        // As in Claude Code the project's wins; the parent is told.
+        if let Some(user) = found.shadowed_user_level(name) {
+            notes.push(format!(
+                "the project's definition {} shadows the user-level {}",
+                d.definition.source.display(),
+                user.display()
+            ));
+        }
         return Ok(d.clone());
     }
     let names = found.names();
@@ -237,8 +271,12 @@ pub fn plan(
     settings: &policy::config::Config,
     p: &SpawnParams,
 ) -> Result<Plan, EngineError> {
+    let mut notes = Vec::new();
     let agent = match &p.agent {
-        Some(name) => Some(find_agent(tools, settings, &p.session.project_dir, name)?),
+        Some(name) => {
+            let dir = &p.session.project_dir;
+            Some(find_agent(tools, settings, dir, name, &mut notes)?)
+        }
         None => None,
     };
     let child_tools = child_tools(tools, p, agent.as_ref())?;
@@ -255,9 +293,10 @@ pub fn plan(
     let (network, network_allow) = network_plan(
         settings,
         p,
-        agent.as_ref().map(|a| &a.definition),
+        agent.as_ref(),
         &switches,
         grants.network,
+        &mut notes,
     )?;
     // The host's network only in full mode (a network tool may get the
     // allowlist instead).
@@ -282,6 +321,7 @@ pub fn plan(
         agent,
         network,
         network_allow,
+        notes,
     })
 }
 
@@ -816,6 +856,7 @@ fn accepted_record(
         network: Some(plan.network),
         network_allow: plan.network_allow.clone(),
         egress: None,
+        notes: plan.notes.clone(),
     }
 }
 

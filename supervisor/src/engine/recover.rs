@@ -124,6 +124,7 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
         network: None,
         network_allow: Vec::new(),
         egress: None,
+        notes: Vec::new(),
     };
     rec.save().ok()?;
     Some(rec)
