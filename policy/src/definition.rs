@@ -103,9 +103,39 @@ const KNOWN: &[&str] = &[
 ];
 
 /// Whether `s` may name a definition (Claude Code takes any string; a
-/// control character could drive a terminal that lists it).
+/// control character could drive a terminal that lists it, an invisible
+/// format character make a lookalike of another name).
 pub fn valid_name(s: &str) -> bool {
-    !s.is_empty() && s.chars().count() <= NAME_MAX && !s.chars().any(char::is_control)
+    !s.is_empty()
+        && s.chars().count() <= NAME_MAX
+        && !s.chars().any(|c| c.is_control() || is_format(c))
+}
+
+/// Whether `c` is of Unicode's general category Cf (format): invisible,
+/// or changing how the text around it shows.
+fn is_format(c: char) -> bool {
+    matches!(c,
+        '\u{ad}'
+        | '\u{600}'..='\u{605}'
+        | '\u{61c}'
+        | '\u{6dd}'
+        | '\u{70f}'
+        | '\u{890}'..='\u{891}'
+        | '\u{8e2}'
+        | '\u{180e}'
+        | '\u{200b}'..='\u{200f}'
+        | '\u{202a}'..='\u{202e}'
+        | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{206f}'
+        | '\u{feff}'
+        | '\u{fff9}'..='\u{fffb}'
+        | '\u{110bd}'
+        | '\u{110cd}'
+        | '\u{13430}'..='\u{1343f}'
+        | '\u{1bca0}'..='\u{1bca3}'
+        | '\u{1d173}'..='\u{1d17a}'
+        | '\u{e0001}'
+        | '\u{e0020}'..='\u{e007f}')
 }
 
 /// Parses a definition.
@@ -227,7 +257,7 @@ impl Fields<'_> {
         if !valid_name(&name) {
             return Err(self.invalid(
                 "name",
-                format!("{name:?} must be 1 to {NAME_MAX} characters without control characters"),
+                format!("{name:?} must be 1 to {NAME_MAX} characters without control or format characters"),
             ));
         }
         Ok(name)
@@ -630,6 +660,19 @@ mod tests {
             d.warnings,
             ["/p/a.md:4: tools: 3 entries that are not names are ignored"]
         );
+    }
+
+    #[test]
+    fn invisible_format_characters_make_no_lookalike_names() {
+        for c in [
+            '\u{200b}', '\u{200c}', '\u{200d}', '\u{2060}', '\u{feff}', '\u{ad}',
+        ] {
+            let text = format!("---\nname: \"rev{c}iewer\"\ndescription: d\n---\n");
+            let e = parse(Path::new("/p/a.md"), &text).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("name"), "{c:?}");
+            assert!(!valid_name(&format!("a{c}b")), "{c:?}");
+        }
+        assert!(valid_name("réviewer ünïcode"));
     }
 
     #[test]

@@ -395,7 +395,7 @@ fn check_agent_name(a: &str) -> Result<(), EngineError> {
     Err(EngineError::invalid(
         "agent",
         format!(
-            "{a:?} is not an agent name (1 to {} characters, no control character)",
+            "{a:?} is not an agent name (1 to {} characters, no control or format character)",
             policy::definition::NAME_MAX
         ),
     ))
