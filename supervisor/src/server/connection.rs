@@ -79,6 +79,20 @@ pub async fn refuse(stream: UnixStream) {
     let _ = wr.shutdown().await;
 }
 
+/// Answers a connection whose caller could not be judged (the daemon is
+/// out of descriptors or memory) with one -32603 error and closes it.
+pub async fn refuse_busy(stream: UnixStream, why: &super::peer::PeerError) {
+    let (_rd, mut wr) = stream.into_split();
+    let e = RpcError::new(
+        codes::INTERNAL_ERROR,
+        format!("internal error: the daemon cannot tell who is calling ({why}); try again"),
+    );
+    let _ = wr
+        .write_all(&protocol::error_response(&Value::Null, &e))
+        .await;
+    let _ = wr.shutdown().await;
+}
+
 /// Answers a connection from a uid that may not use the daemon with one
 /// -32007 error and closes it.
 pub async fn refuse_uid(stream: UnixStream, uid: Option<u32>) {

@@ -112,7 +112,18 @@ pub async fn serve(
             let peer_pid = cred.and_then(|c| c.pid());
             let from_run = tokio::task::spawn_blocking(move || peer::inside_run(peer_pid))
                 .await
-                .unwrap_or(true);
+                .unwrap_or(Ok(true));
+            let from_run = match from_run {
+                Ok(inside) => inside,
+                Err(e) => {
+                    // Out of descriptors or memory: nothing is granted, and
+                    // the caller is not told it is a subagent.
+                    tracing::warn!(peer_pid, "cannot tell who is calling: {e}");
+                    connection::refuse_busy(stream, &e).await;
+                    drop(done);
+                    return;
+                }
+            };
             if from_run {
                 tracing::warn!(
                     peer_pid,

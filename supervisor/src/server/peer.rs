@@ -18,40 +18,66 @@ pub fn in_run_cgroup(cgroup_text: &str) -> bool {
     })
 }
 
-fn parent_of(pid: i32) -> Option<i32> {
-    subagent_runner::procstat::read_stat(pid).map(|s| s.ppid)
+/// Whether the caller is inside a run could not be told: /proc could not be
+/// read for a reason other than the process being gone (out of descriptors
+/// or memory). Neither "inside" nor "outside": the connection is answered
+/// with an internal error and closed.
+#[derive(Debug, thiserror::Error)]
+#[error("reading /proc/{pid}/{file}: {source}")]
+pub struct PeerError {
+    pid: i32,
+    file: &'static str,
+    source: std::io::Error,
 }
 
-fn comm(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
+/// Reads `/proc/<pid>/<file>`: `None` when the process is gone.
+fn proc_file(pid: i32, file: &'static str) -> Result<Option<String>, PeerError> {
+    match std::fs::read_to_string(format!("/proc/{pid}/{file}")) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if gone(&e) => Ok(None),
+        Err(source) => Err(PeerError { pid, file, source }),
+    }
+}
+
+/// Whether a read of /proc failed because the process is not there.
+fn gone(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH))
 }
 
 /// Whether process `pid` belongs to a run: it sits in a run's cgroup, or a
 /// runner is among its ancestors. A pid that is unknown, or gone by the
 /// time it is looked at (a process that connected, handed the connection
-/// on and exited), counts as inside: fail closed.
-pub fn inside_run(pid: Option<i32>) -> bool {
+/// on and exited), counts as inside: fail closed. Any other failure to
+/// read /proc is an error, never an answer.
+pub fn inside_run(pid: Option<i32>) -> Result<bool, PeerError> {
     let Some(pid) = pid.filter(|&p| p > 0) else {
-        return true;
+        return Ok(true);
     };
-    match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
-        Ok(text) if in_run_cgroup(&text) => return true,
-        Ok(_) => {}
-        Err(_) => return true,
+    match proc_file(pid, "cgroup")? {
+        Some(text) if in_run_cgroup(&text) => return Ok(true),
+        Some(_) => {}
+        None => return Ok(true),
     }
     let mut p = pid;
     for _ in 0..256 {
-        if comm(p) == RUNNER_COMM {
-            return true;
+        let Some(comm) = proc_file(p, "comm")? else {
+            // An ancestor that exited meanwhile: its place is unknown.
+            return Ok(true);
+        };
+        if comm.trim() == RUNNER_COMM {
+            return Ok(true);
         }
-        match parent_of(p) {
+        let parent = proc_file(p, "stat")?
+            .as_deref()
+            .and_then(subagent_runner::procstat::parse_stat)
+            .map(|s| s.ppid);
+        match parent {
             Some(pp) if pp > 1 && pp != p => p = pp,
-            _ => return false,
+            Some(_) => return Ok(false),
+            None => return Ok(true),
         }
     }
-    false
+    Ok(false)
 }
 
 #[cfg(test)]
@@ -74,12 +100,21 @@ mod tests {
 
     #[test]
     fn this_test_process_is_not_inside_a_run() {
-        assert!(!inside_run(Some(std::process::id() as i32)));
-        assert!(inside_run(None));
+        assert!(!inside_run(Some(std::process::id() as i32)).unwrap());
+        assert!(inside_run(None).unwrap());
         // A pid that is gone counts as inside.
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id() as i32;
         child.wait().unwrap();
-        assert!(inside_run(Some(pid)));
+        assert!(inside_run(Some(pid)).unwrap());
+    }
+
+    #[test]
+    fn only_a_missing_process_counts_as_gone() {
+        assert!(gone(&std::io::Error::from_raw_os_error(libc::ENOENT)));
+        assert!(gone(&std::io::Error::from_raw_os_error(libc::ESRCH)));
+        for e in [libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EACCES] {
+            assert!(!gone(&std::io::Error::from_raw_os_error(e)), "{e}");
+        }
     }
 }
