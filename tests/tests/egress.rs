@@ -429,8 +429,8 @@ fn bursts_slow_and_huge_requests_do_not_stop_the_proxy() {
         .unwrap()
         .parse()
         .unwrap();
-    // At most the cap (256) of the 1,000 held connections was taken.
-    assert!(refused >= 1000 - 300 - 256, "{log}");
+    // At most the cap (128) of the 1,000 held connections was taken.
+    assert!(refused >= 1000 - 300 - 128, "{log}");
     assert!(server.seen() >= 1001, "{}", server.seen());
     let lines = egress_log(&st, 1000);
     let reason = |needle: &str| {
@@ -440,7 +440,7 @@ fn bursts_slow_and_huge_requests_do_not_stop_the_proxy() {
     };
     assert!(reason("not complete after 10 s"), "no slowloris line");
     assert!(reason("over 65536 bytes"), "no oversized-head line");
-    assert!(reason("connection cap (256)"), "no cap line");
+    assert!(reason("connection cap (128)"), "no cap line");
     assert!(subagentd_e2e::alive(d.pid()));
 }
 
@@ -533,4 +533,156 @@ fn the_config_lists_for_every_run_gives_network_tools_the_list_and_caps_audience
     // network: false takes everything away.
     let (st, _) = run(&d, "true", json!({"sandbox": {"network": false}}));
     assert_eq!(st["network"], "none");
+}
+
+/// A server on 127.0.0.1 that accepts connections and holds them, never
+/// answering or closing one.
+struct Silent {
+    port: u16,
+    held: Arc<std::sync::Mutex<Vec<TcpStream>>>,
+}
+
+impl Silent {
+    fn start() -> Silent {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let h = held.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                h.lock().unwrap().push(s);
+            }
+        });
+        Silent { port, held }
+    }
+
+    fn seen(&self) -> usize {
+        self.held.lock().unwrap().len()
+    }
+}
+
+/// The descriptors process `pid` holds.
+fn fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Python that opens `n` CONNECT tunnels to `port` through the proxy,
+/// sends a little through each one let through, prints `HELD <ok> <503s>
+/// <other>`, and holds them until `release` exists (at most 120 s).
+fn hold_tunnels(n: usize, port: u16, release: &Path) -> String {
+    format!(
+        "import os, socket, time\n\
+         ok = busy = other = 0\n\
+         held = []\n\
+         for i in range({n}):\n\
+         \ts = socket.create_connection(('127.0.0.1', 3128), timeout=30)\n\
+         \ts.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n\
+         \ttry:\n\
+         \t\tr = s.recv(100)\n\
+         \texcept OSError:\n\
+         \t\tr = b''\n\
+         \tif r.startswith(b'HTTP/1.1 200'):\n\
+         \t\tok += 1\n\
+         \t\ts.sendall(b'x' * 1000)\n\
+         \telif r.startswith(b'HTTP/1.1 503'): busy += 1\n\
+         \telse: other += 1\n\
+         \theld.append(s)\n\
+         print('HELD', ok, busy, other, flush=True)\n\
+         deadline = time.time() + 120\n\
+         while not os.path.exists('{release}') and time.time() < deadline: time.sleep(0.05)\n\
+         print('RELEASED', flush=True)\n",
+        release = release.display()
+    )
+}
+
+/// The numbers of a run's `HELD ok busy other` line.
+fn held_counts(log: &str) -> (usize, usize, usize) {
+    let line = log.lines().find_map(|l| l.strip_prefix("HELD ")).unwrap();
+    let n: Vec<usize> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+    (n[0], n[1], n[2])
+}
+
+#[test]
+fn runs_holding_tunnels_cannot_exhaust_the_daemons_descriptors() {
+    if !host_ok() {
+        return;
+    }
+    let silent = Silent::start();
+    // A soft descriptor limit of 512 (hard 4096, what the runs' own
+    // limit needs): three runs of 200 tunnels each would need 1200.
+    let wrap = [
+        "sh",
+        "-c",
+        "ulimit -Sn 512 && ulimit -Hn 4096 && exec \"$@\"",
+        "sh",
+    ];
+    let d = Daemon::start_with(DaemonOpts {
+        wrap: wrap.iter().map(|s| s.to_string()).collect(),
+        max_concurrent: Some(3),
+        ..Default::default()
+    });
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).unwrap();
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(
+        nofile.split_whitespace().nth(3),
+        Some("4096"),
+        "the soft limit is raised to the hard one: {nofile}"
+    );
+    let chan = subagentd_e2e::channel();
+    let release = chan.path().join("release");
+    let py = hold_tunnels(200, silent.port, &release);
+    let allow = json!([format!("127.0.0.1:{}", silent.port)]);
+    let mut c = d.conn();
+    let runs: Vec<String> = (0..3)
+        .map(|_| {
+            c.spawn(
+                &session("fds"),
+                &["sh", "-c", "python3 -c \"$PY\""],
+                json!({"env": {"PY": py}, "sandbox": {"network_allow": allow}}),
+            )
+        })
+        .collect();
+    for r in &runs {
+        wait_until(
+            Duration::from_secs(90),
+            "the runs hold their tunnels",
+            || {
+                let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
+                let log = std::fs::read_to_string(st["log_path"].as_str().unwrap());
+                let log = log.unwrap_or_default();
+                assert!(
+                    matches!(st["state"].as_str(), Some("accepted" | "running")),
+                    "{st} {log}"
+                );
+                log.contains("HELD")
+            },
+        );
+    }
+    let held = fds(d.pid());
+    // A host client is served, and not taken for a subagent.
+    let mut host = d.conn();
+    host.call("list_agent_runs", json!({}))
+        .unwrap_or_else(|e| panic!("a host client was refused while runs held tunnels: {e}"));
+    std::fs::write(&release, "").unwrap();
+    let mut ok = 0;
+    for r in &runs {
+        let st = c.wait(r);
+        let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+        assert_eq!(st["state"], "succeeded", "{st} {log}");
+        let (o, busy, other) = held_counts(&log);
+        assert_eq!(o + busy + other, 200, "{log}");
+        assert!(o <= 128, "over the run's cap: {log}");
+        ok += o;
+    }
+    // Each run's cap counts both descriptors of a tunnel: 128 tunnels.
+    assert!(
+        held < 2 * 3 * 128 + 100,
+        "the daemon held {held} descriptors"
+    );
+    assert!(ok >= 128, "only {ok} tunnels were let through");
+    assert!(silent.seen() >= ok);
+    assert!(!d.log().contains("Too many open files"), "{}", d.log());
 }

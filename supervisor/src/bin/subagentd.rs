@@ -247,6 +247,11 @@ fn main() -> std::process::ExitCode {
         return check(args.config.as_deref(), runner);
     }
     init_tracing(args.log_format);
+    // Descriptors are what runs' proxied connections cost the daemon.
+    match subagentd::egress::budget::raise_nofile() {
+        Ok(n) => tracing::info!(nofile = n, "descriptor limit"),
+        Err(e) => tracing::warn!("raising the descriptor limit: {e}"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -9,6 +9,7 @@
 //! The run's identity is the socket pair itself: nothing a child sends
 //! names a run, and no path to the proxy exists in its view.
 
+pub mod budget;
 pub mod log;
 pub mod proxy;
 
@@ -18,8 +19,9 @@ use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-/// Connections of one run served at once; more are refused.
-pub const MAX_CONNECTIONS: usize = 256;
+/// Connections of one run served at once (each holds two of the daemon's
+/// descriptors: the run's and the destination's); more are refused.
+pub const MAX_CONNECTIONS: usize = 128;
 
 /// Everything the proxy knows of one run.
 pub struct RunProxy {
@@ -31,6 +33,8 @@ pub struct RunProxy {
     pub log: log::EgressLog,
     /// Its share of connections.
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// The connections of every run together ([`budget::global`]).
+    pub global: Arc<tokio::sync::Semaphore>,
     /// How names are resolved.
     pub resolver: proxy::Resolver,
 }
@@ -49,6 +53,7 @@ impl RunProxy {
             allow,
             log: log::EgressLog::new(log_path, log_cap),
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            global: budget::global(),
             resolver: proxy::Resolver::System,
         }
     }

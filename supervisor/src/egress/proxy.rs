@@ -65,7 +65,7 @@ impl Resolver {
 }
 
 /// Accepts the run's connections and serves each on a task of its own,
-/// within the run's connection cap.
+/// within the run's connection cap and the daemon's budget.
 pub async fn accept_loop(listener: tokio::net::TcpListener, run: Arc<RunProxy>) {
     loop {
         let client = match listener.accept().await {
@@ -77,38 +77,54 @@ pub async fn accept_loop(listener: tokio::net::TcpListener, run: Arc<RunProxy>) 
                 continue;
             }
         };
-        let run = run.clone();
-        match run.slots.clone().try_acquire_owned() {
-            Ok(permit) => {
+        let permits = run.slots.clone().try_acquire_owned().map_err(|_| Full::Run);
+        let permits = permits.and_then(|p| {
+            let g = run
+                .global
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| Full::Daemon)?;
+            Ok((p, g))
+        });
+        match permits {
+            Ok(permits) => {
+                let run = run.clone();
                 tokio::spawn(async move {
                     serve_connection(&run, client).await;
-                    drop(permit);
+                    drop(permits);
                 });
             }
-            Err(_) => {
-                tokio::spawn(async move { over_cap(&run, client).await });
-            }
+            Err(full) => over_cap(&run, client, full),
         }
     }
 }
 
-/// A connection over the run's cap: refused, and logged.
-async fn over_cap(run: &RunProxy, mut client: TcpStream) {
+/// Which cap a connection found full.
+#[derive(Debug, Clone, Copy)]
+enum Full {
+    Run,
+    Daemon,
+}
+
+/// A connection over a cap: refused at once, without a task or a wait (a
+/// reader that does not take the answer loses it), and logged.
+fn over_cap(run: &RunProxy, client: TcpStream, full: Full) {
     let mut entry = new_entry();
-    entry.reason = Some(format!(
-        "the run's connection cap ({}) is reached",
-        super::MAX_CONNECTIONS
-    ));
-    let _ = tokio::time::timeout(
-        Duration::from_secs(1),
-        reply(
-            &mut client,
-            503,
-            "Service Unavailable",
-            entry.reason.as_deref().unwrap_or(""),
+    let why = match full {
+        Full::Run => format!(
+            "the run's connection cap ({}) is reached",
+            super::MAX_CONNECTIONS
         ),
-    )
-    .await;
+        Full::Daemon => "the daemon's egress connection budget is used up".to_owned(),
+    };
+    let body = format!("subagentd egress proxy: {why}\n");
+    let text = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = client.try_write(text.as_bytes());
+    drop(client);
+    entry.reason = Some(why);
     write_entry(run, &entry);
 }
 
