@@ -23,8 +23,9 @@ pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Headers per request.
 const MAX_HEADERS: usize = 128;
-/// The relay's buffer each way.
-const RELAY_BUF: usize = 256 * 1024;
+/// The relay's buffer each way: with the daemon's connection budget
+/// ([`super::budget`]), what all tunnels can hold in the daemon's memory.
+const RELAY_BUF: usize = 32 * 1024;
 /// Headers that concern one hop only, never forwarded.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
