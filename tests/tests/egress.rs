@@ -686,3 +686,34 @@ fn runs_holding_tunnels_cannot_exhaust_the_daemons_descriptors() {
     assert!(silent.seen() >= ok);
     assert!(!d.log().contains("Too many open files"), "{}", d.log());
 }
+#[test]
+fn a_runs_tunnels_end_with_it() {
+    if !host_ok() {
+        return;
+    }
+    let silent = Silent::start();
+    let d = Daemon::start();
+    let before = fds(d.pid());
+    let chan = subagentd_e2e::channel();
+    let release = chan.path().join("release");
+    std::fs::write(&release, "").unwrap();
+    // The run opens tunnels to a destination that never answers nor
+    // closes, and ends.
+    let py = hold_tunnels(60, silent.port, &release);
+    let allow = json!([format!("127.0.0.1:{}", silent.port)]);
+    let (st, log) = run(
+        &d,
+        "python3 -c \"$PY\"",
+        json!({"env": {"PY": py}, "sandbox": {"network_allow": allow}}),
+    );
+    assert_eq!(st["state"], "succeeded", "{st} {log}");
+    assert_eq!(held_counts(&log), (60, 0, 0), "{log}");
+    wait_until(
+        Duration::from_secs(20),
+        "the daemon to close the run's tunnels",
+        || fds(d.pid()) <= before + 2,
+    );
+    let lines = egress_log(&st, 60);
+    assert_eq!(lines.len(), 60, "{lines:?}");
+    assert!(lines.iter().all(|l| l["verdict"] == "allowed"), "{lines:?}");
+}

@@ -1,7 +1,8 @@
 //! The daemon's descriptors shared out to the proxy: the soft
 //! RLIMIT_NOFILE raised to the hard one at start, and one budget of
 //! proxied connections across every run, a fraction of that limit, so
-//! that the control socket, run folders and runners always find one.
+//! that the control socket, run folders and runners always find one;
+//! and a small budget for answering connections over those caps.
 
 use std::sync::{Arc, OnceLock};
 use tokio::sync::Semaphore;
@@ -29,7 +30,8 @@ pub fn raise_nofile() -> nix::Result<u64> {
 /// The connections the proxy may hold at once under a descriptor limit of
 /// `nofile`.
 pub fn connections_for(nofile: u64) -> usize {
-    let share = usize::try_from(nofile / LIMIT_SHARE).unwrap_or(usize::MAX);
+    let share = (nofile / LIMIT_SHARE).saturating_sub(LINGERING_REFUSALS as u64);
+    let share = usize::try_from(share).unwrap_or(usize::MAX);
     share.clamp(1, MAX_GLOBAL_CONNECTIONS)
 }
 
@@ -48,13 +50,24 @@ pub fn global() -> Arc<Semaphore> {
         .clone()
 }
 
+/// Refusals over a cap whose `503` may linger a moment, across runs.
+const LINGERING_REFUSALS: usize = 64;
+
+/// The budget of lingering refusals, across runs.
+pub fn refusals() -> Arc<Semaphore> {
+    static BUDGET: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    BUDGET
+        .get_or_init(|| Arc::new(Semaphore::new(LINGERING_REFUSALS)))
+        .clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_budget_is_a_quarter_of_the_limit_within_bounds() {
-        assert_eq!(connections_for(1024), 256);
+        assert_eq!(connections_for(1024), 256 - 64);
         assert_eq!(connections_for(20_000), MAX_GLOBAL_CONNECTIONS);
         assert_eq!(connections_for(u64::MAX), MAX_GLOBAL_CONNECTIONS);
         assert_eq!(connections_for(0), 1);

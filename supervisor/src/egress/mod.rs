@@ -127,9 +127,46 @@ fn as_listener(fd: OwnedFd) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::from_std(l)
 }
 
-/// Serves run `run`'s channel until its runner is gone: each listener it
-/// sends (one per attempt) replaces the one before.
-pub async fn serve(channel: OwnedFd, run: Arc<RunProxy>) {
+/// The longest the end of a run's proxy waits for its connections to
+/// write their lines before it drops them.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A run's proxy, served on a task of its own.
+pub struct Handle {
+    stop: tokio::sync::watch::Sender<bool>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Handle {
+    /// Ends the proxy and every connection it serves (the run has ended);
+    /// returns once their lines are written, or after [`STOP_GRACE`].
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(STOP_GRACE * 2, self.done).await;
+    }
+}
+
+/// Serves run `run`'s channel on a task of its own until its runner is
+/// gone or [`Handle::stop`].
+pub fn start(channel: OwnedFd, run: Arc<RunProxy>) -> Handle {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let done = tokio::spawn(serve(channel, run, stopped));
+    Handle { stop, done }
+}
+
+/// Accepts on the attempt's listener, if there is one yet.
+async fn accept(l: Option<&tokio::net::TcpListener>) -> std::io::Result<tokio::net::TcpStream> {
+    match l {
+        Some(l) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves run `run`'s channel: each listener it sends (one per attempt)
+/// replaces the one before and ends that attempt's connections. At its
+/// end of file (the runner is gone) or at `stop`, every connection of the
+/// run is ended.
+async fn serve(channel: OwnedFd, run: Arc<RunProxy>, mut stop: tokio::sync::watch::Receiver<bool>) {
     // SAFETY: the AsyncFd owns the descriptor: it stays open, and the same
     // one, for as long as it is registered.
     let channel = match unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) } {
@@ -139,25 +176,43 @@ pub async fn serve(channel: OwnedFd, run: Arc<RunProxy>) {
             return;
         }
     };
-    let mut current: Option<tokio::task::JoinHandle<()>> = None;
+    let mut listener: Option<tokio::net::TcpListener> = None;
+    let (mut attempt, _) = tokio::sync::watch::channel(false);
+    let mut conns = tokio::task::JoinSet::new();
     loop {
-        let fd = match recv_fd(&channel).await {
-            Ok(Some(fd)) => fd,
-            Ok(None) => break,
-            Err(e) => {
-                tracing::warn!(run_id = %run.run_id, "egress channel: {e}");
-                break;
+        tokio::select! {
+            fd = recv_fd(&channel) => {
+                let fd = match fd {
+                    Ok(Some(fd)) => fd,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(run_id = %run.run_id, "egress channel: {e}");
+                        break;
+                    }
+                };
+                let _ = attempt.send(true);
+                attempt = tokio::sync::watch::channel(false).0;
+                listener = as_listener(fd)
+                    .map_err(|e| tracing::warn!(run_id = %run.run_id, "egress channel: {e}"))
+                    .ok();
             }
-        };
-        if let Some(h) = current.take() {
-            h.abort();
-        }
-        match as_listener(fd) {
-            Ok(l) => current = Some(tokio::spawn(proxy::accept_loop(l, run.clone()))),
-            Err(e) => tracing::warn!(run_id = %run.run_id, "egress channel: {e}"),
+            _ = stop.changed() => break,
+            c = accept(listener.as_ref()) => match c {
+                Ok(c) => proxy::admit(&run, c, attempt.subscribe(), &mut conns),
+                Err(e) => {
+                    // Out of descriptors or memory: let the pressure pass.
+                    tracing::warn!(run_id = %run.run_id, "egress accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
-    if let Some(h) = current {
-        h.abort();
+    drop(listener);
+    let _ = attempt.send(true);
+    let drain = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(STOP_GRACE, drain).await.is_err() {
+        tracing::warn!(run_id = %run.run_id, "egress: connections still open at the run's end are dropped");
     }
+    conns.shutdown().await;
 }

@@ -5,7 +5,7 @@
 //! plain HTTP request relayed, and a line written to egress.log.
 
 use super::log::{Entry, Verdict};
-use super::RunProxy;
+use super::{budget, RunProxy};
 use policy::sandbox::network::{self, HostPattern, Refusal};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -21,6 +21,10 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The time a destination has to accept the connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A relayed connection with no byte either way for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// The silence after which TCP keepalive probes a relayed socket's peer.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 /// Headers per request.
 const MAX_HEADERS: usize = 128;
 /// The relay's buffer each way: with the daemon's connection budget
@@ -65,39 +69,42 @@ impl Resolver {
     }
 }
 
-/// Accepts the run's connections and serves each on a task of its own,
-/// within the run's connection cap and the daemon's budget.
-pub async fn accept_loop(listener: tokio::net::TcpListener, run: Arc<RunProxy>) {
-    loop {
-        let client = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                // Out of descriptors or memory: let the pressure pass.
-                tracing::warn!(run_id = %run.run_id, "egress accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let permits = run.slots.clone().try_acquire_owned().map_err(|_| Full::Run);
-        let permits = permits.and_then(|p| {
-            let g = run
-                .global
-                .clone()
-                .try_acquire_owned()
-                .map_err(|_| Full::Daemon)?;
-            Ok((p, g))
-        });
-        match permits {
-            Ok(permits) => {
-                let run = run.clone();
-                tokio::spawn(async move {
-                    serve_connection(&run, client).await;
-                    drop(permits);
-                });
-            }
-            Err(full) => over_cap(&run, client, full),
+/// Serves a connection the run's listener accepted on a task of `conns`,
+/// within the run's connection cap and the daemon's budget, until it ends
+/// or `cancel` (its attempt or its run has ended).
+pub fn admit(
+    run: &Arc<RunProxy>,
+    client: TcpStream,
+    cancel: Cancel,
+    conns: &mut tokio::task::JoinSet<()>,
+) {
+    let permits = run.slots.clone().try_acquire_owned().map_err(|_| Full::Run);
+    let permits = permits.and_then(|p| {
+        let g = run
+            .global
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Full::Daemon)?;
+        Ok((p, g))
+    });
+    match permits {
+        Ok(permits) => {
+            let run = run.clone();
+            conns.spawn(async move {
+                serve_connection(&run, client, cancel).await;
+                drop(permits);
+            });
         }
+        Err(full) => over_cap(run, client, full, conns),
     }
+}
+
+/// Turns true (or is dropped) when a connection must end.
+pub type Cancel = tokio::sync::watch::Receiver<bool>;
+
+/// Resolves once `cancel` says so.
+async fn cancelled(cancel: &mut Cancel) {
+    let _ = cancel.wait_for(|end| *end).await;
 }
 
 /// Which cap a connection found full.
@@ -107,9 +114,16 @@ enum Full {
     Daemon,
 }
 
-/// A connection over a cap: refused at once, without a task or a wait (a
-/// reader that does not take the answer loses it), and logged.
-fn over_cap(run: &RunProxy, client: TcpStream, full: Full) {
+/// A connection over a cap: answered `503` and logged. Its answer lingers
+/// (up to a second, reading what the client sent, so that closing does
+/// not reset the connection before the client read the answer) only
+/// within [`budget::refusals`]; past that it is closed at once.
+fn over_cap(
+    run: &Arc<RunProxy>,
+    mut client: TcpStream,
+    full: Full,
+    conns: &mut tokio::task::JoinSet<()>,
+) {
     let mut entry = new_entry();
     let why = match full {
         Full::Run => format!(
@@ -118,15 +132,22 @@ fn over_cap(run: &RunProxy, client: TcpStream, full: Full) {
         ),
         Full::Daemon => "the daemon's egress connection budget is used up".to_owned(),
     };
-    let body = format!("subagentd egress proxy: {why}\n");
-    let text = format!(
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = client.try_write(text.as_bytes());
-    drop(client);
-    entry.reason = Some(why);
+    entry.reason = Some(why.clone());
     write_entry(run, &entry);
+    let Ok(permit) = budget::refusals().try_acquire_owned() else {
+        let _ = client.try_write(answer(503, "Service Unavailable", &why).as_bytes());
+        return;
+    };
+    conns.spawn(async move {
+        let linger = async {
+            reply(&mut client, 503, "Service Unavailable", &why).await?;
+            let mut sink = [0u8; 4096];
+            while client.read(&mut sink).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), linger).await;
+        drop(permit);
+    });
 }
 
 fn new_entry() -> Entry {
@@ -150,20 +171,45 @@ fn write_entry(run: &RunProxy, entry: &Entry) {
     }
 }
 
-/// Serves one connection of the run to its end and logs it.
-pub async fn serve_connection(run: &RunProxy, mut client: TcpStream) {
+/// Serves one connection of the run to its end, or until `cancel`, and
+/// logs it.
+pub async fn serve_connection(run: &RunProxy, mut client: TcpStream, mut cancel: Cancel) {
     let started = Instant::now();
     let mut entry = new_entry();
     let _ = client.set_nodelay(true);
+    keepalive(&client);
     if !run.log.has_room() {
         // No audit, no egress.
         let why = "egress.log has reached the run's disk budget";
         let _ = reply(&mut client, 503, "Service Unavailable", why).await;
         return;
     }
-    handle(run, &mut client, &mut entry).await;
+    let mut relay_cancel = cancel.clone();
+    let ended = tokio::select! {
+        // A relay sees the same cancel and ends itself, counting its bytes.
+        biased;
+        _ = handle(run, &mut client, &mut entry, &mut relay_cancel) => false,
+        _ = cancelled(&mut cancel) => true,
+    };
+    if ended && entry.reason.is_none() {
+        entry.reason = Some(RUN_ENDED.to_owned());
+    }
     entry.duration_ms = started.elapsed().as_millis() as u64;
     write_entry(run, &entry);
+}
+
+/// Why a connection was cut when its attempt or run ended.
+const RUN_ENDED: &str = "the run ended";
+
+/// TCP keepalive on a relayed socket, so that a peer gone silent without
+/// a word is noticed (after [`KEEPALIVE_IDLE`] and a few probes).
+fn keepalive(s: &TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let idle = KEEPALIVE_IDLE.as_secs() as u32;
+    let _ = setsockopt(s, sockopt::KeepAlive, &true);
+    let _ = setsockopt(s, sockopt::TcpKeepIdle, &idle);
+    let _ = setsockopt(s, sockopt::TcpKeepInterval, &10);
+    let _ = setsockopt(s, sockopt::TcpKeepCount, &6);
 }
 
 /// Why a request head was not read.
@@ -296,19 +342,25 @@ fn parse_head(head: &[u8]) -> Result<Parsed, String> {
     })
 }
 
-/// Writes a short error response.
-async fn reply(client: &mut TcpStream, code: u16, status: &str, why: &str) -> std::io::Result<()> {
+/// A short error response.
+fn answer(code: u16, status: &str, why: &str) -> String {
     let body = format!("subagentd egress proxy: {why}\n");
-    let text = format!(
+    format!(
         "HTTP/1.1 {code} {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    );
-    client.write_all(text.as_bytes()).await?;
+    )
+}
+
+/// Writes a short error response.
+async fn reply(client: &mut TcpStream, code: u16, status: &str, why: &str) -> std::io::Result<()> {
+    client
+        .write_all(answer(code, status, why).as_bytes())
+        .await?;
     client.shutdown().await
 }
 
 /// Reads, checks and relays one request; fills `entry` in.
-async fn handle(run: &RunProxy, client: &mut TcpStream, entry: &mut Entry) {
+async fn handle(run: &RunProxy, client: &mut TcpStream, entry: &mut Entry, cancel: &mut Cancel) {
     let mut buf = Vec::with_capacity(4096);
     let head_len = match read_head(client, &mut buf).await {
         Ok(n) => n,
@@ -348,7 +400,7 @@ async fn handle(run: &RunProxy, client: &mut TcpStream, entry: &mut Entry) {
         }
     };
     entry.verdict = Verdict::Allowed;
-    relay(client, upstream, &parsed, &buf[head_len..], entry).await;
+    relay(client, upstream, &parsed, &buf[head_len..], entry, cancel).await;
 }
 
 /// Checks `host:port` against the run's list, resolves it and connects to
@@ -432,15 +484,18 @@ async fn addresses(
 }
 
 /// Relays a tunnel (after its 200) or a plain request (its rewritten head
-/// first), both ways, until both sides are done.
+/// first), both ways, until both sides are done, it is idle for
+/// [`IDLE_TIMEOUT`], or `cancel`.
 async fn relay(
     client: &mut TcpStream,
     mut upstream: TcpStream,
     parsed: &Parsed,
     rest: &[u8],
     entry: &mut Entry,
+    cancel: &mut Cancel,
 ) {
     let _ = upstream.set_nodelay(true);
+    keepalive(&upstream);
     let mut up = 0u64;
     let start = async {
         if matches!(parsed.target, Target::Tunnel { .. }) {
@@ -460,17 +515,72 @@ async fn relay(
         entry.bytes_up = up;
         return;
     }
-    match tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, RELAY_BUF, RELAY_BUF)
-        .await
-    {
-        Ok((a, b)) => {
-            entry.bytes_up = up + a;
-            entry.bytes_down = b;
+    let (a, b, why) = pump(client, &mut upstream, IDLE_TIMEOUT, cancel).await;
+    entry.bytes_up = up + a;
+    entry.bytes_down = b;
+    entry.reason = why;
+}
+
+/// Copies `a` to `b` and `b` to `a`, each side's end of file passed on as
+/// a half close, until both are done, a side fails, nothing moves for
+/// `idle`, or `cancel`. Returns the bytes each way and why it ended early.
+async fn pump(
+    a: &mut TcpStream,
+    b: &mut TcpStream,
+    idle: Duration,
+    cancel: &mut Cancel,
+) -> (u64, u64, Option<String>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let start = Instant::now();
+    let last = AtomicU64::new(0);
+    let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+    let (mut ar, mut aw) = a.split();
+    let (mut br, mut bw) = b.split();
+    let both = async {
+        tokio::try_join!(
+            copy_half(&mut ar, &mut bw, &up, &last, start),
+            copy_half(&mut br, &mut aw, &down, &last, start),
+        )
+    };
+    let watchdog = async {
+        loop {
+            let quiet = start
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
+            if quiet >= idle {
+                return;
+            }
+            tokio::time::sleep(idle - quiet).await;
         }
-        Err(e) => {
-            entry.bytes_up = up;
-            entry.reason = Some(format!("relay ended: {e}"));
+    };
+    let why = tokio::select! {
+        r = both => r.err().map(|e| format!("relay ended: {e}")),
+        _ = watchdog => Some(format!("idle for {} s", idle.as_secs_f32())),
+        _ = cancelled(cancel) => Some(RUN_ENDED.to_owned()),
+    };
+    (up.into_inner(), down.into_inner(), why)
+}
+
+/// One direction of [`pump`]: counts the bytes and notes when the last
+/// ones moved (in ms since `start`).
+async fn copy_half(
+    r: &mut tokio::net::tcp::ReadHalf<'_>,
+    w: &mut tokio::net::tcp::WriteHalf<'_>,
+    count: &std::sync::atomic::AtomicU64,
+    last: &std::sync::atomic::AtomicU64,
+    start: Instant,
+) -> std::io::Result<()> {
+    use std::sync::atomic::Ordering;
+    let mut buf = vec![0u8; RELAY_BUF];
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            return w.shutdown().await;
         }
+        last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        w.write_all(&buf[..n]).await?;
+        count.fetch_add(n as u64, Ordering::Relaxed);
+        last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 }
 
@@ -567,6 +677,41 @@ mod tests {
         let mut e = new_entry();
         assert!(connect(&r, "meta.test", 81, &mut e).await.is_none());
         assert_eq!(e.reason.as_deref(), Some("not on the run's list"));
+    }
+
+    /// Two connected TCP sockets on loopback.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        (a, l.accept().await.unwrap().0)
+    }
+
+    #[tokio::test]
+    async fn a_relay_ends_when_idle_and_when_cancelled() {
+        // The client leaves; the destination stays silent and open.
+        let (mut client, run_end) = pair().await;
+        let (mut upstream, _far) = pair().await;
+        drop(run_end);
+        let (_keep, mut cancel) = tokio::sync::watch::channel(false);
+        let idle = Duration::from_millis(300);
+        let t = Instant::now();
+        let (_, _, why) = pump(&mut client, &mut upstream, idle, &mut cancel).await;
+        assert!(why.unwrap().starts_with("idle"), "{:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(5));
+
+        let (mut client, mut run_end) = pair().await;
+        let (mut upstream, mut far) = pair().await;
+        let (stop, mut cancel) = tokio::sync::watch::channel(false);
+        let relay = tokio::spawn(async move {
+            pump(&mut client, &mut upstream, IDLE_TIMEOUT, &mut cancel).await
+        });
+        run_end.write_all(b"abc").await.unwrap();
+        let mut got = [0u8; 3];
+        far.read_exact(&mut got).await.unwrap();
+        stop.send(true).unwrap();
+        let (up, down, why) = relay.await.unwrap();
+        assert_eq!((up, down), (3, 0));
+        assert_eq!(why.as_deref(), Some(RUN_ENDED));
     }
 
     #[tokio::test]

@@ -115,6 +115,9 @@ fn runner_log_tail(rec: &RunRecord) -> String {
 /// finishes the run again from exit.json; result.md is rewritten and the
 /// notice is not stored twice (see `NoticeStore::store`).
 pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: RunnerExit) {
+    // The runner is gone: its connections end, and egress.log is whole
+    // before it is summed up.
+    slot.stop_egress().await;
     // An adopted runner is not our child: how it exited is not known, but
     // one called off at its gate took its pid out of runner.lock.
     let called_off = matches!(runner, RunnerExit::Unknown)

@@ -210,9 +210,10 @@ impl Launched {
     }
 
     /// Serves the run's egress channel, if it has one (allowlist mode):
-    /// the proxy lives as long as the runner holds its end.
-    pub(crate) fn serve_egress(&mut self, rec: &RunRecord) {
-        let Some(fd) = self.egress.take() else { return };
+    /// the proxy lives as long as the runner holds its end, or until the
+    /// handle stops it.
+    pub(crate) fn serve_egress(&mut self, rec: &RunRecord) -> Option<crate::egress::Handle> {
+        let fd = self.egress.take()?;
         let allow = policy::sandbox::network::parse_list(&rec.network_allow).unwrap_or_default();
         let run = crate::egress::RunProxy::new(
             rec.run_id.clone(),
@@ -220,7 +221,7 @@ impl Launched {
             rec.files().egress_log(),
             rec.limits.disk_bytes(),
         );
-        tokio::spawn(crate::egress::serve(fd, Arc::new(run)));
+        Some(crate::egress::start(fd, Arc::new(run)))
     }
 
     /// Lets a gated runner start the agent. A runner that died meanwhile is
@@ -286,7 +287,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     match launched {
         Ok(mut l) => {
             *rec = running(rec.clone(), &l);
-            l.serve_egress(&rec);
+            slot.set_egress(l.serve_egress(&rec));
             let fd = slot.set_runner(l);
             drop(rec);
             run_started(sup, slot, permit, fd).await;

@@ -126,6 +126,8 @@ pub(crate) struct Slot {
     /// Its runner was started by an engine that is gone (recovery watches
     /// it): if it ends called off at its gate, its run is queued again.
     adopted: AtomicBool,
+    /// Its egress proxy, while it runs in allowlist mode.
+    egress: Mutex<Option<crate::egress::Handle>>,
 }
 
 impl Slot {
@@ -136,7 +138,21 @@ impl Slot {
             published,
             runner: Mutex::new(None),
             adopted: AtomicBool::new(false),
+            egress: Mutex::new(None),
         })
+    }
+
+    fn set_egress(&self, h: Option<crate::egress::Handle>) {
+        *self.egress.lock().unwrap_or_else(|p| p.into_inner()) = h;
+    }
+
+    /// Ends the run's egress proxy and its connections, their lines in
+    /// egress.log written.
+    async fn stop_egress(&self) {
+        let h = self.egress.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = h {
+            h.stop().await;
+        }
     }
 
     fn snapshot(&self) -> RunRecord {
@@ -331,8 +347,9 @@ impl Supervisor {
         match (created.runner, permit) {
             (Some(mut l), Some(permit)) => {
                 let rec = launch::running(created.rec, &l);
-                l.serve_egress(&rec);
+                let egress = l.serve_egress(&rec);
                 let slot = Slot::new(rec);
+                slot.set_egress(egress);
                 let fd = slot.set_runner(l);
                 self.inner
                     .runs
