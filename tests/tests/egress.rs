@@ -717,3 +717,42 @@ fn a_runs_tunnels_end_with_it() {
     assert_eq!(lines.len(), 60, "{lines:?}");
     assert!(lines.iter().all(|l| l["verdict"] == "allowed"), "{lines:?}");
 }
+
+#[test]
+fn refusals_cannot_fill_the_disk_nor_the_summary() {
+    if !host_ok() {
+        return;
+    }
+    let d = Daemon::start();
+    // 300 CONNECTs to unlisted names of 250 bytes, then 300 to a
+    // 60,000-byte host, as fast as the proxy answers.
+    let py = "import socket\n\
+         def ask(host):\n\
+         \ts = socket.create_connection(('127.0.0.1', 3128), timeout=30)\n\
+         \ts.sendall(('CONNECT ' + host + ':443 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n').encode())\n\
+         \tr = s.recv(100)\n\
+         \ts.close()\n\
+         \treturn r.split(b' ')[1].decode()\n\
+         codes = [ask('%03d' % i + 'b' * 247) for i in range(300)]\n\
+         codes += [ask('a' * 60000) for i in range(300)]\n\
+         print('CODES', sorted(set(codes)))\n";
+    let (st, log) = run(
+        &d,
+        "python3 -c \"$PY\"",
+        json!({"env": {"PY": py}, "sandbox": {"network_allow": ["api.example.com:443"]}}),
+    );
+    assert_eq!(st["state"], "succeeded", "{st} {log}");
+    assert!(log.contains("CODES ['400', '403']"), "{log}");
+    let path = PathBuf::from(st["result_path"].as_str().unwrap()).with_file_name("egress.log");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.len() < 64 * 1024, "egress.log is {} bytes", text.len());
+    assert!(text.lines().all(|l| l.len() < 1024), "a long line");
+    let e = &st["egress"];
+    assert_eq!(e["refused"], 600, "{e}");
+    let hosts = e["refused_hosts"].as_array().unwrap();
+    assert_eq!(hosts.len(), 20, "{e}");
+    assert!(
+        hosts.iter().all(|h| h.as_str().unwrap().len() <= 253 + 4),
+        "{e}"
+    );
+}

@@ -44,6 +44,48 @@ pub struct Entry {
     pub bytes_down: u64,
     /// From the connection's accept to its close.
     pub duration_ms: u64,
+    /// The attempts this line stands for: more than 1 only on a line that
+    /// counts refusals not written one by one.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub count: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
+}
+
+/// The most egress.log holds (less when the run's disk budget is smaller).
+pub const MAX_LOG_BYTES: u64 = 16 << 20;
+/// Refused attempts written one line each per second; the rest of that
+/// second's are counted on one line.
+pub const REFUSED_LINES_PER_S: u32 = 20;
+/// The longest host a line or a summary shows, in bytes (a DNS name's).
+pub const MAX_HOST_BYTES: usize = 253;
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+pub fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A child-chosen host as shown: at most [`MAX_HOST_BYTES`] of it, every
+/// character but printable ASCII escaped.
+pub fn shown_host(host: &str) -> String {
+    let mut out = String::new();
+    for c in clip(host, MAX_HOST_BYTES).chars() {
+        match c {
+            '!'..='~' => out.push(c),
+            _ => out.extend(c.escape_default()),
+        }
+    }
+    out
 }
 
 /// egress.log could not be written.
@@ -62,11 +104,24 @@ pub enum LogError {
     Full(u64),
 }
 
-/// The run's egress.log, appended to, never past `cap` bytes.
+/// The run's egress.log, appended to, never past `cap` bytes; refusals
+/// over [`REFUSED_LINES_PER_S`] are counted, not written one by one.
 pub struct EgressLog {
     path: PathBuf,
     cap: u64,
-    state: Mutex<(Option<std::fs::File>, u64)>,
+    state: Mutex<LogState>,
+}
+
+#[derive(Default)]
+struct LogState {
+    file: Option<std::fs::File>,
+    len: u64,
+    /// The second refused lines are counted in, and how many it wrote.
+    window: Option<std::time::Instant>,
+    refused_lines: u32,
+    /// Refusals not written yet, and the reason of the last one.
+    held: u64,
+    held_reason: String,
 }
 
 impl EgressLog {
@@ -75,26 +130,80 @@ impl EgressLog {
         EgressLog {
             path,
             cap,
-            state: Mutex::new((None, 0)),
+            state: Mutex::new(LogState::default()),
         }
     }
 
     /// Whether another line may still be written.
     pub fn has_room(&self) -> bool {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.1 < self.cap
+        st.len < self.cap
+    }
+
+    /// Records one attempt: a line of its own, or, for a refusal over the
+    /// rate, a count on a line to come.
+    pub fn append(&self, entry: &Entry) -> Result<(), LogError> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if st
+            .window
+            .is_none_or(|w| now.duration_since(w) >= std::time::Duration::from_secs(1))
+        {
+            self.write_held(&mut st)?;
+            st.window = Some(now);
+            st.refused_lines = 0;
+        }
+        if entry.verdict == Verdict::Refused {
+            if st.refused_lines >= REFUSED_LINES_PER_S {
+                st.held += entry.count;
+                st.held_reason = entry.reason.clone().unwrap_or_default();
+                return Ok(());
+            }
+            st.refused_lines += 1;
+        }
+        self.write(&mut st, entry)
+    }
+
+    /// Writes the line of the refusals counted but not written yet.
+    pub fn flush(&self) -> Result<(), LogError> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.write_held(&mut st)
+    }
+
+    fn write_held(&self, st: &mut LogState) -> Result<(), LogError> {
+        if st.held == 0 {
+            return Ok(());
+        }
+        let entry = Entry {
+            time: crate::timefmt::rfc3339_ms(crate::timefmt::now_ms()),
+            method: String::new(),
+            host: String::new(),
+            port: 0,
+            address: None,
+            verdict: Verdict::Refused,
+            reason: Some(format!(
+                "{} more refused (over {REFUSED_LINES_PER_S} lines a second), the last: {}",
+                st.held,
+                clip(&st.held_reason, 200)
+            )),
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            count: st.held,
+        };
+        st.held = 0;
+        self.write(st, &entry)
     }
 
     /// Appends one line; a line that does not fit is not written.
-    pub fn append(&self, entry: &Entry) -> Result<(), LogError> {
+    fn write(&self, st: &mut LogState, entry: &Entry) -> Result<(), LogError> {
         let mut line = serde_json::to_vec(entry).unwrap_or_default();
         line.push(b'\n');
         let io = |source| LogError::Io {
             path: self.path.clone(),
             source,
         };
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.0.is_none() {
+        if st.file.is_none() {
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -102,17 +211,17 @@ impl EgressLog {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&self.path)
                 .map_err(io)?;
-            st.1 = f.metadata().map_err(io)?.len();
-            st.0 = Some(f);
+            st.len = f.metadata().map_err(io)?.len();
+            st.file = Some(f);
         }
-        if st.1 + line.len() as u64 > self.cap {
-            st.1 = self.cap;
+        if st.len + line.len() as u64 > self.cap {
+            st.len = self.cap;
             return Err(LogError::Full(self.cap));
         }
-        if let Some(f) = st.0.as_mut() {
+        if let Some(f) = st.file.as_mut() {
             f.write_all(&line).map_err(io)?;
         }
-        st.1 += line.len() as u64;
+        st.len += line.len() as u64;
         Ok(())
     }
 }
@@ -136,8 +245,8 @@ pub struct EgressSummary {
 
 /// The most refused hosts a summary names.
 pub const MAX_HOSTS: usize = 20;
-/// The most of egress.log a summary reads.
-pub const MAX_SUMMARY_BYTES: u64 = 16 << 20;
+/// The most of egress.log a summary reads: all a log can hold.
+pub const MAX_SUMMARY_BYTES: u64 = MAX_LOG_BYTES;
 
 /// Sums up egress.log at `path` (None when there is none).
 pub fn summarize(path: &Path) -> Option<EgressSummary> {
@@ -165,16 +274,23 @@ pub fn summarize(path: &Path) -> Option<EgressSummary> {
 impl EgressSummary {
     fn add(&mut self, e: &Entry) {
         match e.verdict {
-            Verdict::Allowed => self.allowed += 1,
-            Verdict::Failed => self.failed += 1,
+            Verdict::Allowed => self.allowed += e.count,
+            Verdict::Failed => self.failed += e.count,
             Verdict::Refused => {
-                self.refused += 1;
-                let hp = format!("{}:{}", e.host, e.port);
+                self.refused += e.count;
+                if e.host.is_empty() {
+                    return self.add_bytes(e);
+                }
+                let hp = format!("{}:{}", shown_host(&e.host), e.port);
                 if self.refused_hosts.len() < MAX_HOSTS && !self.refused_hosts.contains(&hp) {
                     self.refused_hosts.push(hp);
                 }
             }
         }
+        self.add_bytes(e);
+    }
+
+    fn add_bytes(&mut self, e: &Entry) {
         self.bytes_up += e.bytes_up;
         self.bytes_down += e.bytes_down;
     }
@@ -197,7 +313,32 @@ mod tests {
             bytes_up: 10,
             bytes_down: 20,
             duration_ms: 1,
+            count: 1,
         }
+    }
+
+    #[test]
+    fn refusals_over_the_rate_are_counted_on_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("egress.log");
+        let log = EgressLog::new(path.clone(), 1 << 20);
+        let long = "h".repeat(1000);
+        for i in 0..500 {
+            log.append(&entry(&format!("{i}{long}"), Verdict::Refused))
+                .unwrap();
+        }
+        log.append(&entry("a.com", Verdict::Allowed)).unwrap();
+        log.flush().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.lines().count() <= 2 * REFUSED_LINES_PER_S as usize + 2);
+        let s = summarize(&path).unwrap();
+        assert_eq!((s.refused, s.allowed), (500, 1));
+        assert_eq!(s.refused_hosts.len(), MAX_HOSTS);
+        assert!(s
+            .refused_hosts
+            .iter()
+            .all(|h| h.len() <= MAX_HOST_BYTES + 4));
+        assert_eq!(shown_host("a\nb\u{7f}é"), "a\\nb\\u{7f}\\u{e9}");
     }
 
     #[test]

@@ -179,6 +179,7 @@ async fn serve(channel: OwnedFd, run: Arc<RunProxy>, mut stop: tokio::sync::watc
     let mut listener: Option<tokio::net::TcpListener> = None;
     let (mut attempt, _) = tokio::sync::watch::channel(false);
     let mut conns = tokio::task::JoinSet::new();
+    let mut flush = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
             fd = recv_fd(&channel) => {
@@ -206,6 +207,7 @@ async fn serve(channel: OwnedFd, run: Arc<RunProxy>, mut stop: tokio::sync::watc
                 }
             },
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = flush.tick() => write_held(&run),
         }
     }
     drop(listener);
@@ -215,4 +217,12 @@ async fn serve(channel: OwnedFd, run: Arc<RunProxy>, mut stop: tokio::sync::watc
         tracing::warn!(run_id = %run.run_id, "egress: connections still open at the run's end are dropped");
     }
     conns.shutdown().await;
+    write_held(&run);
+}
+
+/// Writes the line of the run's refusals counted but not written yet.
+fn write_held(run: &RunProxy) {
+    if let Err(e) = run.log.flush() {
+        tracing::warn!(run_id = %run.run_id, "egress.log: {e}");
+    }
 }

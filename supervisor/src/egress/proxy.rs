@@ -4,7 +4,7 @@
 //! ([`policy::sandbox::network::judge`]), then a CONNECT tunnel or one
 //! plain HTTP request relayed, and a line written to egress.log.
 
-use super::log::{Entry, Verdict};
+use super::log::{self, Entry, Verdict};
 use super::{budget, RunProxy};
 use policy::sandbox::network::{self, HostPattern, Refusal};
 use std::net::{IpAddr, SocketAddr};
@@ -162,6 +162,7 @@ fn new_entry() -> Entry {
         bytes_up: 0,
         bytes_down: 0,
         duration_ms: 0,
+        count: 1,
     }
 }
 
@@ -278,13 +279,22 @@ impl Target {
     }
 }
 
+/// The host of `a`, when it is no longer than a DNS name may be.
+fn host_of(a: &http::uri::Authority) -> Result<String, &'static str> {
+    let host = a.host();
+    if host.trim_start_matches('[').trim_end_matches(']').len() > log::MAX_HOST_BYTES {
+        return Err("the host is over 253 bytes");
+    }
+    Ok(host.to_owned())
+}
+
 /// The target of a request, from its method and request target.
 fn target(method: &str, uri: &str) -> Result<Target, &'static str> {
     if method == "CONNECT" {
         let a: http::uri::Authority = uri.parse().map_err(|_| "CONNECT needs host:port")?;
         let port = a.port_u16().ok_or("CONNECT needs host:port")?;
         return Ok(Target::Tunnel {
-            host: a.host().to_owned(),
+            host: host_of(&a)?,
             port,
         });
     }
@@ -294,7 +304,7 @@ fn target(method: &str, uri: &str) -> Result<Target, &'static str> {
     }
     let a = u.authority().ok_or("the URL names no host")?;
     Ok(Target::Forward {
-        host: a.host().to_owned(),
+        host: host_of(a)?,
         port: a.port_u16().unwrap_or(80),
         authority: a.as_str().to_owned(),
         path: u
@@ -383,9 +393,9 @@ async fn handle(run: &RunProxy, client: &mut TcpStream, entry: &mut Entry, cance
             return;
         }
     };
-    entry.method = parsed.method.clone();
+    entry.method = log::clip(&parsed.method, 32).to_owned();
     let (host, port) = parsed.target.host_port();
-    entry.host = host.to_owned();
+    entry.host = log::shown_host(host);
     entry.port = port;
     let upstream = match connect(run, host, port, entry).await {
         Some(s) => s,
@@ -614,6 +624,10 @@ mod tests {
         );
         assert!(target("GET", "/relative").is_err());
         assert!(target("GET", "https://a.com/").is_err());
+        let long = "a".repeat(254);
+        assert!(target("CONNECT", &format!("{long}:443")).is_err());
+        assert!(target("GET", &format!("http://{long}/")).is_err());
+        assert!(target("CONNECT", &format!("{}:443", &long[1..])).is_ok());
         assert_eq!(
             target("CONNECT", "[::1]:443").unwrap().host_port(),
             ("[::1]", 443)

@@ -219,7 +219,9 @@ impl Launched {
             rec.run_id.clone(),
             allow,
             rec.files().egress_log(),
-            rec.limits.disk_bytes(),
+            rec.limits
+                .disk_bytes()
+                .min(crate::egress::log::MAX_LOG_BYTES),
         );
         Some(crate::egress::start(fd, Arc::new(run)))
     }
