@@ -228,11 +228,14 @@ pub enum AddrClass {
     Metadata,
     /// Link-local (169.254.0.0/16, fe80::/10).
     LinkLocal,
-    /// Multicast, broadcast and reserved ranges: never a server.
+    /// Multicast, broadcast and reserved ranges, and IPv6 forms that carry
+    /// an IPv4 address to elsewhere (::/96, 2002::/16): never a server.
     Reserved,
     /// The host itself (127.0.0.0/8, ::1, 0.0.0.0/8, ::).
     Loopback,
-    /// Private networks (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7).
+    /// Private networks (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7,
+    /// fec0::/10, 64:ff9b:1::/48) and special-use ranges (192.0.0.0/24,
+    /// 192.0.2.0/24, 198.18.0.0/15, 198.51.100.0/24, 203.0.113.0/24).
     Private,
     /// Anything else.
     Public,
@@ -245,13 +248,14 @@ pub const METADATA: &[IpAddr] = &[
     IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
 ];
 
-/// The IPv4 address an IPv6 one carries (mapped, or NAT64's 64:ff9b::/96).
+/// The IPv4 address an IPv6 one carries (mapped, translated
+/// ::ffff:0:0/96, or NAT64's 64:ff9b::/96).
 fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     if let Some(v4) = ip.to_ipv4_mapped() {
         return Some(v4);
     }
     let s = ip.segments();
-    (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0]).then(|| {
+    (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..6] == [0, 0, 0, 0, 0xffff, 0]).then(|| {
         let o = ip.octets();
         Ipv4Addr::new(o[12], o[13], o[14], o[15])
     })
@@ -267,6 +271,10 @@ fn class_v4(ip: Ipv4Addr) -> AddrClass {
         || (o[0] == 172 && (16..32).contains(&o[1]))
         || (o[0] == 192 && o[1] == 168)
         || (o[0] == 100 && (64..128).contains(&o[1]))
+        || (o[0] == 192 && o[1] == 0 && (o[2] == 0 || o[2] == 2))
+        || (o[0] == 198 && (o[1] == 18 || o[1] == 19))
+        || (o[0] == 198 && o[1] == 51 && o[2] == 100)
+        || (o[0] == 203 && o[1] == 0 && o[2] == 113)
     {
         AddrClass::Private
     } else if o[0] >= 224 {
@@ -286,12 +294,18 @@ pub fn class(ip: IpAddr) -> AddrClass {
         IpAddr::V6(v6) => match embedded_v4(v6) {
             Some(v4) => class(IpAddr::V4(v4)),
             None => {
-                let s0 = v6.segments()[0];
+                let seg = v6.segments();
+                let s0 = seg[0];
                 if v6.is_loopback() || v6.is_unspecified() {
                     AddrClass::Loopback
+                } else if seg[..6] == [0; 6] || s0 == 0x2002 {
+                    AddrClass::Reserved
                 } else if s0 & 0xffc0 == 0xfe80 {
                     AddrClass::LinkLocal
-                } else if s0 & 0xfe00 == 0xfc00 {
+                } else if s0 & 0xfe00 == 0xfc00
+                    || s0 & 0xffc0 == 0xfec0
+                    || seg[..3] == [0x64, 0xff9b, 1]
+                {
                     AddrClass::Private
                 } else if s0 & 0xff00 == 0xff00 {
                     AddrClass::Reserved
@@ -459,10 +473,26 @@ mod tests {
             "100.64.0.1",
             "fd12::1",
             "fc00::1",
+            "192.0.0.8",
+            "192.0.2.1",
+            "198.18.0.1",
+            "198.19.255.255",
+            "198.51.100.7",
+            "203.0.113.9",
+            "fec0::1",
+            "64:ff9b:1::1",
+            "::ffff:0:10.0.0.1",
         ] {
             assert_eq!(c(p), AddrClass::Private, "{p}");
         }
-        for r in ["224.0.0.1", "255.255.255.255", "ff02::1"] {
+        for r in [
+            "224.0.0.1",
+            "255.255.255.255",
+            "ff02::1",
+            "::10.0.0.1",
+            "::8.8.8.8",
+            "2002:a00:1::1",
+        ] {
             assert_eq!(c(r), AddrClass::Reserved, "{r}");
         }
         for p in [
