@@ -288,11 +288,31 @@ fn host_of(a: &http::uri::Authority) -> Result<String, &'static str> {
     Ok(host.to_owned())
 }
 
+/// The port of `a` (`default` when it names none): 1 to 65535 in plain
+/// decimal digits, no sign and no leading zero.
+fn port_of(a: &http::uri::Authority, default: Option<u16>) -> Result<u16, &'static str> {
+    const BAD: &str = "the port is not a number from 1 to 65535";
+    let s = a.as_str();
+    let hostport = &s[s.rfind('@').map_or(0, |i| i + 1)..];
+    let text = match hostport.strip_prefix(a.host()) {
+        Some("") => return default.ok_or("CONNECT needs host:port"),
+        Some(rest) => rest.strip_prefix(':').ok_or(BAD)?,
+        None => return Err(BAD),
+    };
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) || text.starts_with('0') {
+        return Err(BAD);
+    }
+    text.parse::<u16>().ok().filter(|&n| n > 0).ok_or(BAD)
+}
+
 /// The target of a request, from its method and request target.
 fn target(method: &str, uri: &str) -> Result<Target, &'static str> {
     if method == "CONNECT" {
         let a: http::uri::Authority = uri.parse().map_err(|_| "CONNECT needs host:port")?;
-        let port = a.port_u16().ok_or("CONNECT needs host:port")?;
+        if a.as_str().contains('@') {
+            return Err("CONNECT needs host:port");
+        }
+        let port = port_of(&a, None)?;
         return Ok(Target::Tunnel {
             host: host_of(&a)?,
             port,
@@ -303,10 +323,17 @@ fn target(method: &str, uri: &str) -> Result<Target, &'static str> {
         return Err("only http:// URLs are forwarded; use CONNECT for anything else");
     }
     let a = u.authority().ok_or("the URL names no host")?;
+    let host = host_of(a)?;
+    let port = port_of(a, Some(80))?;
+    // The Host header names the host and port, never a user or password.
+    let authority = match a.as_str().ends_with(&format!(":{port}")) {
+        true => format!("{host}:{port}"),
+        false => host.clone(),
+    };
     Ok(Target::Forward {
-        host: host_of(a)?,
-        port: a.port_u16().unwrap_or(80),
-        authority: a.as_str().to_owned(),
+        host,
+        port,
+        authority,
         path: u
             .path_and_query()
             .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
@@ -628,6 +655,26 @@ mod tests {
         assert!(target("CONNECT", &format!("{long}:443")).is_err());
         assert!(target("GET", &format!("http://{long}/")).is_err());
         assert!(target("CONNECT", &format!("{}:443", &long[1..])).is_ok());
+        for bad in [
+            "a.com:83616",
+            "a.com:+18080",
+            "a.com:018080",
+            "a.com:0",
+            "a.com:",
+        ] {
+            assert!(target("CONNECT", bad).is_err(), "{bad}");
+            assert!(target("GET", &format!("http://{bad}/")).is_err(), "{bad}");
+        }
+        assert!(target("CONNECT", "u:p@a.com:443").is_err());
+        assert_eq!(
+            target("GET", "http://user:pw@a.com:8080/x").unwrap(),
+            Target::Forward {
+                host: "a.com".into(),
+                port: 8080,
+                authority: "a.com:8080".into(),
+                path: "/x".into()
+            }
+        );
         assert_eq!(
             target("CONNECT", "[::1]:443").unwrap().host_port(),
             ("[::1]", 443)
