@@ -229,11 +229,11 @@ impl RunFiles {
     pub fn delta(&self) -> PathBuf {
         self.delta_dir().join("delta.json")
     }
-    /// result.md: written when the run ends.
+    /// egress.log: the proxy's record of the run's connections.
     pub fn egress_log(&self) -> PathBuf {
         self.dir.join("egress.log")
     }
-
+    /// result.md: written when the run ends.
     pub fn result(&self) -> PathBuf {
         self.dir.join("result.md")
     }

@@ -419,9 +419,10 @@ fn socket_rules() -> Vec<Rule> {
 }
 
 /// socket() and socketpair() for any family but AF_UNIX, AF_INET and
-/// AF_INET6: a run in allowlist mode reaches its proxy by TCP on loopback
-/// (IPv6 for clients that try `::1` first); netlink, packet and the rest
-/// stay closed.
+/// AF_INET6: a run in allowlist mode reaches its proxy by TCP on
+/// 127.0.0.1; IPv6 sockets stay open so that a client that tries `::1`
+/// first is refused at connect (the proxy listens on IPv4 only) and falls
+/// back, as it would anywhere; netlink, packet and the rest stay closed.
 fn inet_socket_rules() -> Vec<Rule> {
     ["socket", "socketpair"]
         .iter()
