@@ -260,3 +260,34 @@ fn descriptors_the_daemon_inherited_do_not_reach_its_runners() {
         "the runner holds the daemon's inherited descriptor: {held:?}"
     );
 }
+
+/// A daemon whose hard descriptor limit is below a run's own (4096) still
+/// starts runs: the run gets the tighter hard limit instead of failing to
+/// set its own.
+#[test]
+fn a_hard_descriptor_limit_below_the_runs_own_still_starts_runs() {
+    let wrap = [
+        "sh",
+        "-c",
+        "ulimit -Sn 1024 && ulimit -Hn 1024 && exec \"$@\"",
+        "sh",
+    ];
+    let d = Daemon::start_with(DaemonOpts {
+        wrap: wrap.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    });
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("hardnofile"),
+        &["sh", "-c", "ulimit -Hn"],
+        json!({}),
+    );
+    let st = c.wait(&run);
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}\n{log}");
+    assert_eq!(
+        log.trim(),
+        "1024",
+        "the run's hard limit is the daemon's: {log}"
+    );
+}

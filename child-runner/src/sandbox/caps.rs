@@ -31,6 +31,8 @@ pub const CAP_SETUID: u32 = 7;
 pub const CAP_SETPCAP: u32 = 8;
 /// CAP_SYS_ADMIN: needed for a network namespace without a user namespace.
 pub const CAP_SYS_ADMIN: u32 = 21;
+/// `CAP_SYS_RESOURCE`: raise a hard resource limit.
+pub const CAP_SYS_RESOURCE: u32 = 24;
 
 /// `struct __user_cap_header_struct`.
 #[repr(C)]

@@ -32,9 +32,23 @@ pub fn apply(limits: &[RlimitSpec]) -> Result<(), RlimitError> {
         };
         let res = resource(&l.resource)
             .ok_or_else(|| err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+        let mut value = l.value;
+        let mut now = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit struct we own.
+        if unsafe { libc::getrlimit(res, &mut now) } == 0
+            && now.rlim_max < value
+            && !super::caps::effective_has(super::caps::CAP_SYS_RESOURCE)
+        {
+            // A limit above the hard one cannot be raised without
+            // CAP_SYS_RESOURCE; the hard one is tighter, so it holds.
+            value = now.rlim_max;
+        }
         let lim = libc::rlimit {
-            rlim_cur: l.value,
-            rlim_max: l.value,
+            rlim_cur: value,
+            rlim_max: value,
         };
         // SAFETY: setrlimit reads one rlimit struct we own.
         if unsafe { libc::setrlimit(res, &lim) } != 0 {
