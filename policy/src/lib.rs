@@ -13,6 +13,7 @@
 //!   catalog (Claude Code's names, `Tool(pattern)`, MCP names).
 //! - [`env`](mod@env): the allowlisted environment a child starts with.
 //! - [`limits`]: resource limits with their defaults.
+//! - [`observed`]: what a run changed in its project, from two pictures.
 //! - [`tools`]: the tool catalog and capability classes.
 //! - [`toolpolicy`]: audiences' tool sets and the child-tools filter.
 //! - [`workctx`]: recent files, the git snapshot's shape, the
@@ -27,6 +28,7 @@ pub mod config;
 pub mod definition;
 pub mod env;
 pub mod limits;
+pub mod observed;
 pub mod sandbox;
 pub mod toolpolicy;
 pub mod tools;
