@@ -470,6 +470,12 @@ fn resources(s: &mut String, rec: &RunRecord) {
     if let Some(n) = r.pids_refused.filter(|&n| n > 0) {
         let _ = writeln!(s, "- process limit: {n} forks refused");
     }
+    if r.pids_limit_reached {
+        let _ = writeln!(
+            s,
+            "- process limit: reached (RLIMIT_NPROC; forks past it fail, uncounted)"
+        );
+    }
 }
 
 /// The artifact list: each name, and each symlink's target, as code.
