@@ -1,0 +1,316 @@
+//! What each MCP tool does: the socket calls it makes and the result it
+//! gives back.
+
+use super::render::{self, clean, status_result};
+use super::server::{args, Inner, ToolError, ToolResult};
+use super::tools::{ListArgs, LogArgs, NoArgs, RunArgs, SpawnArgs, WaitArgs};
+use super::tools::{DEFAULT_WAIT_S, MAX_WAIT_S};
+use crate::protocol::{Isolation, SessionParams, SpawnParams};
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
+use rmcp::service::RequestContext;
+use rmcp::RoleServer;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Runs the tool `request` names.
+pub async fn dispatch(
+    inner: &Inner,
+    request: CallToolRequestParams,
+    ctx: &RequestContext<RoleServer>,
+) -> ToolResult {
+    let a = request.arguments;
+    let name = request.name.as_ref();
+    let work = async {
+        match name {
+            "spawn_agent" => spawn(inner, args(name, a)?).await,
+            "wait_agent_run" => wait(inner, args(name, a)?, ctx).await,
+            "check_agent_run" => status_of(inner, "check_agent_run", args(name, a)?).await,
+            "cancel_agent_run" => status_of(inner, "cancel_agent_run", args(name, a)?).await,
+            "list_agent_runs" => list(inner, args(name, a)?).await,
+            "read_agent_log" => read_log(inner, args(name, a)?).await,
+            "take_notices" => notices(inner, args(name, a)?).await,
+            "list_agents" => agents(inner, args(name, a)?).await,
+            "working_context" => working_context(inner, args(name, a)?).await,
+            other => Err(ToolError::UnknownTool(other.to_owned())),
+        }
+    };
+    tokio::select! {
+        r = work => r,
+        // The client gave up on this call; nobody reads the answer.
+        _ = ctx.ct.cancelled() => Err(ToolError::Refused("the call was cancelled".into())),
+    }
+}
+
+/// The tools the child may get: `wanted`, which must be the parent's.
+fn child_tools(
+    inner: &Inner,
+    wanted: Option<Vec<String>>,
+) -> Result<Option<Vec<String>>, ToolError> {
+    let held = &inner.settings.tools;
+    let (Some(wanted), Some(held)) = (&wanted, held) else {
+        return Ok(wanted.or_else(|| held.clone()));
+    };
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|t| !held.contains(t))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        return Err(ToolError::Refused(format!(
+            "tools: you may only delegate tools you hold; not held: {}; held: {}",
+            missing.join(", "),
+            held.join(", ")
+        )));
+    }
+    Ok(Some(wanted.clone()))
+}
+
+/// The socket params of a spawn.
+fn spawn_params(inner: &Inner, a: SpawnArgs) -> Result<Value, ToolError> {
+    let s = &inner.settings;
+    let params = SpawnParams {
+        session: SessionParams {
+            id: inner.session(None).to_owned(),
+            audience: s.audience,
+            project_dir: s.project_dir.clone(),
+            tools: child_tools(inner, a.tools)?,
+            recent_files: None,
+        },
+        task: a.task,
+        context: a.context,
+        command: a.command.unwrap_or_default(),
+        agent: a.agent,
+        isolation: a.worktree.unwrap_or(false).then_some(Isolation::Worktree),
+        max_restarts: None,
+        env: Default::default(),
+        limits: policy::Limits {
+            wall_time_s: a.wall_time_s,
+            ..Default::default()
+        },
+        keep_temp: false,
+        sandbox: policy::sandbox::SandboxRequest {
+            write_project: a.write_project,
+            network_allow: a.network_allow.unwrap_or_default(),
+            ..Default::default()
+        },
+    };
+    let mut v = serde_json::to_value(&params)
+        .map_err(|e| ToolError::Refused(format!("cannot encode the spawn: {e}")))?;
+    // Passed on as given: the daemon knows which drivers it has.
+    if let Some(d) = a.driver {
+        v["driver"] = json!(d);
+    }
+    Ok(v)
+}
+
+async fn spawn(inner: &Inner, a: SpawnArgs) -> ToolResult {
+    let params = spawn_params(inner, a)?;
+    let r = clean(inner.link.call("spawn_agent", params).await?);
+    let run_id = r["run_id"].as_str().unwrap_or_default().to_owned();
+    let status = clean(
+        inner
+            .link
+            .call("check_agent_run", json!({ "run_id": run_id }))
+            .await?,
+    );
+    let data = json!({
+        "run_id": run_id,
+        "state": status["state"],
+        "session_id": status["session_id"],
+        "log_path": status["log_path"],
+        "result_path": status["result_path"],
+        "artifact_dir": status["artifact_dir"],
+    });
+    let text = format!(
+        "spawned run {run_id} ({}).\nlog: {}\nresult (written when it ends): {}\n\
+         Call wait_agent_run with this run_id to wait for it.",
+        status["state"].as_str().unwrap_or("?"),
+        status["log_path"].as_str().unwrap_or("?"),
+        status["result_path"].as_str().unwrap_or("?"),
+    );
+    Ok(render::ok(text, data))
+}
+
+async fn wait(inner: &Inner, a: WaitArgs, ctx: &RequestContext<RoleServer>) -> ToolResult {
+    let limit = Duration::from_secs(a.timeout_s.unwrap_or(DEFAULT_WAIT_S).min(MAX_WAIT_S));
+    let token = ctx.meta.get_progress_token();
+    let every = inner.settings.progress_every.max(Duration::from_millis(10));
+    let begun = Instant::now();
+    let deadline = begun + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let chunk = if token.is_some() {
+            left.min(every)
+        } else {
+            left
+        };
+        let params = json!({"run_id": a.run_id, "timeout_ms": chunk.as_millis() as u64});
+        let status = inner.link.call("wait_agent_run", params).await?;
+        if render::is_terminal(&status) {
+            return Ok(status_result(status, Some("the run has ended.")));
+        }
+        if Instant::now() >= deadline {
+            let lead = format!(
+                "still running after waiting {} s; call wait_agent_run again to keep waiting.",
+                begun.elapsed().as_secs()
+            );
+            return Ok(status_result(status, Some(&lead)));
+        }
+        if let Some(t) = &token {
+            let status = clean(status);
+            let last = render::log_tail(Path::new(status["log_path"].as_str().unwrap_or("")), 1);
+            let msg = format!(
+                "{}; last output: {}",
+                render::status_text(&status).lines().next().unwrap_or(""),
+                last.trim_end()
+            );
+            let p = ProgressNotificationParam::new(t.clone(), begun.elapsed().as_secs_f64())
+                .with_total(limit.as_secs_f64())
+                .with_message(msg);
+            if let Err(e) = ctx.peer.notify_progress(p).await {
+                tracing::debug!("progress notification not sent: {e}");
+            }
+        }
+    }
+}
+
+async fn status_of(inner: &Inner, method: &str, a: RunArgs) -> ToolResult {
+    let status = inner
+        .link
+        .call(method, json!({ "run_id": a.run_id }))
+        .await?;
+    Ok(status_result(status, None))
+}
+
+async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
+    let session = match a.session.as_deref() {
+        None => Some(inner.session(None).to_owned()),
+        Some("*") => None,
+        Some(s) => Some(s.to_owned()),
+    };
+    let v = clean(
+        inner
+            .link
+            .call(
+                "list_agent_runs",
+                json!({"session_id": session, "state": a.state}),
+            )
+            .await?,
+    );
+    let runs = v["runs"].as_array().cloned().unwrap_or_default();
+    let mut text = format!("{} run(s)\n", runs.len());
+    for r in &runs {
+        text.push_str(render::status_text(r).lines().next().unwrap_or(""));
+        text.push('\n');
+    }
+    Ok(render::ok(text, json!({ "runs": runs })))
+}
+
+async fn read_log(inner: &Inner, a: LogArgs) -> ToolResult {
+    let status = clean(
+        inner
+            .link
+            .call("check_agent_run", json!({ "run_id": a.run_id }))
+            .await?,
+    );
+    let path = Path::new(status["log_path"].as_str().unwrap_or("")).to_path_buf();
+    if !path.exists() {
+        let text = format!(
+            "run {} has written no output yet ({}).",
+            a.run_id,
+            status["state"].as_str().unwrap_or("?")
+        );
+        return Ok(render::ok(
+            text,
+            json!({"run_id": a.run_id, "text": "", "offset": 0, "next_offset": 0, "size": 0, "state": status["state"]}),
+        ));
+    }
+    let from = match (a.offset, a.tail) {
+        (Some(o), _) => o,
+        (None, tail) => {
+            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let start = crate::cli::follow::tail_offset(&path, tail.unwrap_or(50)).unwrap_or(0);
+            start.max(len.saturating_sub(render::LOG_CHUNK))
+        }
+    };
+    let (text, next, size) = render::log_chunk(&path, from)?;
+    let more = if next < size {
+        format!("\n[{} more bytes: read on from offset {next}]", size - next)
+    } else {
+        String::new()
+    };
+    let body = format!(
+        "log of run {} (bytes {from}..{next} of {size}, {}):\n{text}{more}",
+        a.run_id,
+        status["state"].as_str().unwrap_or("?")
+    );
+    let data = json!({"run_id": a.run_id, "text": text, "offset": from, "next_offset": next, "size": size, "state": status["state"]});
+    Ok(render::ok(body, data))
+}
+
+async fn notices(inner: &Inner, _a: NoArgs) -> ToolResult {
+    let session = inner.session(None).to_owned();
+    let v = clean(
+        inner
+            .link
+            .call("take_notices", json!({ "session_id": session }))
+            .await?,
+    );
+    let list = v["notices"].as_array().cloned().unwrap_or_default();
+    let mut text = format!("{} run(s) ended since the last call\n", list.len());
+    for n in &list {
+        text.push_str(&format!(
+            "run {} {}: {}\n",
+            n["run_id"].as_str().unwrap_or("?"),
+            n["state"].as_str().unwrap_or("?"),
+            n["result_path"].as_str().unwrap_or("?")
+        ));
+    }
+    Ok(render::ok(text, json!({ "notices": list })))
+}
+
+async fn agents(inner: &Inner, _a: NoArgs) -> ToolResult {
+    let dir = inner.settings.project_dir.clone();
+    let found = tokio::task::spawn_blocking(move || definitions(&dir))
+        .await
+        .map_err(|e| ToolError::Agents(e.to_string()))??;
+    let found = clean(found);
+    let list = found["agents"].as_array().cloned().unwrap_or_default();
+    let mut text = format!("{} subagent definition(s)\n", list.len());
+    for a in &list {
+        text.push_str(&format!(
+            "- {}: {}\n",
+            a["name"].as_str().unwrap_or("?"),
+            a["description"].as_str().unwrap_or("")
+        ));
+    }
+    for e in found["errors"].as_array().into_iter().flatten() {
+        text.push_str(&format!("error: {}\n", e.as_str().unwrap_or("")));
+    }
+    Ok(render::ok(text, found))
+}
+
+/// The definitions found for `dir`, as `subagent agents --json` lists them.
+fn definitions(dir: &Path) -> Result<Value, ToolError> {
+    let explicit = std::env::var_os("SUBAGENTD_CONFIG").map(std::path::PathBuf::from);
+    let (_, settings) = crate::paths::load_config(explicit.as_deref())
+        .map_err(|e| ToolError::Agents(e.to_string()))?;
+    let tools = settings
+        .tool_policy()
+        .map_err(|e| ToolError::Agents(e.to_string()))?;
+    let found = crate::agents::discover(dir, &tools, settings.context.max_file_chars);
+    Ok(crate::cli::show::agents_json(&found, &tools))
+}
+
+async fn working_context(inner: &Inner, _a: NoArgs) -> ToolResult {
+    let session = inner.session(None).to_owned();
+    let v = clean(
+        inner
+            .link
+            .call("working_context", json!({ "session_id": session }))
+            .await?,
+    );
+    let text = v["block"].as_str().unwrap_or("").to_owned();
+    Ok(render::ok(text, v))
+}
