@@ -1,0 +1,564 @@
+//! `subagent mcp` driven by real MCP clients: the reference Python client
+//! (PyPI `mcp`, in target/mcp-venv from scripts/install-mcp-client) through
+//! tests/mcp/driver.py, and the Claude Code CLI.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+use subagentd_e2e::{
+    alive, bin, runnable, sleep_marker, sleeping, unsafe_kill, wait_until, Conn, Daemon,
+};
+
+/// The repository's root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The venv's python, or `None` (having said SKIPPED) when it is missing.
+fn python() -> Option<PathBuf> {
+    let py = std::env::var_os("SUBAGENT_MCP_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/mcp-venv/bin/python"));
+    let ok = py.is_file();
+    runnable(
+        ok,
+        "mcp-client",
+        &format!(
+            "the Python MCP client is not installed at {} (run scripts/install-mcp-client)",
+            py.display()
+        ),
+    )
+    .then_some(py)
+}
+
+/// A Python MCP client connected to one `subagent mcp`.
+struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    /// What `initialize` returned.
+    init: Value,
+    /// The server's stderr (and the driver's).
+    errlog: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Client {
+    /// Starts `subagent <args>` under the driver with `env` (the client
+    /// passes only a minimal environment on, plus this).
+    fn start(py: &Path, args: &[&str], env: Value) -> Client {
+        let dir = tempfile::tempdir().unwrap();
+        let errlog = dir.path().join("server.log");
+        let cfg = json!({
+            "command": bin("subagent"), "args": args, "env": env, "cwd": "/tmp",
+            "errlog": errlog, "client_name": "py test",
+        });
+        let mut child = Command::new(py)
+            .arg(repo().join("tests/mcp/driver.py"))
+            .arg(cfg.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        let mut c = Client {
+            child,
+            stdin,
+            lines,
+            init: Value::Null,
+            errlog,
+            _dir: dir,
+        };
+        c.init = c.read()["initialize"].clone();
+        assert!(
+            c.init.is_object(),
+            "no initialize result; log:\n{}",
+            c.log()
+        );
+        c
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.errlog).unwrap_or_default()
+    }
+
+    fn read(&self) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("no answer from the driver ({e}); log:\n{}", self.log()));
+        serde_json::from_str(&line).unwrap()
+    }
+
+    fn send(&mut self, cmd: Value) -> Value {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let v = self.read();
+        assert!(
+            v.get("error").is_none(),
+            "{cmd} -> {v}; log:\n{}",
+            self.log()
+        );
+        v
+    }
+
+    /// Calls a tool; returns `{result, progress}`.
+    fn call_with(&mut self, name: &str, args: Value, progress: bool) -> Value {
+        self.send(json!({"op": "call", "name": name, "args": args, "progress": progress}))
+    }
+
+    /// Calls a tool that must succeed; returns its result.
+    fn ok(&mut self, name: &str, args: Value) -> Value {
+        let r = self.call_with(name, args.clone(), false)["result"].clone();
+        assert_eq!(r["isError"], false, "{name} {args} -> {r}");
+        r
+    }
+
+    /// Calls a tool that must fail as a tool error; returns its text.
+    fn tool_error(&mut self, op: &str, name: &str, args: Value) -> String {
+        let r = self.send(json!({"op": op, "name": name, "args": args}))["result"].clone();
+        assert_eq!(r["isError"], true, "{name} {args} -> {r}");
+        r["content"][0]["text"].as_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The text of a tool result.
+fn text(r: &Value) -> &str {
+    r["content"][0]["text"].as_str().unwrap_or("")
+}
+
+/// `subagent mcp` options against the test daemon `d`.
+fn against(d: &Daemon) -> Vec<String> {
+    [
+        "--state-dir",
+        d.state.to_str().unwrap(),
+        "mcp",
+        "--project-dir",
+        "/tmp",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn initialize_lists_every_tool_with_a_schema() {
+    let Some(py) = python() else { return };
+    let d = Daemon::start();
+    let c_args = against(&d);
+    let mut c = Client::start(&py, &strs(&c_args), json!({"SUBAGENTD_SOCKET": d.socket}));
+    assert_eq!(c.init["serverInfo"]["name"], "subagent");
+    assert!(c.init["capabilities"]["tools"].is_object(), "{}", c.init);
+    let tools = c.send(json!({"op": "list_tools"}))["tools"].clone();
+    let mut names: Vec<&str> = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "cancel_agent_run",
+            "check_agent_run",
+            "list_agent_runs",
+            "list_agents",
+            "read_agent_log",
+            "spawn_agent",
+            "take_notices",
+            "wait_agent_run",
+            "working_context"
+        ]
+    );
+    for t in tools.as_array().unwrap() {
+        assert_eq!(t["inputSchema"]["type"], "object", "{t}");
+        assert!(t["description"].as_str().unwrap().len() > 40, "{t}");
+    }
+    let spawn = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "spawn_agent")
+        .unwrap();
+    let props = spawn["inputSchema"]["properties"].as_object().unwrap();
+    for p in [
+        "task",
+        "context",
+        "agent",
+        "driver",
+        "command",
+        "tools",
+        "write_project",
+        "network_allow",
+        "wall_time_s",
+        "worktree",
+    ] {
+        assert!(props.contains_key(p), "spawn_agent lacks {p}: {spawn}");
+    }
+    assert_eq!(spawn["inputSchema"]["required"], json!(["task"]));
+}
+
+#[test]
+fn spawn_then_wait_with_progress_then_read_the_log() {
+    let Some(py) = python() else { return };
+    let d = Daemon::start();
+    let mut args = against(&d);
+    args.extend(["--tools".into(), "file_read,shell".into()]);
+    let env = json!({"SUBAGENTD_SOCKET": d.socket, "SUBAGENT_MCP_PROGRESS_MS": "300"});
+    let mut c = Client::start(&py, &strs(&args), env);
+    // The child looks for the socket the server was told of, and writes an
+    // escape sequence a terminal would act on.
+    let script = "echo started; echo sock=${SUBAGENTD_SOCKET:-none}; \
+                  if [ -S \"$1\" ]; then echo reach; else echo noreach; fi; \
+                  sleep 1.5; printf 'done \\033]0;pwned\\007\\n'";
+    let sock = d.socket.to_str().unwrap();
+    let r = c.ok(
+        "spawn_agent",
+        json!({"task": "print and sleep", "command": ["sh", "-c", script, "sh", sock]}),
+    );
+    let s = &r["structuredContent"];
+    let run = s["run_id"].as_str().unwrap().to_owned();
+    assert!(
+        s["session_id"].as_str().unwrap().starts_with("py-test-"),
+        "{s}"
+    );
+    assert!(
+        matches!(s["state"].as_str(), Some("accepted" | "running")),
+        "{s}"
+    );
+    assert!(
+        s["log_path"].as_str().unwrap().ends_with("/child.log"),
+        "{s}"
+    );
+    assert!(
+        s["result_path"].as_str().unwrap().ends_with("/result.md"),
+        "{s}"
+    );
+    assert!(text(&r).contains(&run), "{r}");
+
+    let w = c.call_with(
+        "wait_agent_run",
+        json!({"run_id": run, "timeout_s": 30}),
+        true,
+    );
+    let res = &w["result"];
+    assert_eq!(res["isError"], false, "{w}");
+    let st = &res["structuredContent"]["status"];
+    assert_eq!(st["state"], "succeeded", "{w}");
+    assert_eq!(res["structuredContent"]["still_running"], false);
+    assert_eq!(
+        st["tools"],
+        json!(["file_read", "shell"]),
+        "the parent's tools: {st}"
+    );
+    assert!(
+        st["isolation"]["root"]["enforced"] == true,
+        "a sandboxed child: {st}"
+    );
+    let progress = w["progress"].as_array().unwrap();
+    assert!(
+        progress.len() >= 2,
+        "a 1.5 s run, progress every 0.3 s: {w}"
+    );
+    let p: Vec<f64> = progress
+        .iter()
+        .map(|p| p["progress"].as_f64().unwrap())
+        .collect();
+    assert!(
+        p.windows(2).all(|w| w[0] < w[1]),
+        "progress increases: {p:?}"
+    );
+    assert!(
+        progress[0]["message"].as_str().unwrap().contains("running"),
+        "{w}"
+    );
+
+    let log = c.ok("read_agent_log", json!({"run_id": run}));
+    let all = log.to_string();
+    assert!(text(&log).contains("started"), "{log}");
+    assert!(
+        text(&log).contains("sock=none") && text(&log).contains("noreach"),
+        "{log}"
+    );
+    assert!(
+        text(&log).contains("done \\x1b]0;pwned\\x07"),
+        "escaped: {log}"
+    );
+    assert!(
+        !all.contains('\u{1b}') && !all.contains("\\u001b"),
+        "no raw ESC: {all}"
+    );
+    let from = c.ok("read_agent_log", json!({"run_id": run, "offset": 8}));
+    assert_eq!(from["structuredContent"]["offset"], 8);
+    assert!(
+        from["structuredContent"]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("sock=none"),
+        "{from}"
+    );
+    let tail = c.ok("read_agent_log", json!({"run_id": run, "tail": 1}));
+    assert_eq!(
+        tail["structuredContent"]["text"], "done \\x1b]0;pwned\\x07\n",
+        "{tail}"
+    );
+
+    let n = c.ok("take_notices", json!({}));
+    assert_eq!(
+        n["structuredContent"]["notices"][0]["run_id"],
+        run.as_str(),
+        "{n}"
+    );
+    let l = c.ok("list_agent_runs", json!({}));
+    assert_eq!(
+        l["structuredContent"]["runs"].as_array().unwrap().len(),
+        1,
+        "{l}"
+    );
+    let wc = c.ok("working_context", json!({}));
+    assert!(text(&wc).contains("project_dir: /tmp"), "{wc}");
+}
+
+#[test]
+fn a_wait_that_times_out_says_still_running_and_cancel_ends_the_run() {
+    let Some(py) = python() else { return };
+    let d = Daemon::start();
+    let c_args = against(&d);
+    let mut c = Client::start(&py, &strs(&c_args), json!({"SUBAGENTD_SOCKET": d.socket}));
+    let marker = sleep_marker();
+    let r = c.ok(
+        "spawn_agent",
+        json!({"task": "sleep", "command": ["sleep", marker]}),
+    );
+    let run = r["structuredContent"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until(Duration::from_secs(20), "the child to sleep", || {
+        !sleeping(&marker).is_empty()
+    });
+    let w = c.ok("wait_agent_run", json!({"run_id": run, "timeout_s": 1}));
+    assert_eq!(w["structuredContent"]["still_running"], true, "{w}");
+    assert!(text(&w).contains("still running"), "{w}");
+    assert!(
+        w["structuredContent"]["elapsed_ms"].as_u64().is_some(),
+        "{w}"
+    );
+    let c1 = c.ok("check_agent_run", json!({"run_id": run}));
+    assert_eq!(
+        c1["structuredContent"]["status"]["state"], "running",
+        "{c1}"
+    );
+    let x = c.ok("cancel_agent_run", json!({"run_id": run}));
+    assert_eq!(
+        x["structuredContent"]["status"]["cancel_requested"], true,
+        "{x}"
+    );
+    let w = c.ok("wait_agent_run", json!({"run_id": run, "timeout_s": 30}));
+    assert_eq!(
+        w["structuredContent"]["status"]["state"], "cancelled",
+        "{w}"
+    );
+    assert!(sleeping(&marker).is_empty(), "the child is gone");
+    let l = c.ok("list_agent_runs", json!({"state": "cancelled"}));
+    assert_eq!(
+        l["structuredContent"]["runs"][0]["run_id"],
+        run.as_str(),
+        "{l}"
+    );
+    let all = c.ok("list_agent_runs", json!({"session": "*"}));
+    assert!(!all["structuredContent"]["runs"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn malformed_calls_are_tool_errors_and_the_session_goes_on() {
+    let Some(py) = python() else { return };
+    let d = Daemon::start();
+    let mut c_args = against(&d);
+    c_args.extend(["--tools".into(), "file_read".into()]);
+    let mut c = Client::start(&py, &strs(&c_args), json!({"SUBAGENTD_SOCKET": d.socket}));
+    let e = c.tool_error("raw_call", "spawn_agent", json!({"task": 5}));
+    assert!(
+        e.contains("bad arguments for spawn_agent") && e.contains("task"),
+        "{e}"
+    );
+    let e = c.tool_error(
+        "raw_call",
+        "spawn_agent",
+        json!({"task": "x", "timeout": 5}),
+    );
+    assert!(e.contains("timeout"), "{e}");
+    let e = c.tool_error("raw_call", "spawn_agent", json!({}));
+    assert!(e.contains("task"), "{e}");
+    let e = c.tool_error("raw_call", "no_such_tool", json!({}));
+    assert!(
+        e.contains("no tool named") && e.contains("spawn_agent"),
+        "{e}"
+    );
+    let e = c.tool_error("call", "check_agent_run", json!({"run_id": "../../etc"}));
+    assert!(
+        e.contains("is not a run id") && e.contains("code -32602"),
+        "{e}"
+    );
+    let e = c.tool_error(
+        "call",
+        "wait_agent_run",
+        json!({"run_id": "20261130T055552.123456Z-a1b2c3d4"}),
+    );
+    assert!(
+        e.contains("run not found") && e.contains("list_agent_runs"),
+        "{e}"
+    );
+    let e = c.tool_error(
+        "call",
+        "spawn_agent",
+        json!({"task": "x", "command": ["true"], "tools": ["shell"]}),
+    );
+    assert!(e.contains("not held: shell"), "{e}");
+    let e = c.tool_error(
+        "call",
+        "spawn_agent",
+        json!({"task": "  ", "command": ["true"]}),
+    );
+    assert!(e.contains("task: must not be empty"), "{e}");
+    let e = c.tool_error("call", "list_agent_runs", json!({"state": "done"}));
+    assert!(e.contains("state"), "{e}");
+    // The session is still usable.
+    let r = c.ok("spawn_agent", json!({"task": "t", "command": ["true"]}));
+    let run = r["structuredContent"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let w = c.ok("wait_agent_run", json!({"run_id": run}));
+    assert_eq!(
+        w["structuredContent"]["status"]["state"], "succeeded",
+        "{w}"
+    );
+    assert_eq!(
+        w["structuredContent"]["status"]["tools"],
+        json!(["file_read"]),
+        "{w}"
+    );
+}
+
+#[test]
+fn a_driver_is_passed_on_to_the_daemon() {
+    let Some(py) = python() else { return };
+    let d = Daemon::start();
+    let c_args = against(&d);
+    let mut c = Client::start(&py, &strs(&c_args), json!({"SUBAGENTD_SOCKET": d.socket}));
+    let r = c.call_with(
+        "spawn_agent",
+        json!({"task": "t", "command": ["true"], "driver": "no-such-driver"}),
+        false,
+    )["result"]
+        .clone();
+    // A daemon that knows drivers refuses this one; one that does not
+    // refuses the field. Either way it saw `driver`.
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(
+        text(&r).contains("driver") && text(&r).contains("-32602"),
+        "{r}"
+    );
+}
+
+#[test]
+fn starts_a_daemon_when_none_answers() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (run, state) = (dir.path().join("run"), dir.path().join("state"));
+    std::fs::create_dir(&run).unwrap();
+    let env = json!({"XDG_RUNTIME_DIR": run, "XDG_STATE_HOME": state});
+    let socket = run.join("subagentd/subagentd.sock");
+    let mut c = Client::start(&py, &["mcp"], env);
+    let pid = {
+        let mut conn = Conn::connect(&socket);
+        conn.call("ping", json!({})).unwrap()["pid"]
+            .as_i64()
+            .unwrap() as i32
+    };
+    let _stop = KillOnDrop(pid);
+    assert!(c.log().contains("no subagentd answered"), "{}", c.log());
+    assert!(c.log().contains(&format!("pid {pid}")), "{}", c.log());
+    let r = c.ok(
+        "spawn_agent",
+        json!({"task": "t", "command": ["echo", "hello"]}),
+    );
+    let run_id = r["structuredContent"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        r["structuredContent"]["log_path"]
+            .as_str()
+            .unwrap()
+            .starts_with(state.join("subagentd").to_str().unwrap()),
+        "default state dir: {r}"
+    );
+    let w = c.ok("wait_agent_run", json!({"run_id": run_id}));
+    assert_eq!(
+        w["structuredContent"]["status"]["state"], "succeeded",
+        "{w}"
+    );
+    assert!(
+        w["structuredContent"]["log_tail"]
+            .as_str()
+            .unwrap()
+            .contains("hello"),
+        "{w}"
+    );
+    drop(c);
+    assert!(
+        alive(pid),
+        "the daemon outlives the MCP server that started it"
+    );
+    // A second server finds the running daemon and starts none.
+    let c2 = Client::start(
+        &py,
+        &["mcp"],
+        json!({"XDG_RUNTIME_DIR": run, "XDG_STATE_HOME": state}),
+    );
+    assert!(!c2.log().contains("no subagentd answered"), "{}", c2.log());
+}
+
+/// SIGTERMs a daemon the test did not start itself, and waits for it.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        unsafe_kill(self.0, libc::SIGTERM);
+        wait_until(
+            Duration::from_secs(20),
+            "the started daemon to exit",
+            || !alive(self.0),
+        );
+    }
+}
