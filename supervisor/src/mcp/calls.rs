@@ -121,6 +121,7 @@ async fn spawn(inner: &Inner, a: SpawnArgs) -> ToolResult {
         "log_path": status["log_path"],
         "result_path": status["result_path"],
         "artifact_dir": status["artifact_dir"],
+        "message": "spawned; call wait_agent_run with this run_id to wait for it",
     });
     let text = format!(
         "spawned run {run_id} ({}).\nlog: {}\nresult (written when it ends): {}\n\
@@ -198,7 +199,12 @@ async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
             )
             .await?,
     );
-    let runs = v["runs"].as_array().cloned().unwrap_or_default();
+    let runs: Vec<Value> = v["runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(render::summary)
+        .collect();
     let mut text = format!("{} run(s)\n", runs.len());
     for r in &runs {
         text.push_str(render::status_text(r).lines().next().unwrap_or(""));

@@ -132,21 +132,68 @@ pub fn status_text(status: &Value) -> String {
     out
 }
 
-/// A status as a tool result: text, and `{status, log_tail}` structured.
+/// The fields of a status a model needs, with the sandbox as one flag
+/// per mechanism (the full report is in result.md).
+pub fn summary(status: &Value) -> Value {
+    let mut out = Map::new();
+    for k in [
+        "run_id",
+        "session_id",
+        "state",
+        "exit_code",
+        "signal",
+        "reason",
+        "cancel_requested",
+        "created_at",
+        "started_at",
+        "ended_at",
+        "result_path",
+        "artifact_dir",
+        "log_path",
+        "log_truncated",
+        "tools",
+        "rights",
+        "network",
+        "agent",
+        "finalize_error",
+        "worktree_dir",
+        "worktree_branch",
+    ] {
+        if let Some(v) = status.get(k) {
+            out.insert(k.to_owned(), v.clone());
+        }
+    }
+    if let Some(iso) = status.get("isolation").and_then(Value::as_object) {
+        let mut flags = Map::new();
+        for (k, v) in iso {
+            match v.get("enforced").or(Some(v)).filter(|e| e.is_boolean()) {
+                Some(e) => flags.insert(k.clone(), e.clone()),
+                None if k == "user" => flags.insert(k.clone(), v.clone()),
+                None => None,
+            };
+        }
+        out.insert("isolation".to_owned(), Value::Object(flags));
+    }
+    Value::Object(out)
+}
+
+/// A status as a tool result: text, and the status's [`summary`] with
+/// `message`, `still_running`, `elapsed_ms` and `log_tail` (some clients
+/// show the model only the structured content).
 pub fn status_result(status: Value, lead: Option<&str>) -> CallToolResult {
     let status = clean(status);
     let tail = log_tail(Path::new(field(&status, "log_path")), STATUS_LOG_LINES);
     let mut text = lead.map(|l| format!("{l}\n")).unwrap_or_default();
     text.push_str(&status_text(&status));
+    let message = text.lines().take(2).collect::<Vec<_>>().join(" ");
     if !tail.is_empty() {
         text.push_str(&format!("last lines of its log:\n{}", indent(&tail)));
     }
-    let data = json!({
-        "still_running": !is_terminal(&status),
-        "elapsed_ms": elapsed_ms(&status),
-        "log_tail": tail,
-        "status": status,
-    });
+    let mut data = summary(&status);
+    data["message"] = json!(message);
+    data["still_running"] = json!(!is_terminal(&status));
+    data["elapsed_ms"] = json!(elapsed_ms(&status));
+    data["log_tail"] = json!(tail);
     ok(text, data)
 }
 
@@ -173,6 +220,18 @@ mod tests {
         assert_eq!(v["list"][0], "\\r");
         assert_eq!(v["list"][1], 5);
         assert_eq!(v["k\\x1b"], 1);
+    }
+
+    #[test]
+    fn a_summary_keeps_the_outcome_and_one_flag_per_mechanism() {
+        let s = json!({"run_id": "r", "state": "succeeded", "command": ["x"], "git": {},
+                       "isolation": {"seccomp": {"detail": "long", "enforced": true},
+                                     "no_new_privs": true, "rlimits": ["core=0"], "user": "uid 5"}});
+        assert_eq!(
+            summary(&s),
+            json!({"run_id": "r", "state": "succeeded",
+                   "isolation": {"seccomp": true, "no_new_privs": true, "user": "uid 5"}})
+        );
     }
 
     #[test]
