@@ -540,3 +540,258 @@ impl Drop for KillOnDrop {
         );
     }
 }
+
+/// Runs Claude Code in `cwd` with a private HOME and only `env` besides,
+/// killed after two minutes; returns its stdout and stderr.
+fn claude(
+    claude: &Path,
+    home: &Path,
+    cwd: &Path,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> (String, String) {
+    let out = cwd.join("claude.out");
+    let err = cwd.join("claude.err");
+    let mut cmd = Command::new(claude);
+    cmd.args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("CLAUDE_CODE_MAX_RETRIES", "0")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "claude {args:?} ran over two minutes; stderr:\n{}",
+                std::fs::read_to_string(&err).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (
+        std::fs::read_to_string(&out).unwrap(),
+        std::fs::read_to_string(&err).unwrap(),
+    )
+}
+
+#[test]
+fn claude_mcp_add_then_list_reports_it_connected() {
+    let Some(cc) = subagentd_e2e::agents::require(subagentd_e2e::agents::claude, "claude-code")
+    else {
+        return;
+    };
+    let d = Daemon::start();
+    let home = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let subagent = bin("subagent");
+    let sock = d.socket.to_str().unwrap();
+    let add = [
+        "mcp",
+        "add",
+        "--scope",
+        "local",
+        "subagent",
+        "--",
+        subagent.to_str().unwrap(),
+        "--socket",
+        sock,
+        "mcp",
+        "--no-start-daemon",
+    ];
+    let (out, err) = claude(&cc, home.path(), project.path(), &add, &[]);
+    assert!(
+        out.contains("Added stdio MCP server subagent"),
+        "{out}\n{err}"
+    );
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(home.path().join(".claude.json")).unwrap())
+            .unwrap();
+    let projects = config["projects"].as_object().unwrap();
+    assert!(
+        projects
+            .values()
+            .any(|p| p["mcpServers"]["subagent"]["command"] == subagent.to_str().unwrap()),
+        "the server is in the private HOME's config: {config}"
+    );
+    let (out, err) = claude(&cc, home.path(), project.path(), &["mcp", "list"], &[]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("subagent:"))
+        .unwrap_or_else(|| panic!("{out}\n{err}"));
+    assert!(
+        line.contains("Connected") && !line.contains("Failed"),
+        "{out}\n{err}"
+    );
+}
+
+/// The events of Claude Code's `--output-format stream-json` output.
+fn events(out: &str) -> Vec<Value> {
+    out.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The `result` event's text, checked not to be an error.
+fn final_text(out: &str, err: &str) -> String {
+    let ev = events(out);
+    let r = ev
+        .iter()
+        .find(|e| e["type"] == "result")
+        .unwrap_or_else(|| panic!("no result event:\n{out}\n{err}"));
+    assert_eq!(r["is_error"], false, "{r}");
+    r["result"].as_str().unwrap().to_owned()
+}
+
+/// The text of the last tool result of a model request.
+fn last_tool_result(req: &subagentd_e2e::modelserver::Request) -> String {
+    let results: Vec<&Value> = req.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .filter(|b| b["type"] == "tool_result")
+        .collect();
+    results
+        .last()
+        .map(|b| b["content"].to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn claude_code_as_parent_spawns_a_sandboxed_child_and_gets_its_result() {
+    use subagentd_e2e::modelserver::{ModelServer, Turn};
+    let Some(cc) = subagentd_e2e::agents::require(subagentd_e2e::agents::claude, "claude-code")
+    else {
+        return;
+    };
+    let d = Daemon::start();
+    let home = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let session = subagentd_e2e::session("cc-parent");
+    let mcp = json!({"mcpServers": {"subagent": {"command": bin("subagent"),
+        "args": ["--socket", d.socket, "mcp", "--session", session, "--no-start-daemon"]}}});
+    let mcp_file = home.path().join("mcp.json");
+    std::fs::write(&mcp_file, mcp.to_string()).unwrap();
+    // The child says who it runs as, whether it sees the socket, and
+    // leaves a marker among its artifacts.
+    let script = "echo hello-from-child uid=$(id -u); \
+                  if [ -S \"$1\" ]; then echo reach; else echo noreach; fi; \
+                  echo ran > \"$SUBAGENT_ARTIFACT_DIR/marker.txt\"";
+    let spawn = json!({"task": "write a marker", "command": ["sh", "-c", script, "sh", d.socket]});
+    let tools = "mcp__subagent__spawn_agent,mcp__subagent__wait_agent_run";
+    let args = |prompt: &'static str, more: &'static [&'static str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "-p",
+            prompt,
+            "--mcp-config",
+            mcp_file.to_str().unwrap(),
+            "--strict-mcp-config",
+            "--allowedTools",
+            tools,
+            "--output-format",
+            "stream-json",
+            "--verbose",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(more.iter().map(|s| s.to_string()));
+        a
+    };
+
+    // The parent's first turn spawns the child.
+    let first = ModelServer::start(vec![
+        Turn::tool("mcp__subagent__spawn_agent", spawn),
+        Turn::text("spawned it"),
+    ])
+    .unwrap();
+    let env = [
+        ("ANTHROPIC_BASE_URL", first.base_url()),
+        ("ANTHROPIC_API_KEY", "k".to_owned()),
+    ];
+    let a = args("delegate the marker task", &[]);
+    let (out, err) = claude(&cc, home.path(), project.path(), &strs(&a), &env);
+    assert_eq!(final_text(&out, &err), "spawned it");
+    let init = events(&out)
+        .into_iter()
+        .find(|e| e["subtype"] == "init")
+        .unwrap();
+    assert_eq!(init["mcp_servers"][0]["status"], "connected", "{init}");
+    let reqs = first.model_requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    let spawned = last_tool_result(&reqs[1]);
+    let runs = d
+        .conn()
+        .call("list_agent_runs", json!({"session_id": session}))
+        .unwrap();
+    let run = runs["runs"][0]["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no run: {runs}\n{err}"))
+        .to_owned();
+    assert!(
+        spawned.contains(&run),
+        "the parent got the run id: {spawned}"
+    );
+
+    // Its next turn, in the same conversation, waits for it.
+    let second = ModelServer::start(vec![
+        Turn::text("unused"),
+        Turn::tool(
+            "mcp__subagent__wait_agent_run",
+            json!({"run_id": run, "timeout_s": 30}),
+        ),
+        Turn::text("the child is done"),
+    ])
+    .unwrap();
+    let env = [
+        ("ANTHROPIC_BASE_URL", second.base_url()),
+        ("ANTHROPIC_API_KEY", "k".to_owned()),
+    ];
+    let a = args("wait for it", &["--continue"]);
+    let (out, err) = claude(&cc, home.path(), project.path(), &strs(&a), &env);
+    assert_eq!(final_text(&out, &err), "the child is done");
+    let reqs = second.model_requests();
+    let waited = last_tool_result(reqs.last().unwrap());
+    assert!(
+        waited.contains("succeeded") && waited.contains("hello-from-child"),
+        "the parent got the result: {waited}"
+    );
+
+    let st = d
+        .conn()
+        .call("check_agent_run", json!({"run_id": run}))
+        .unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(
+        st["project_dir"],
+        project.path().to_str().unwrap(),
+        "the parent's cwd: {st}"
+    );
+    for m in ["namespaces", "root", "landlock", "seccomp", "capabilities"] {
+        assert_eq!(st["isolation"][m]["enforced"], true, "{m}: {st}");
+    }
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    assert!(
+        log.contains("noreach"),
+        "the child cannot reach the socket: {log}"
+    );
+    if subagentd_e2e::is_root() {
+        assert!(
+            !log.contains("uid=0"),
+            "a root daemon's child runs as a uid of its own: {log}"
+        );
+    }
+    let marker = Path::new(st["artifact_dir"].as_str().unwrap()).join("marker.txt");
+    assert_eq!(std::fs::read_to_string(marker).unwrap(), "ran\n");
+}
