@@ -161,11 +161,12 @@ async fn wait(inner: &Inner, a: WaitArgs, ctx: &RequestContext<RoleServer>) -> T
         if let Some(t) = &token {
             let status = clean(status);
             let last = render::log_tail(Path::new(status["log_path"].as_str().unwrap_or("")), 1);
-            let msg = format!(
-                "{}; last output: {}",
-                render::status_text(&status).lines().next().unwrap_or(""),
-                last.trim_end()
-            );
+            let last = match last.trim_end() {
+                "" => "no output yet".to_owned(),
+                l => format!("last output: {l}"),
+            };
+            let head = render::status_text(&status);
+            let msg = format!("{}; {last}", head.lines().next().unwrap_or(""));
             let p = ProgressNotificationParam::new(t.clone(), begun.elapsed().as_secs_f64())
                 .with_total(limit.as_secs_f64())
                 .with_message(msg);

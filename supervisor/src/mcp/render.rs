@@ -115,7 +115,7 @@ pub fn log_chunk(path: &Path, offset: u64) -> Result<(String, u64, u64), LogErro
 /// The lines saying how a run stands, for the model.
 pub fn status_text(status: &Value) -> String {
     let state = field(status, "state");
-    let mut out = format!("run {} is {state}", field(status, "run_id"));
+    let mut out = format!("run {}: {state}", field(status, "run_id"));
     if let Some(ms) = elapsed_ms(status) {
         let verb = if is_terminal(status) { "took" } else { "for" };
         out.push_str(&format!(" ({verb} {})", human_duration(ms)));
