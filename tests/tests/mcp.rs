@@ -295,6 +295,13 @@ fn spawn_then_wait_with_progress_then_read_the_log() {
         "{w}"
     );
 
+    check_log_reads(&mut c, &run);
+    check_session_views(&mut c, &run);
+}
+
+/// The log of the run of the test above, read whole, from an offset and
+/// by its last line, with the child's escape sequence shown escaped.
+fn check_log_reads(c: &mut Client, run: &str) {
     let log = c.ok("read_agent_log", json!({"run_id": run}));
     let all = log.to_string();
     assert!(text(&log).contains("started"), "{log}");
@@ -324,13 +331,12 @@ fn spawn_then_wait_with_progress_then_read_the_log() {
         tail["structuredContent"]["text"], "done \\x1b]0;pwned\\x07\n",
         "{tail}"
     );
+}
 
+/// This session's notices, runs and working context after that run.
+fn check_session_views(c: &mut Client, run: &str) {
     let n = c.ok("take_notices", json!({}));
-    assert_eq!(
-        n["structuredContent"]["notices"][0]["run_id"],
-        run.as_str(),
-        "{n}"
-    );
+    assert_eq!(n["structuredContent"]["notices"][0]["run_id"], run, "{n}");
     let l = c.ok("list_agent_runs", json!({}));
     assert_eq!(
         l["structuredContent"]["runs"].as_array().unwrap().len(),
@@ -669,113 +675,69 @@ fn last_tool_result(req: &subagentd_e2e::modelserver::Request) -> String {
         .unwrap_or_default()
 }
 
-#[test]
-fn claude_code_as_parent_spawns_a_sandboxed_child_and_gets_its_result() {
-    use subagentd_e2e::modelserver::{ModelServer, Turn};
-    let Some(cc) = subagentd_e2e::agents::require(subagentd_e2e::agents::claude, "claude-code")
-    else {
-        return;
-    };
-    let d = Daemon::start();
-    let home = tempfile::tempdir().unwrap();
-    let project = tempfile::tempdir().unwrap();
-    let session = subagentd_e2e::session("cc-parent");
-    let mcp = json!({"mcpServers": {"subagent": {"command": bin("subagent"),
-        "args": ["--socket", d.socket, "mcp", "--session", session, "--no-start-daemon"]}}});
-    let mcp_file = home.path().join("mcp.json");
-    std::fs::write(&mcp_file, mcp.to_string()).unwrap();
-    // The child says who it runs as, whether it sees the socket, and
-    // leaves a marker among its artifacts.
-    let script = "echo hello-from-child uid=$(id -u); \
-                  if [ -S \"$1\" ]; then echo reach; else echo noreach; fi; \
-                  echo ran > \"$SUBAGENT_ARTIFACT_DIR/marker.txt\"";
-    let spawn = json!({"task": "write a marker", "command": ["sh", "-c", script, "sh", d.socket]});
-    let tools = "mcp__subagent__spawn_agent,mcp__subagent__wait_agent_run";
-    let args = |prompt: &'static str, more: &'static [&'static str]| -> Vec<String> {
-        let mut a: Vec<String> = [
+/// Claude Code in -p mode with `subagent mcp` as its only MCP server.
+struct Parent {
+    cc: PathBuf,
+    home: tempfile::TempDir,
+    project: tempfile::TempDir,
+    mcp_file: PathBuf,
+}
+
+impl Parent {
+    fn new(cc: PathBuf, d: &Daemon, session: &str) -> Parent {
+        let home = tempfile::tempdir().unwrap();
+        let project = tempfile::tempdir().unwrap();
+        let mcp = json!({"mcpServers": {"subagent": {"command": bin("subagent"),
+            "args": ["--socket", d.socket, "mcp", "--session", session, "--no-start-daemon"]}}});
+        let mcp_file = home.path().join("mcp.json");
+        std::fs::write(&mcp_file, mcp.to_string()).unwrap();
+        Parent {
+            cc,
+            home,
+            project,
+            mcp_file,
+        }
+    }
+
+    /// One `claude -p` against a model following `script`; returns the
+    /// model server (with the requests it got) and Claude's final text.
+    fn turn(
+        &self,
+        script: Vec<subagentd_e2e::modelserver::Turn>,
+        prompt: &str,
+        more: &[&str],
+    ) -> (subagentd_e2e::modelserver::ModelServer, String, String) {
+        let model = subagentd_e2e::modelserver::ModelServer::start(script).unwrap();
+        let env = [
+            ("ANTHROPIC_BASE_URL", model.base_url()),
+            ("ANTHROPIC_API_KEY", "k".to_owned()),
+        ];
+        let mut args = vec![
             "-p",
             prompt,
             "--mcp-config",
-            mcp_file.to_str().unwrap(),
+            self.mcp_file.to_str().unwrap(),
             "--strict-mcp-config",
             "--allowedTools",
-            tools,
+            "mcp__subagent__spawn_agent,mcp__subagent__wait_agent_run",
             "--output-format",
             "stream-json",
             "--verbose",
-        ]
-        .map(String::from)
-        .to_vec();
-        a.extend(more.iter().map(|s| s.to_string()));
-        a
-    };
+        ];
+        args.extend_from_slice(more);
+        let (out, err) = claude(&self.cc, self.home.path(), self.project.path(), &args, &env);
+        let text = final_text(&out, &err);
+        (model, out, text)
+    }
+}
 
-    // The parent's first turn spawns the child.
-    let first = ModelServer::start(vec![
-        Turn::tool("mcp__subagent__spawn_agent", spawn),
-        Turn::text("spawned it"),
-    ])
-    .unwrap();
-    let env = [
-        ("ANTHROPIC_BASE_URL", first.base_url()),
-        ("ANTHROPIC_API_KEY", "k".to_owned()),
-    ];
-    let a = args("delegate the marker task", &[]);
-    let (out, err) = claude(&cc, home.path(), project.path(), &strs(&a), &env);
-    assert_eq!(final_text(&out, &err), "spawned it");
-    let init = events(&out)
-        .into_iter()
-        .find(|e| e["subtype"] == "init")
-        .unwrap();
-    assert_eq!(init["mcp_servers"][0]["status"], "connected", "{init}");
-    let reqs = first.model_requests();
-    assert_eq!(reqs.len(), 2, "{reqs:?}");
-    let spawned = last_tool_result(&reqs[1]);
-    let runs = d
-        .conn()
-        .call("list_agent_runs", json!({"session_id": session}))
-        .unwrap();
-    let run = runs["runs"][0]["run_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no run: {runs}\n{err}"))
-        .to_owned();
-    assert!(
-        spawned.contains(&run),
-        "the parent got the run id: {spawned}"
-    );
-
-    // Its next turn, in the same conversation, waits for it.
-    let second = ModelServer::start(vec![
-        Turn::text("unused"),
-        Turn::tool(
-            "mcp__subagent__wait_agent_run",
-            json!({"run_id": run, "timeout_s": 30}),
-        ),
-        Turn::text("the child is done"),
-    ])
-    .unwrap();
-    let env = [
-        ("ANTHROPIC_BASE_URL", second.base_url()),
-        ("ANTHROPIC_API_KEY", "k".to_owned()),
-    ];
-    let a = args("wait for it", &["--continue"]);
-    let (out, err) = claude(&cc, home.path(), project.path(), &strs(&a), &env);
-    assert_eq!(final_text(&out, &err), "the child is done");
-    let reqs = second.model_requests();
-    let waited = last_tool_result(reqs.last().unwrap());
-    assert!(
-        waited.contains("succeeded") && waited.contains("hello-from-child"),
-        "the parent got the result: {waited}"
-    );
-
-    let st = d
-        .conn()
-        .call("check_agent_run", json!({"run_id": run}))
-        .unwrap();
+/// The run ended well, in `project`, sandboxed, without the socket, as a
+/// uid of its own under a root daemon, and left its marker.
+fn assert_ran_sandboxed(st: &Value, project: &Path) {
     assert_eq!(st["state"], "succeeded", "{st}");
     assert_eq!(
         st["project_dir"],
-        project.path().to_str().unwrap(),
+        project.to_str().unwrap(),
         "the parent's cwd: {st}"
     );
     for m in ["namespaces", "root", "landlock", "seccomp", "capabilities"] {
@@ -794,4 +756,70 @@ fn claude_code_as_parent_spawns_a_sandboxed_child_and_gets_its_result() {
     }
     let marker = Path::new(st["artifact_dir"].as_str().unwrap()).join("marker.txt");
     assert_eq!(std::fs::read_to_string(marker).unwrap(), "ran\n");
+}
+
+#[test]
+fn claude_code_as_parent_spawns_a_sandboxed_child_and_gets_its_result() {
+    use subagentd_e2e::modelserver::Turn;
+    let Some(cc) = subagentd_e2e::agents::require(subagentd_e2e::agents::claude, "claude-code")
+    else {
+        return;
+    };
+    let d = Daemon::start();
+    let session = subagentd_e2e::session("cc-parent");
+    let parent = Parent::new(cc, &d, &session);
+    // The child says who it runs as, whether it sees the socket, and
+    // leaves a marker among its artifacts.
+    let script = "echo hello-from-child uid=$(id -u); \
+                  if [ -S \"$1\" ]; then echo reach; else echo noreach; fi; \
+                  echo ran > \"$SUBAGENT_ARTIFACT_DIR/marker.txt\"";
+    let spawn = json!({"task": "write a marker", "command": ["sh", "-c", script, "sh", d.socket]});
+
+    // The parent's first turn spawns the child.
+    let script = vec![
+        Turn::tool("mcp__subagent__spawn_agent", spawn),
+        Turn::text("spawned it"),
+    ];
+    let (model, out, text) = parent.turn(script, "delegate the marker task", &[]);
+    assert_eq!(text, "spawned it");
+    let init = events(&out)
+        .into_iter()
+        .find(|e| e["subtype"] == "init")
+        .unwrap();
+    assert_eq!(init["mcp_servers"][0]["status"], "connected", "{init}");
+    let reqs = model.model_requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    let runs = d
+        .conn()
+        .call("list_agent_runs", json!({"session_id": session}))
+        .unwrap();
+    let run = runs["runs"][0]["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no run: {runs}"))
+        .to_owned();
+    let spawned = last_tool_result(&reqs[1]);
+    assert!(
+        spawned.contains(&run),
+        "the parent got the run id: {spawned}"
+    );
+
+    // Its next turn, in the same conversation, waits for it.
+    let wait = json!({"run_id": run, "timeout_s": 30});
+    let script = vec![
+        Turn::text("unused"),
+        Turn::tool("mcp__subagent__wait_agent_run", wait),
+        Turn::text("the child is done"),
+    ];
+    let (model, _, text) = parent.turn(script, "wait for it", &["--continue"]);
+    assert_eq!(text, "the child is done");
+    let waited = last_tool_result(model.model_requests().last().unwrap());
+    assert!(
+        waited.contains("succeeded") && waited.contains("hello-from-child"),
+        "the parent got the result: {waited}"
+    );
+    let st = d
+        .conn()
+        .call("check_agent_run", json!({"run_id": run}))
+        .unwrap();
+    assert_ran_sandboxed(&st, parent.project.path());
 }
