@@ -159,14 +159,7 @@ async fn wait(inner: &Inner, a: WaitArgs, ctx: &RequestContext<RoleServer>) -> T
             return Ok(status_result(status, Some(&lead)));
         }
         if let Some(t) = &token {
-            let status = clean(status);
-            let last = render::log_tail(Path::new(status["log_path"].as_str().unwrap_or("")), 1);
-            let last = match last.trim_end() {
-                "" => "no output yet".to_owned(),
-                l => format!("last output: {l}"),
-            };
-            let head = render::status_text(&status);
-            let msg = format!("{}; {last}", head.lines().next().unwrap_or(""));
+            let msg = progress_message(&clean(status));
             let p = ProgressNotificationParam::new(t.clone(), begun.elapsed().as_secs_f64())
                 .with_total(limit.as_secs_f64())
                 .with_message(msg);
@@ -175,6 +168,17 @@ async fn wait(inner: &Inner, a: WaitArgs, ctx: &RequestContext<RoleServer>) -> T
             }
         }
     }
+}
+
+/// What a progress notification says: the state and the last log line.
+fn progress_message(status: &Value) -> String {
+    let last = render::log_tail(Path::new(status["log_path"].as_str().unwrap_or("")), 1);
+    let last = match last.trim_end() {
+        "" => "no output yet".to_owned(),
+        l => format!("last output: {l}"),
+    };
+    let head = render::status_text(status);
+    format!("{}; {last}", head.lines().next().unwrap_or(""))
 }
 
 async fn status_of(inner: &Inner, method: &str, a: RunArgs) -> ToolResult {
@@ -320,4 +324,80 @@ async fn working_context(inner: &Inner, _a: NoArgs) -> ToolResult {
     );
     let text = v["block"].as_str().unwrap_or("").to_owned();
     Ok(render::ok(text, v))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::mcp::daemon::Link;
+    use crate::mcp::Settings;
+
+    fn inner(tools: Option<&[&str]>) -> Inner {
+        let settings = Settings {
+            session: Some("parent-1".into()),
+            tools: tools.map(|t| t.iter().map(|s| s.to_string()).collect()),
+            audience: policy::Audience::Team,
+            project_dir: "/tmp".into(),
+            progress_every: Duration::from_secs(10),
+        };
+        Inner::new(
+            Link::new("/nonexistent/s.sock".into(), None, false),
+            settings,
+        )
+    }
+
+    fn spawn_args(v: Value) -> SpawnArgs {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_spawn_carries_the_session_and_maps_each_argument() {
+        let a = spawn_args(
+            json!({"task": "t", "context": "c", "agent": "rev", "driver": "claude",
+            "command": ["x"], "write_project": true, "network_allow": ["a.example:443"],
+            "wall_time_s": 60, "worktree": true}),
+        );
+        let v = spawn_params(&inner(Some(&["file_read", "shell"])), a).unwrap();
+        assert_eq!(
+            v["session"],
+            json!({"id": "parent-1", "audience": "team", "project_dir": "/tmp",
+                   "tools": ["file_read", "shell"], "recent_files": null})
+        );
+        assert_eq!(v["driver"], "claude");
+        assert_eq!(v["isolation"], "worktree");
+        assert_eq!(v["limits"]["wall_time_s"], 60);
+        assert_eq!(v["sandbox"]["write_project"], true);
+        assert_eq!(v["sandbox"]["network_allow"], json!(["a.example:443"]));
+        assert_eq!(
+            v["env"],
+            json!({}),
+            "nothing of the server reaches the child"
+        );
+        // It decodes as the daemon decodes it, but for `driver`.
+        let mut plain = v.clone();
+        plain.as_object_mut().unwrap().remove("driver");
+        serde_json::from_value::<SpawnParams>(plain).unwrap();
+    }
+
+    #[test]
+    fn a_child_gets_at_most_the_parent_tools() {
+        let held = inner(Some(&["file_read", "shell"]));
+        assert_eq!(
+            child_tools(&held, None).unwrap(),
+            Some(vec!["file_read".into(), "shell".into()])
+        );
+        assert_eq!(
+            child_tools(&held, Some(vec!["shell".into()])).unwrap(),
+            Some(vec!["shell".into()])
+        );
+        let e = child_tools(&held, Some(vec!["web_fetch".into(), "shell".into()])).unwrap_err();
+        assert!(e.to_string().contains("not held: web_fetch"), "{e}");
+        let none = inner(None);
+        assert_eq!(child_tools(&none, None).unwrap(), None);
+        assert_eq!(
+            child_tools(&none, Some(vec!["grep".into()])).unwrap(),
+            Some(vec!["grep".into()])
+        );
+    }
 }

@@ -94,16 +94,21 @@ impl Server {
     /// A server talking to the daemon through `link`.
     pub fn new(link: Link, settings: Settings) -> Server {
         Server {
-            inner: Arc::new(Inner {
-                link,
-                settings,
-                session: OnceLock::new(),
-            }),
+            inner: Arc::new(Inner::new(link, settings)),
         }
     }
 }
 
 impl Inner {
+    /// The state of a connection not yet initialized.
+    pub fn new(link: Link, settings: Settings) -> Inner {
+        Inner {
+            link,
+            settings,
+            session: OnceLock::new(),
+        }
+    }
+
     /// The session id: the one given, else `client_name` and a random
     /// suffix (fixed by the first call).
     pub fn session(&self, client_name: Option<&str>) -> &str {
