@@ -204,8 +204,10 @@ fn start(socket: &Path, state_dir: Option<&Path>) -> Result<Started, DaemonError
     if let Some(s) = state_dir {
         cmd.arg("--state-dir").arg(s);
     }
-    // Its own group: a signal to the MCP client's group leaves it running.
-    cmd.stdin(Stdio::null())
+    // Its own group: a signal to the MCP client's group leaves it running;
+    // and no hold on the project dir it was started from.
+    cmd.current_dir("/")
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(file)
         .process_group(0);
