@@ -228,7 +228,7 @@ fn spawn_then_wait_with_progress_then_read_the_log() {
     let Some(py) = python() else { return };
     let d = Daemon::start();
     let mut args = against(&d);
-    args.extend(["--tools".into(), "file_read,shell".into()]);
+    args.extend(["--tools".into(), "file_read,shell,spawn_agent".into()]);
     let env = json!({"SUBAGENTD_SOCKET": d.socket, "SUBAGENT_MCP_PROGRESS_MS": "300"});
     let mut c = Client::start(&py, &strs(&args), env);
     // The child looks for the socket the server was told of, and writes an
@@ -274,7 +274,7 @@ fn spawn_then_wait_with_progress_then_read_the_log() {
     assert_eq!(
         st["tools"],
         json!(["file_read", "shell"]),
-        "the parent's tools: {st}"
+        "the parent's tools, never spawn_agent: {st}"
     );
     assert!(st["isolation"]["root"] == true, "a sandboxed child: {st}");
     let progress = w["progress"].as_array().unwrap();
