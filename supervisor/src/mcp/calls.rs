@@ -5,7 +5,6 @@ use super::render::{self, clean, status_result};
 use super::server::{args, Inner, ToolError, ToolResult};
 use super::tools::{ListArgs, LogArgs, NoArgs, RunArgs, SpawnArgs, WaitArgs};
 use super::tools::{DEFAULT_WAIT_S, MAX_WAIT_S};
-use crate::protocol::{Isolation, SessionParams, SpawnParams};
 use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
@@ -66,41 +65,45 @@ fn child_tools(
     Ok(Some(wanted.clone()))
 }
 
-/// The socket params of a spawn.
+/// The socket params of a spawn, as JSON: fields the daemon defaults are
+/// left out, so a daemon with more optional fields reads them the same.
 fn spawn_params(inner: &Inner, a: SpawnArgs) -> Result<Value, ToolError> {
     let s = &inner.settings;
-    let params = SpawnParams {
-        session: SessionParams {
-            id: inner.session(None).to_owned(),
-            audience: s.audience,
-            project_dir: s.project_dir.clone(),
-            tools: child_tools(inner, a.tools)?,
-            recent_files: None,
+    let mut v = json!({
+        "session": {
+            "id": inner.session(None),
+            "audience": s.audience,
+            "project_dir": s.project_dir,
+            "tools": child_tools(inner, a.tools)?,
         },
-        task: a.task,
-        context: a.context,
-        command: a.command.unwrap_or_default(),
-        agent: a.agent,
-        isolation: a.worktree.unwrap_or(false).then_some(Isolation::Worktree),
-        max_restarts: None,
-        env: Default::default(),
-        limits: policy::Limits {
-            wall_time_s: a.wall_time_s,
-            ..Default::default()
-        },
-        keep_temp: false,
-        sandbox: policy::sandbox::SandboxRequest {
-            write_project: a.write_project,
-            network_allow: a.network_allow.unwrap_or_default(),
-            ..Default::default()
-        },
+        "task": a.task,
+    });
+    let mut put = |key: &str, value: Option<Value>| {
+        if let Some(value) = value {
+            v[key] = value;
+        }
     };
-    let mut v = serde_json::to_value(&params)
-        .map_err(|e| ToolError::Refused(format!("cannot encode the spawn: {e}")))?;
+    put("context", a.context.map(Value::from));
+    put("agent", a.agent.map(Value::from));
     // Passed on as given: the daemon knows which drivers it has.
-    if let Some(d) = a.driver {
-        v["driver"] = json!(d);
+    put("driver", a.driver.map(Value::from));
+    put("command", a.command.map(|c| json!(c)));
+    put(
+        "isolation",
+        a.worktree.filter(|w| *w).map(|_| json!("worktree")),
+    );
+    put("limits", a.wall_time_s.map(|w| json!({ "wall_time_s": w })));
+    let mut sandbox = serde_json::Map::new();
+    if let Some(w) = a.write_project {
+        sandbox.insert("write_project".into(), json!(w));
     }
+    if let Some(n) = a.network_allow {
+        sandbox.insert("network_allow".into(), json!(n));
+    }
+    put(
+        "sandbox",
+        (!sandbox.is_empty()).then_some(Value::Object(sandbox)),
+    );
     Ok(v)
 }
 
@@ -362,22 +365,30 @@ mod tests {
         assert_eq!(
             v["session"],
             json!({"id": "parent-1", "audience": "team", "project_dir": "/tmp",
-                   "tools": ["file_read", "shell"], "recent_files": null})
+                   "tools": ["file_read", "shell"]})
         );
         assert_eq!(v["driver"], "claude");
         assert_eq!(v["isolation"], "worktree");
         assert_eq!(v["limits"]["wall_time_s"], 60);
         assert_eq!(v["sandbox"]["write_project"], true);
         assert_eq!(v["sandbox"]["network_allow"], json!(["a.example:443"]));
-        assert_eq!(
-            v["env"],
-            json!({}),
+        assert!(
+            v.get("env").is_none(),
             "nothing of the server reaches the child"
         );
-        // It decodes as the daemon decodes it, but for `driver`.
+        // It decodes as the daemon decodes it (`driver` aside).
         let mut plain = v.clone();
         plain.as_object_mut().unwrap().remove("driver");
-        serde_json::from_value::<SpawnParams>(plain).unwrap();
+        let p: crate::protocol::SpawnParams = serde_json::from_value(plain).unwrap();
+        assert_eq!(p.command, ["x"]);
+        assert_eq!(p.context.as_deref(), Some("c"));
+        assert_eq!(p.agent.as_deref(), Some("rev"));
+        let bare = spawn_params(&inner(None), spawn_args(json!({"task": "t"}))).unwrap();
+        assert_eq!(
+            bare,
+            json!({"session": {"id": "parent-1", "audience": "team", "project_dir": "/tmp",
+                               "tools": null}, "task": "t"})
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub struct SpawnArgs {
     /// A subagent definition to run, by name (see `list_agents`).
     #[serde(default)]
     pub agent: Option<String>,
-    /// The agent program driver to run the task with (e.g. `claude` or `codex`), when the daemon offers drivers.
+    /// How the subagent is started, when the daemon offers drivers: `claude-code` (Claude Code), `codex` (Codex) or `command` (the program in `command`).
     #[serde(default)]
     pub driver: Option<String>,
     /// The program to run as the subagent, as an argv array (e.g. ["sh", "-c", "make test"]). Without it, the definition's or the daemon's configured command runs.
