@@ -111,12 +111,19 @@ async fn spawn(inner: &Inner, a: SpawnArgs) -> ToolResult {
     let params = spawn_params(inner, a)?;
     let r = clean(inner.link.call("spawn_agent", params).await?);
     let run_id = r["run_id"].as_str().unwrap_or_default().to_owned();
-    let status = clean(
-        inner
-            .link
-            .call("check_agent_run", json!({ "run_id": run_id }))
-            .await?,
-    );
+    // The run exists now: a failing look at it must not read as a failed
+    // spawn, which the model would retry.
+    let status = match inner
+        .link
+        .call("check_agent_run", json!({ "run_id": run_id }))
+        .await
+    {
+        Ok(s) => clean(s),
+        Err(e) => {
+            tracing::warn!("run {run_id} was spawned, but its status could not be read: {e}");
+            r.clone()
+        }
+    };
     let data = json!({
         "run_id": run_id,
         "state": status["state"],
