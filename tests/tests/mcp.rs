@@ -823,3 +823,59 @@ fn claude_code_as_parent_spawns_a_sandboxed_child_and_gets_its_result() {
         .unwrap();
     assert_ran_sandboxed(&st, parent.project.path());
 }
+
+#[test]
+fn codex_mcp_add_writes_the_server_into_its_config() {
+    let Some(codex) = subagentd_e2e::agents::require(subagentd_e2e::agents::codex, "codex") else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let codex_home = home.path().join(".codex");
+    std::fs::create_dir(&codex_home).unwrap();
+    let subagent = bin("subagent");
+    let run = |args: &[&str]| {
+        let out = Command::new(&codex)
+            .args(args)
+            .current_dir(home.path())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", home.path())
+            .env("CODEX_HOME", &codex_home)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "codex {args:?}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    run(&[
+        "mcp",
+        "add",
+        "subagent",
+        "--",
+        subagent.to_str().unwrap(),
+        "mcp",
+        "--tools",
+        "file_read,shell",
+    ]);
+    let config = std::fs::read_to_string(codex_home.join("config.toml")).unwrap();
+    assert!(config.contains("[mcp_servers.subagent]"), "{config}");
+    assert!(
+        config.contains(&format!("command = {:?}", subagent.to_str().unwrap())),
+        "{config}"
+    );
+    assert!(
+        config.contains(r#"args = ["mcp", "--tools", "file_read,shell"]"#),
+        "{config}"
+    );
+    let list = run(&["mcp", "list"]);
+    let line = list
+        .lines()
+        .find(|l| l.starts_with("subagent "))
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(line.contains("enabled"), "{list}");
+}
