@@ -28,6 +28,9 @@ pub enum DaemonError {
     /// The connection broke mid-call.
     #[error("the connection to subagentd broke: {0}")]
     Io(#[from] std::io::Error),
+    /// The daemon closed the connection before its answer (it stopped).
+    #[error("subagentd closed the connection before answering (it may be stopping or restarting)")]
+    Closed,
     /// The daemon answered with a JSON-RPC error.
     #[error("subagentd refused the call: {} (code {})", .0.message, .0.code)]
     Rpc(RpcError),
@@ -155,9 +158,7 @@ async fn call_once(socket: &Path, method: &str, params: &Value) -> Result<Value,
             .cloned()
             .ok_or_else(|| DaemonError::Protocol("a response without result".into()));
     }
-    Err(DaemonError::Protocol(
-        "subagentd closed the connection before answering".into(),
-    ))
+    Err(DaemonError::Closed)
 }
 
 /// A daemon this process started.
