@@ -879,3 +879,70 @@ fn codex_mcp_add_writes_the_server_into_its_config() {
         .unwrap_or_else(|| panic!("{list}"));
     assert!(line.contains("enabled"), "{list}");
 }
+
+/// How many sockets the process `pid` holds: `subagent mcp` holds one
+/// more than at rest while a call to the daemon is in flight.
+fn sockets(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_daemon_restart_during_a_wait_is_a_tool_error_and_the_session_goes_on() {
+    let Some(py) = python() else { return };
+    let mut d = Daemon::start();
+    let mut c_args = against(&d);
+    c_args.push("--no-start-daemon".into());
+    let mut c = Client::start(&py, &strs(&c_args), json!({"SUBAGENTD_SOCKET": d.socket}));
+    let server = subagentd_e2e::pids_with(&format!("{} mcp --project-dir", d.state.display()));
+    assert_eq!(server.len(), 1, "one subagent mcp: {server:?}");
+    let marker = sleep_marker();
+    let r = c.ok(
+        "spawn_agent",
+        json!({"task": "sleep", "command": ["sleep", marker]}),
+    );
+    let run = r["structuredContent"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until(Duration::from_secs(20), "the child to sleep", || {
+        !sleeping(&marker).is_empty()
+    });
+    let wait = json!({"op": "call", "name": "wait_agent_run",
+                      "args": {"run_id": run, "timeout_s": 40}});
+    let at_rest = sockets(server[0]);
+    writeln!(c.stdin, "{wait}").unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "the wait to reach the daemon",
+        || sockets(server[0]) > at_rest,
+    );
+    assert!(d.stop().success());
+    // Answered by the daemon as it stops (-32004), or, when it had not
+    // read the request yet, cut off by it.
+    let answer = c.read()["result"].clone();
+    assert_eq!(answer["isError"], true, "{answer}");
+    assert!(text(&answer).contains("again"), "says what to do: {answer}");
+    assert!(
+        !text(&answer).contains("cannot reach"),
+        "the wait was sent: {answer}"
+    );
+    d.restart();
+    assert!(
+        !sleeping(&marker).is_empty(),
+        "the run went on without the daemon"
+    );
+    let c1 = c.ok("check_agent_run", json!({"run_id": run}));
+    assert_eq!(c1["structuredContent"]["state"], "running", "{c1}");
+    c.ok("cancel_agent_run", json!({"run_id": run}));
+    let w = c.ok("wait_agent_run", json!({"run_id": run, "timeout_s": 30}));
+    assert_eq!(w["structuredContent"]["state"], "cancelled", "{w}");
+}
