@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod agents;
 pub mod modelserver;
 pub mod sleepers;
 
