@@ -317,10 +317,7 @@ fn claude_code(i: &DriverInputs) -> Invocation {
         }
         None => "api.anthropic.com:443".into(),
     };
-    let key = c
-        .api_key_env
-        .clone()
-        .map(|daemon| ("ANTHROPIC_API_KEY".to_owned(), daemon));
+    let key = key_var(Driver::ClaudeCode, c);
     Invocation {
         argv,
         env,
@@ -374,11 +371,11 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
     if !web {
         settings.push("web_search=\"disabled\"".into());
     }
-    let key_var = "OPENAI_API_KEY";
+    let key_name = "OPENAI_API_KEY";
     let endpoint = match &c.base_url {
         Some(url) => {
             let env_key = match c.api_key_env {
-                Some(_) => format!(", env_key = {}", toml_string(key_var)),
+                Some(_) => format!(", env_key = {}", toml_string(key_name)),
                 None => String::new(),
             };
             settings.push("model_provider=\"subagentd\"".into());
@@ -399,14 +396,8 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
     argv.extend(c.args.iter().cloned());
     // The prompt is read from stdin (first_message.md).
     argv.push("-".into());
-    let env = BTreeMap::from([(
-        "CODEX_HOME".to_owned(),
-        format!("{}/.codex", i.temp_dir.trim_end_matches('/')),
-    )]);
-    let key = c
-        .api_key_env
-        .clone()
-        .map(|daemon| (key_var.to_owned(), daemon));
+    let env = BTreeMap::from([("CODEX_HOME".to_owned(), i.temp_dir.to_owned())]);
+    let key = key_var(Driver::Codex, c);
     Ok(Invocation {
         argv,
         env,
@@ -415,9 +406,69 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
     })
 }
 
+/// The placeholders a plain command's argv may hold.
+pub const PLACEHOLDERS: &[&str] = &["{context_dir}", "{first_message}", "{system}", "{run_id}"];
+
+/// `argv` with each placeholder replaced by its value (in the order of
+/// [`PLACEHOLDERS`]), and the placeholders it held.
+pub fn expand(argv: &[String], values: [&str; 4]) -> (Vec<String>, Vec<String>) {
+    let mut used = Vec::new();
+    let out = argv
+        .iter()
+        .map(|a| {
+            let mut a = a.clone();
+            for (name, value) in PLACEHOLDERS.iter().zip(values) {
+                if a.contains(name) {
+                    a = a.replace(name, value);
+                    if !used.iter().any(|u| u == name) {
+                        used.push((*name).to_owned());
+                    }
+                }
+            }
+            a
+        })
+        .collect();
+    (out, used)
+}
+
+/// The key's variable of `driver`: (the child's name, the daemon's name).
+pub fn key_var(driver: Driver, config: &DriverConfig) -> Option<(String, String)> {
+    let child = match driver {
+        Driver::Command => return None,
+        Driver::ClaudeCode => "ANTHROPIC_API_KEY",
+        Driver::Codex => "OPENAI_API_KEY",
+    };
+    Some((child.to_owned(), config.api_key_env.clone()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placeholders_expand_inside_arguments() {
+        let argv: Vec<String> = [
+            "agent",
+            "--sys={system}",
+            "{first_message}",
+            "x{run_id}y{run_id}",
+            "{other}",
+        ]
+        .map(String::from)
+        .into();
+        let (out, used) = expand(&argv, ["/c", "/c/first_message.md", "/c/system.md", "r1"]);
+        assert_eq!(
+            out,
+            [
+                "agent",
+                "--sys=/c/system.md",
+                "/c/first_message.md",
+                "xr1yr1",
+                "{other}"
+            ]
+        );
+        assert_eq!(used, ["{system}", "{first_message}", "{run_id}"]);
+    }
 
     fn inputs<'a>(config: &'a DriverConfig, tools: Option<&'a [String]>) -> DriverInputs<'a> {
         DriverInputs {
@@ -549,7 +600,7 @@ mod tests {
             parsed["developer_instructions"].as_str(),
             Some("SYSTEM \"rules\"\n")
         );
-        assert_eq!(inv.env["CODEX_HOME"], "/tmp/t/.codex");
+        assert_eq!(inv.env["CODEX_HOME"], "/tmp/t/");
         assert_eq!(inv.key, Some(("OPENAI_API_KEY".into(), "K".into())));
         assert_eq!(inv.endpoint, "127.0.0.1:9");
         let big = "x".repeat(MAX_ARG_BYTES + 1);

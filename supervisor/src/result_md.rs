@@ -167,6 +167,7 @@ pub fn render(rec: &RunRecord) -> String {
     let mut s = String::new();
     header(&mut s, rec);
     tools_and_rights(&mut s, rec);
+    agent(&mut s, rec);
     working_context(&mut s, rec);
     isolation(&mut s, rec);
     egress(&mut s, rec);
@@ -291,6 +292,102 @@ fn working_context(s: &mut String, rec: &RunRecord) {
                 );
             }
         }
+    }
+}
+
+/// The driver, how the context was delivered, and what the agent's event
+/// stream reported: its answer (fenced: the agent's words), its tool calls
+/// and totals, and the files it reported, as checked on disk.
+fn agent(s: &mut String, rec: &RunRecord) {
+    let Some(d) = &rec.driver_run else {
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "
+## Agent
+"
+    );
+    let _ = writeln!(s, "- driver: {}", d.driver.as_str());
+    let _ = writeln!(
+        s,
+        "- context delivered: {}",
+        mdsafe::text(&d.delivered.describe())
+    );
+    let Some(r) = &d.report else {
+        return;
+    };
+    let flag = if r.is_error { "yes" } else { "no" };
+    let _ = writeln!(
+        s,
+        "- events: {} (final event: {}), error reported: {flag}",
+        r.events,
+        if r.finished { "yes" } else { "no" }
+    );
+    if let Some(e) = &r.error {
+        let _ = writeln!(s, "- error: {}", mdsafe::text(e));
+    }
+    let num = |n: Option<u64>| n.map_or("?".to_owned(), |n| n.to_string());
+    let _ = writeln!(
+        s,
+        "- turns: {}, tokens: {} in, {} out",
+        num(r.turns),
+        num(r.input_tokens),
+        num(r.output_tokens)
+    );
+    if let Some(c) = r.cost_usd {
+        let _ = writeln!(s, "- cost: ${c:.4} (as reported)");
+    }
+    for (what, list) in [
+        ("read", &r.read),
+        ("written", &r.written),
+        ("edited", &r.edited),
+        ("ran", &r.commands),
+    ] {
+        for item in list {
+            let _ = writeln!(s, "- {what}: {}", mdsafe::code(item));
+        }
+    }
+    if r.writes_failed > 0 {
+        let _ = writeln!(
+            s,
+            "- failed writes: {} (of {})",
+            r.writes_failed,
+            r.writes_failed + r.writes_ok
+        );
+    }
+    if let Some(f) = &d.reported_files {
+        if let Some(n) = &f.note {
+            let _ = writeln!(s, "- reported files: {}", mdsafe::text(n));
+        }
+        for v in &f.accepted {
+            if let policy::workctx::Outcome::Accepted(p) = &v.outcome {
+                let _ = writeln!(
+                    s,
+                    "- reported file merged into recent files: {}",
+                    mdsafe::code_os(p.as_os_str())
+                );
+            }
+        }
+        for v in &f.rejected {
+            if let policy::workctx::Outcome::Rejected(why) = &v.outcome {
+                let _ = writeln!(
+                    s,
+                    "- reported file rejected: {} ({})",
+                    mdsafe::code(&v.path),
+                    mdsafe::text(why)
+                );
+            }
+        }
+    }
+    if let Some(text) = &r.final_text {
+        let shown = crate::sanitize::terminal_text(text.as_bytes());
+        let fence = fence_for(&shown);
+        let _ = writeln!(
+            s,
+            "\n### Summary (the agent's final answer)\n\n{fence}text\n{}\n{fence}",
+            shown.trim_end_matches('\n')
+        );
     }
 }
 

@@ -199,15 +199,21 @@ pub fn agents_json(
     json!({"agents": agents, "duplicates": duplicates, "errors": errors, "notes": found.notes})
 }
 
-/// `subagent context`: each layer with its sizes, the totals, the stable
-/// prefix, what was left out; with `tools`, the schemas' sizes.
-pub fn context_table(plan: &policy::compose::Plan, tools: Option<&[(String, usize)]>) -> String {
+/// `subagent context`: how the context reached the agent, each layer with
+/// its sizes, the totals, the stable prefix, what was left out; with
+/// `tools`, the schemas' sizes.
+pub fn context_table(
+    plan: &policy::compose::Plan,
+    delivered: &str,
+    tools: Option<&[(String, usize)]>,
+) -> String {
     let mut out = String::new();
+    let _ = writeln!(out, "delivered: {}", one_line(delivered));
     let _ = writeln!(out, "attempt {} of {}", plan.attempt, plan.max_attempts);
     let _ = writeln!(
         out,
         "{:<22} {:<17} {:>9} {:>9} {:>8}  SOURCE",
-        "LAYER", "FILE", "RAW", "INJECTED", "~TOKENS"
+        "LAYER", "FILE", "RAW", "COMPOSED", "~TOKENS"
     );
     for l in &plan.layers {
         let cut = if l.truncated { " (truncated)" } else { "" };

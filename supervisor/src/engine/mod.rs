@@ -15,6 +15,7 @@
 
 pub mod accept;
 pub mod draft;
+pub mod driving;
 pub mod error;
 pub mod finish;
 pub mod instructions;

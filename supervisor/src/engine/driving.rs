@@ -1,0 +1,319 @@
+//! A run's driver in the engine: which one a spawn gets, how its context
+//! reaches the agent (the driver's argv and env, or a plain command's
+//! placeholders and stdin), the API key handed to the runner (never
+//! written anywhere), and at the end the agent's event stream read from
+//! child.log and the files it reported, checked on disk and merged.
+
+use super::{EngineError, Inner};
+use crate::record::{RunRecord, RunState};
+use policy::agentstream::AgentReport;
+use policy::driver::{Driver, DriverInputs};
+use policy::workctx::{judge, Outcome, Verdict};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The most of child.log read for the event stream (its end).
+pub const MAX_STREAM_BYTES: u64 = 32 << 20;
+
+/// How a run's agent was started and what it reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriverRun {
+    /// The driver.
+    pub driver: Driver,
+    /// How the composed context reached the agent.
+    pub delivered: Delivery,
+    /// What its event stream said, once the run has ended (drivers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<AgentReport>,
+    /// The files the stream reported written or edited, checked on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_files: Option<ReportedFiles>,
+}
+
+/// How the context reached the agent, besides the files in its context
+/// dir.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The context file on its stdin (`first_message.md`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// What its argv carries: placeholders expanded, or the driver's
+    /// `system.md` option.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub argv: Vec<String>,
+}
+
+impl Delivery {
+    /// One line: how the context was delivered.
+    pub fn describe(&self) -> String {
+        let mut ways = Vec::new();
+        if let Some(s) = &self.stdin {
+            ways.push(format!("{s} on stdin"));
+        }
+        if !self.argv.is_empty() {
+            ways.push(format!("argv: {}", self.argv.join(", ")));
+        }
+        if ways.is_empty() {
+            "files only (in $SUBAGENT_CONTEXT_DIR; the agent must read them itself)".into()
+        } else {
+            format!(
+                "{}; the files are in $SUBAGENT_CONTEXT_DIR",
+                ways.join("; ")
+            )
+        }
+    }
+}
+
+/// The reported files, judged as a delta's claims are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportedFiles {
+    /// Merged into the session's recent files, in merge order.
+    pub accepted: Vec<Verdict>,
+    /// Not merged, each with the reason.
+    pub rejected: Vec<Verdict>,
+    /// Why nothing was merged, when nothing was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The run's driver: the request's, else a user-level definition's, else
+/// the config's, else `command`. A project definition (child-writable) may
+/// not pick one: a driver adds its endpoint to the run's allowlist.
+pub(crate) fn pick(
+    settings: &policy::config::Config,
+    requested: Option<Driver>,
+    agent: Option<&crate::agents::Agent>,
+    notes: &mut Vec<String>,
+) -> Driver {
+    if let Some(d) = requested {
+        return d;
+    }
+    if let Some(a) = agent {
+        match (a.definition.driver, a.project) {
+            (Some(d), false) => return d,
+            (Some(d), true) if d != Driver::Command => notes.push(format!(
+                "the definition's driver ({}) is ignored: {} lies in a project folder; name the driver in the request",
+                d.as_str(),
+                a.definition.source.display()
+            )),
+            _ => {}
+        }
+    }
+    settings.driver.unwrap_or_default()
+}
+
+/// The endpoint the driver's run must reach (from the config only).
+pub(crate) fn endpoint(settings: &policy::config::Config, driver: Driver) -> Option<String> {
+    let inputs = DriverInputs {
+        config: settings.drivers.get(driver)?,
+        system_path: "",
+        system_text: "",
+        tools: None,
+        model: None,
+        max_turns: None,
+        uid0: false,
+        temp_dir: "",
+        proxied: false,
+    };
+    Some(policy::driver::invocation(driver, &inputs).ok()??.endpoint)
+}
+
+/// The API key's variable for the child, with its value from the daemon's
+/// environment; `Ok(None)` when the driver's config names no key.
+pub(crate) fn key_env(
+    settings: &policy::config::Config,
+    daemon_env: &[(String, String)],
+    driver: Driver,
+) -> Result<Option<(String, String)>, String> {
+    let Some(config) = settings.drivers.get(driver) else {
+        return Ok(None);
+    };
+    let Some((child, daemon)) = policy::driver::key_var(driver, config) else {
+        return Ok(None);
+    };
+    match daemon_env.iter().find(|(k, _)| *k == daemon) {
+        Some((_, v)) if !v.is_empty() => Ok(Some((child, v.clone()))),
+        _ => Err(format!(
+            "drivers.{}.api_key_env names {daemon}, which is not set in the daemon's environment",
+            driver.as_str()
+        )),
+    }
+}
+
+/// What [`deliver`] decided: the argv, the variables over the child's
+/// environment, whether first_message.md goes on stdin, and the record.
+pub(crate) struct Delivered {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub stdin: bool,
+    pub run: DriverRun,
+}
+
+/// The run's facts a delivery depends on.
+pub(crate) struct RunFacts<'a> {
+    pub run_id: &'a str,
+    pub context_dir: &'a Path,
+    pub temp_dir: &'a Path,
+    pub system_text: &'a str,
+    pub uid0: bool,
+}
+
+/// How the run's context reaches its agent: for a driver, its invocation;
+/// for a plain command, its placeholders expanded and, on request,
+/// first_message.md on stdin.
+pub(crate) fn deliver(
+    inner: &Inner,
+    plan: &super::accept::Plan,
+    stdin_requested: bool,
+    f: &RunFacts,
+) -> Result<Delivered, EngineError> {
+    let show = |p: &Path| p.display().to_string();
+    let system = show(&f.context_dir.join("system.md"));
+    let first = show(&f.context_dir.join("first_message.md"));
+    if plan.driver == Driver::Command {
+        let values = [show(f.context_dir), first, system, f.run_id.to_owned()];
+        let values = [&*values[0], &*values[1], &*values[2], &*values[3]];
+        let (argv, used) = policy::driver::expand(&plan.command, values);
+        let delivered = Delivery {
+            stdin: stdin_requested.then(|| "first_message.md".to_owned()),
+            argv: used,
+        };
+        return Ok(Delivered {
+            argv,
+            env: BTreeMap::new(),
+            stdin: stdin_requested,
+            run: DriverRun {
+                driver: Driver::Command,
+                delivered,
+                report: None,
+                reported_files: None,
+            },
+        });
+    }
+    let settings = &inner.cfg.settings;
+    key_env(settings, &inner.daemon_env, plan.driver)
+        .map_err(|why| EngineError::invalid("driver", why))?;
+    let def = plan.agent.as_ref().map(|a| &a.definition);
+    let temp = show(f.temp_dir);
+    let inputs = DriverInputs {
+        config: settings
+            .drivers
+            .get(plan.driver)
+            .unwrap_or(&settings.drivers.codex),
+        system_path: &system,
+        system_text: f.system_text,
+        tools: plan.tools.as_deref(),
+        model: def.and_then(|d| d.model.as_deref()),
+        max_turns: def.and_then(|d| d.max_turns),
+        uid0: f.uid0,
+        temp_dir: &temp,
+        proxied: plan.network == policy::sandbox::network::NetworkMode::Allowlist,
+    };
+    let inv = policy::driver::invocation(plan.driver, &inputs)
+        .map_err(|e| EngineError::invalid("driver", e.to_string()))?
+        .ok_or_else(|| EngineError::invalid("driver", "the driver has no invocation"))?;
+    let argv_carries = match plan.driver {
+        Driver::ClaudeCode => "system.md (--append-system-prompt-file)",
+        _ => "system.md (-c developer_instructions)",
+    };
+    Ok(Delivered {
+        argv: inv.argv,
+        env: inv.env,
+        stdin: true,
+        run: DriverRun {
+            driver: plan.driver,
+            delivered: Delivery {
+                stdin: Some("first_message.md".into()),
+                argv: vec![argv_carries.to_owned()],
+            },
+            report: None,
+            reported_files: None,
+        },
+    })
+}
+
+/// The agent's event stream, read from child.log (the runner wrote it
+/// with what the child printed: read without following a link, as a
+/// regular file, at most its last [`MAX_STREAM_BYTES`]). Blocking.
+pub(crate) fn read_report(rec: &RunRecord) -> Option<AgentReport> {
+    let run = rec.driver_run.as_ref()?;
+    if !run.driver.streams() {
+        return None;
+    }
+    let bytes = subagent_runner::safefile::read_tail(&rec.files().log(), MAX_STREAM_BYTES)
+        .unwrap_or_default();
+    Some(policy::agentstream::parse(run.driver, &bytes))
+}
+
+/// Records the agent's report; a run whose agent reports an error (or
+/// only failed writes) is `failed` with that reason, even when it exited
+/// 0.
+pub(crate) fn apply_report(rec: &mut RunRecord, report: Option<AgentReport>) {
+    let (Some(run), Some(report)) = (rec.driver_run.as_mut(), report) else {
+        return;
+    };
+    // An agent's own error says more than its exit code.
+    let by_exit = rec.state == RunState::Failed && rec.exit_code.is_some();
+    if rec.state == RunState::Succeeded || by_exit {
+        if let Some(why) = report.failure() {
+            rec.reason = Some(match (by_exit, rec.reason.take()) {
+                (true, Some(code)) => format!("{why} ({code})"),
+                _ => why,
+            });
+            rec.state = RunState::Failed;
+        }
+    }
+    run.report = Some(report);
+}
+
+/// Checks the files the agent reported written or edited (inside the
+/// project, a regular file, changed during the run) and merges those that
+/// hold into the session's recent files, for a run that succeeded.
+/// Blocking.
+pub(crate) fn merge_reported(inner: &Inner, rec: &RunRecord) -> Option<ReportedFiles> {
+    let report = rec.driver_run.as_ref()?.report.as_ref()?;
+    let mut out = ReportedFiles::default();
+    if rec.state != RunState::Succeeded {
+        out.note = Some(format!("nothing merged: the run {}", rec.state.as_str()));
+        return Some(out);
+    }
+    let claimed = report.changed();
+    if claimed.is_empty() {
+        out.note = Some("the agent reported no file written or edited".into());
+        return Some(out);
+    }
+    let base = rec
+        .worktree
+        .as_ref()
+        .map_or(rec.project_dir.clone(), |w| w.dir.clone());
+    let root = base.canonicalize().unwrap_or(base.clone());
+    let since = rec.started_at_ms.unwrap_or(rec.created_at_ms);
+    for c in claimed.iter().rev() {
+        let v = judge(
+            &super::workctx::facts(c, &base),
+            std::slice::from_ref(&root),
+            since,
+        );
+        match v.outcome {
+            Outcome::Accepted(_) => out.accepted.push(v),
+            Outcome::Rejected(_) => out.rejected.push(v),
+        }
+    }
+    let accepted: Vec<PathBuf> = out
+        .accepted
+        .iter()
+        .filter_map(|v| match &v.outcome {
+            Outcome::Accepted(p) => Some(p.clone()),
+            Outcome::Rejected(_) => None,
+        })
+        .collect();
+    if !accepted.is_empty() {
+        if let Err(e) = inner.sessions.update(&rec.session_id, |s| {
+            s.recent_files = policy::workctx::touch(&s.recent_files, &accepted);
+        }) {
+            out.note = Some(format!("merging failed: {e}"));
+        }
+    }
+    Some(out)
+}
