@@ -20,7 +20,9 @@ fn key() -> String {
     format!("sk-test-{}", session("key"))
 }
 
-/// A daemon whose config sets `driver`'s program, endpoint and key.
+/// A daemon whose config sets `driver`'s program, endpoint and key;
+/// `extra` goes into the driver's table (what comes before a line `[]`
+/// in it, at the top).
 fn daemon(
     driver: &str,
     program: &Path,
@@ -30,8 +32,9 @@ fn daemon(
 ) -> (Daemon, tempfile::TempDir) {
     let home = tempfile::tempdir_in("/tmp").unwrap();
     let cfg = home.path().join("config.toml");
+    let (top, extra) = extra.split_once("\n[]\n").unwrap_or(("", extra));
     let text = format!(
-        "[drivers.{driver}]\ncommand = {:?}\nbase_url = {base_url:?}\napi_key_env = {KEY_VAR:?}\n{extra}",
+        "{top}\n[drivers.{driver}]\ncommand = {:?}\nbase_url = {base_url:?}\napi_key_env = {KEY_VAR:?}\n{extra}",
         program.display().to_string()
     );
     std::fs::write(&cfg, text).unwrap();
@@ -394,4 +397,99 @@ fn a_plain_command_gets_its_context_on_stdin_and_in_argv() {
     c.wait(&plain);
     let text = String::from_utf8_lossy(&d.cli(&["context", &plain]).stdout).into_owned();
     assert!(text.contains("delivered: files only"), "{text}");
+}
+
+/// A definition that denies the write and shell tools leaves the model
+/// offered none of them; its `model` reaches the request; a project
+/// definition's own `driver` is ignored, said in the notes.
+#[test]
+fn a_definitions_denied_tools_are_never_offered_and_its_model_is_used() {
+    let Some(claude) = agents::require(agents::claude, "claude-code") else {
+        return;
+    };
+    let server = ModelServer::start(vec![Turn::text("Read nothing, wrote nothing.")]).unwrap();
+    let secret = key();
+    let top = "driver = \"claude-code\"\n[]\n";
+    let (d, _home) = daemon("claude-code", &claude, &server.base_url(), top, &secret);
+    let p = project();
+    std::fs::create_dir(p.path().join(".subagents")).unwrap();
+    std::fs::write(
+        p.path().join(".subagents/reader.md"),
+        "---\nname: reader\ndescription: Reads.\ndisallowedTools: Write, Edit, Bash\nmodel: claude-sonnet-4-5\nmaxTurns: 3\ndriver: codex\n---\nYou only read.\n",
+    )
+    .unwrap();
+    let tools = ["file_read", "file_write", "file_edit", "shell"];
+    let st = spawn(
+        &d,
+        &session("def"),
+        p.path(),
+        &tools,
+        json!({"agent": "reader"}),
+    );
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(st["tools"], json!(["file_read"]));
+    let req = &server.model_requests()[0];
+    let offered = req.tool_names();
+    for denied in ["Write", "Edit", "MultiEdit", "Bash"] {
+        assert!(
+            !offered.contains(&denied.to_owned()),
+            "{denied} is offered: {offered:?}"
+        );
+    }
+    assert!(offered.contains(&"Read".to_owned()), "{offered:?}");
+    assert_eq!(req.body["model"], "claude-sonnet-4-5");
+    assert!(
+        req.system_text().contains("You only read."),
+        "the definition's body reaches the model"
+    );
+    let notes = st["notes"].to_string();
+    assert!(
+        notes.contains("the definition's driver (codex) is ignored"),
+        "{st}"
+    );
+    assert_eq!(
+        st["driver"]["report"]["final_text"],
+        "Read nothing, wrote nothing."
+    );
+}
+
+/// An agent whose every write fails (here: outside the project, which the
+/// sandbox keeps read-only) exits 0, and the run is `failed` all the same.
+#[test]
+fn an_agent_whose_every_write_failed_fails_the_run() {
+    let Some(claude) = agents::require(agents::claude, "claude-code") else {
+        return;
+    };
+    let server = ModelServer::start(vec![
+        Turn::tool(
+            "Write",
+            json!({"file_path": "/etc/subagent-driver-test.txt", "content": "x"}),
+        ),
+        Turn::text("I wrote the file."),
+    ])
+    .unwrap();
+    let secret = key();
+    let (d, _home) = daemon("claude-code", &claude, &server.base_url(), "", &secret);
+    let p = project();
+    let st = spawn(
+        &d,
+        &session("wfail"),
+        p.path(),
+        &["file_read", "file_write"],
+        json!({"driver": "claude-code"}),
+    );
+    assert_eq!(st["state"], "failed", "{st}");
+    assert_eq!(st["exit_code"], 0, "the agent itself exits 0");
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("every write the agent tried failed"),
+        "{reason}"
+    );
+    assert!(!Path::new("/etc/subagent-driver-test.txt").exists());
+    assert_eq!(st["driver"]["report"]["writes_failed"], 1);
+    let wc = d
+        .conn()
+        .call("working_context", json!({"session_id": st["session_id"]}))
+        .unwrap();
+    assert_eq!(wc["recent_files"], json!([]), "a failed run merges nothing");
 }

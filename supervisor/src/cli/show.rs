@@ -185,7 +185,7 @@ pub fn agents_json(
                    "tools": a.shown_tools(policy), "disallowed_tools": a.tools.deny,
                    "tool_patterns": a.tools.patterns, "command": d.command,
                    "model": d.model, "permission_mode": d.permission_mode,
-                   "max_turns": d.max_turns, "color": d.color, "skills": d.skills,
+                   "max_turns": d.max_turns, "driver": d.driver, "color": d.color, "skills": d.skills,
                    "mcp_servers": d.mcp_servers, "hooks": d.hooks,
                    "body_chars": d.body.chars().count(), "warnings": a.warnings})
         })
