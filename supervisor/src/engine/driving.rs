@@ -317,3 +317,140 @@ pub(crate) fn merge_reported(inner: &Inner, rec: &RunRecord) -> Option<ReportedF
     }
     Some(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(driver: Option<Driver>, project: bool) -> crate::agents::Agent {
+        let text = "---\nname: a\ndescription: d\n---\nBody.\n";
+        let mut definition = policy::definition::parse(Path::new("/p/a.md"), text).unwrap();
+        definition.driver = driver;
+        crate::agents::Agent {
+            definition,
+            tools: Default::default(),
+            warnings: Vec::new(),
+            fresh: true,
+            project,
+        }
+    }
+
+    #[test]
+    fn a_project_definition_never_picks_the_driver() {
+        let mut settings = policy::config::Config::default();
+        let mut notes = Vec::new();
+        let project = agent(Some(Driver::Codex), true);
+        assert_eq!(
+            pick(&settings, None, Some(&project), &mut notes),
+            Driver::Command
+        );
+        assert!(
+            notes[0].contains("the definition's driver (codex) is ignored"),
+            "{notes:?}"
+        );
+        let user = agent(Some(Driver::Codex), false);
+        assert_eq!(
+            pick(&settings, None, Some(&user), &mut notes),
+            Driver::Codex
+        );
+        settings.driver = Some(Driver::ClaudeCode);
+        assert_eq!(pick(&settings, None, None, &mut notes), Driver::ClaudeCode);
+        let requested = Some(Driver::Command);
+        assert_eq!(
+            pick(&settings, requested, Some(&user), &mut notes),
+            Driver::Command
+        );
+        assert_eq!(notes.len(), 1);
+    }
+
+    #[test]
+    fn keys_come_from_the_daemons_environment_only() {
+        let mut settings = policy::config::Config::default();
+        assert_eq!(key_env(&settings, &[], Driver::ClaudeCode), Ok(None));
+        settings.drivers.claude_code.api_key_env = Some("K".into());
+        let env = vec![("K".to_owned(), "v".to_owned())];
+        assert_eq!(
+            key_env(&settings, &env, Driver::ClaudeCode),
+            Ok(Some(("ANTHROPIC_API_KEY".into(), "v".into())))
+        );
+        let e = key_env(
+            &settings,
+            &[("K".into(), String::new())],
+            Driver::ClaudeCode,
+        )
+        .unwrap_err();
+        assert!(e.contains("names K"), "{e}");
+        assert_eq!(key_env(&settings, &env, Driver::Command), Ok(None));
+        assert_eq!(
+            endpoint(&settings, Driver::ClaudeCode).as_deref(),
+            Some("api.anthropic.com:443")
+        );
+        assert_eq!(endpoint(&settings, Driver::Command), None);
+    }
+
+    fn rec(state: RunState, exit: Option<i32>) -> RunRecord {
+        let mut r: RunRecord = serde_json::from_value(serde_json::json!({
+            "format": 1, "run_id": "20261130T055552.123456Z-a1b2c3d4", "session_id": "s",
+            "audience": "team", "project_dir": "/", "task": "t", "context": null,
+            "command": ["x"], "env": {}, "limits": {}, "keep_temp": false,
+            "state": state, "exit_code": exit, "signal": null, "reason": "exited with code 1",
+            "cancel_requested": false, "created_at_ms": 1, "started_at_ms": 2,
+            "ended_at_ms": 3, "temp_dir": "/tmp/x", "run_dir": "/state/r",
+            "runner_pid": null, "runner_start_ticks": null, "log_truncated": false,
+            "finalized": false, "finalize_error": null
+        }))
+        .unwrap();
+        r.driver_run = Some(DriverRun {
+            driver: Driver::ClaudeCode,
+            delivered: Delivery::default(),
+            report: None,
+            reported_files: None,
+        });
+        r
+    }
+
+    #[test]
+    fn the_agents_own_error_fails_a_run_and_never_rescues_one() {
+        let error = AgentReport {
+            is_error: true,
+            error: Some("API Error: 400".into()),
+            ..Default::default()
+        };
+        let mut ok = rec(RunState::Succeeded, Some(0));
+        apply_report(&mut ok, Some(error.clone()));
+        assert_eq!(ok.state, RunState::Failed);
+        assert_eq!(
+            ok.reason.as_deref(),
+            Some("the agent reported an error: API Error: 400")
+        );
+        let mut exited = rec(RunState::Failed, Some(1));
+        apply_report(&mut exited, Some(error.clone()));
+        assert_eq!(
+            exited.reason.as_deref(),
+            Some("the agent reported an error: API Error: 400 (exited with code 1)")
+        );
+        let mut cancelled = rec(RunState::Cancelled, None);
+        apply_report(&mut cancelled, Some(error));
+        assert_eq!(cancelled.state, RunState::Cancelled);
+        let mut failed = rec(RunState::Failed, Some(1));
+        apply_report(&mut failed, Some(AgentReport::default()));
+        assert_eq!(
+            failed.state,
+            RunState::Failed,
+            "a clean report never makes a run succeed"
+        );
+        assert!(failed.driver_run.unwrap().report.is_some());
+    }
+
+    #[test]
+    fn the_delivery_is_said_plainly() {
+        assert!(Delivery::default().describe().starts_with("files only"));
+        let d = Delivery {
+            stdin: Some("first_message.md".into()),
+            argv: vec!["{system}".into()],
+        };
+        assert!(d
+            .describe()
+            .starts_with("first_message.md on stdin; argv: {system}"));
+    }
+}
