@@ -493,3 +493,33 @@ fn an_agent_whose_every_write_failed_fails_the_run() {
         .unwrap();
     assert_eq!(wc["recent_files"], json!([]), "a failed run merges nothing");
 }
+
+/// Codex's `turn.failed` (the provider answers 400) makes the run
+/// `failed` with its message.
+#[test]
+fn a_codex_turn_failure_fails_the_run() {
+    let Some(codex) = agents::require(agents::codex, "codex") else {
+        return;
+    };
+    let server =
+        ModelServer::start(vec![Turn::Error(400, "scripted codex refusal".into())]).unwrap();
+    let secret = key();
+    let base = format!("{}/v1", server.base_url());
+    let (d, _home) = daemon("codex", &codex, &base, "model = \"mock-model\"\n", &secret);
+    let p = project();
+    let st = spawn(
+        &d,
+        &session("cxerr"),
+        p.path(),
+        &["file_read"],
+        json!({"driver": "codex"}),
+    );
+    assert_eq!(st["state"], "failed", "{st}");
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("the agent reported an error"),
+        "{reason}"
+    );
+    assert_eq!(st["driver"]["report"]["is_error"], true);
+    assert_nowhere(&d, &secret);
+}
