@@ -133,6 +133,10 @@ pub struct Resources {
     /// Forks the process limit refused, when a pids cgroup counts them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_refused: Option<u64>,
+    /// The run was seen at its process limit where RLIMIT_NPROC holds it
+    /// (sampled every 100 ms; it counts no refused forks).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pids_limit_reached: bool,
 }
 
 impl ExitRecord {

@@ -16,22 +16,44 @@ use nix::unistd::Pid;
 use std::os::fd::{OwnedFd, RawFd};
 
 /// What init writes on the status pipe when the agent has ended: its raw
-/// wait status and how many other processes of the run were still alive.
-pub const STATUS_LEN: usize = 8;
+/// wait status, how many other processes of the run were still alive, and
+/// whether the run was seen at its RLIMIT_NPROC process limit.
+pub const STATUS_LEN: usize = 12;
+
+/// How often init counts the run's tasks when RLIMIT_NPROC is the limit,
+/// and how often once the run holds half of it (a bomb at the limit moves
+/// fast: its refused children die).
+const NPROC_SAMPLE: std::time::Duration = std::time::Duration::from_millis(100);
+const NPROC_SAMPLE_NEAR: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// What init reports when the agent has ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    /// The agent's raw wait status.
+    pub wait_status: i32,
+    /// Other processes of the run still alive.
+    pub leftovers: u32,
+    /// The run's tasks were seen at the process limit (RLIMIT_NPROC).
+    pub nproc_reached: bool,
+}
 
 /// Encodes a status record.
-pub fn encode(wait_status: i32, leftovers: u32) -> [u8; STATUS_LEN] {
+pub fn encode(s: Status) -> [u8; STATUS_LEN] {
     let mut b = [0u8; STATUS_LEN];
-    b[..4].copy_from_slice(&wait_status.to_le_bytes());
-    b[4..].copy_from_slice(&leftovers.to_le_bytes());
+    b[..4].copy_from_slice(&s.wait_status.to_le_bytes());
+    b[4..8].copy_from_slice(&s.leftovers.to_le_bytes());
+    b[8..].copy_from_slice(&u32::from(s.nproc_reached).to_le_bytes());
     b
 }
 
 /// Decodes a status record.
-pub fn decode(b: &[u8]) -> Option<(i32, u32)> {
-    let s = i32::from_le_bytes(b.get(..4)?.try_into().ok()?);
-    let n = u32::from_le_bytes(b.get(4..STATUS_LEN)?.try_into().ok()?);
-    Some((s, n))
+pub fn decode(b: &[u8]) -> Option<Status> {
+    let word = |r: std::ops::Range<usize>| -> Option<[u8; 4]> { b.get(r)?.try_into().ok() };
+    Some(Status {
+        wait_status: i32::from_le_bytes(word(0..4)?),
+        leftovers: u32::from_le_bytes(word(4..8)?),
+        nproc_reached: u32::from_le_bytes(word(8..STATUS_LEN)?) != 0,
+    })
 }
 
 /// Everything init needs, made by the runner before the clone.
@@ -87,9 +109,14 @@ pub fn run(a: InitArgs<'_>) -> ! {
     let status = a.status;
     let _ = crate::sys::close_all_except(std::os::fd::AsRawFd::as_raw_fd(&status));
     let _ = a.sandbox.drop_init_privileges();
-    let code = reap_until(agent);
-    let leftovers = count_others();
-    let _ = nix::unistd::write(&status, &encode(code, leftovers));
+    let mut watch = a.sandbox.nproc_limit().map(NprocWatch::new);
+    let code = reap_until(agent, watch.as_mut());
+    let report = Status {
+        wait_status: code,
+        leftovers: count_others(),
+        nproc_reached: watch.is_some_and(|w| w.reached),
+    };
+    let _ = nix::unistd::write(&status, &encode(report));
     // SAFETY: _exit ends init; the kernel then ends the rest of the run.
     unsafe { libc::_exit(0) }
 }
@@ -105,17 +132,94 @@ fn runner_gone(why: RawFd) -> bool {
     n == 1 && p.revents & libc::POLLERR != 0
 }
 
+/// Watches the run's task count against RLIMIT_NPROC, which counts no
+/// refused forks: a run seen at its limit is reported as having reached it.
+pub struct NprocWatch {
+    limit: u64,
+    reached: bool,
+    last: Option<std::time::Instant>,
+    every: std::time::Duration,
+}
+
+impl NprocWatch {
+    fn new(limit: u64) -> NprocWatch {
+        NprocWatch {
+            limit,
+            reached: false,
+            last: None,
+            every: NPROC_SAMPLE,
+        }
+    }
+
+    /// Counts the run's tasks, at most once per interval.
+    fn sample(&mut self) {
+        let now = std::time::Instant::now();
+        if self.reached || self.last.is_some_and(|t| now - t < self.every) {
+            return;
+        }
+        self.last = Some(now);
+        // The runner, outside the PID namespace, counts in the user
+        // namespace too.
+        let tasks = 1 + count_tasks();
+        self.reached = tasks >= self.limit;
+        self.every = if tasks * 2 >= self.limit {
+            NPROC_SAMPLE_NEAR
+        } else {
+            NPROC_SAMPLE
+        };
+    }
+
+    /// Counts once more when the agent has ended and is not reaped yet:
+    /// it and the processes it left still count, as they do for the limit.
+    fn sample_at_end(&mut self, agent: Pid) {
+        use nix::sys::wait::{waitid, Id};
+        let peek = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        if !self.reached
+            && !matches!(
+                waitid(Id::Pid(agent), peek),
+                Ok(WaitStatus::StillAlive) | Err(_)
+            )
+        {
+            self.last = None;
+            self.sample();
+        }
+    }
+
+    /// How long a wait for a signal may block before the next sample.
+    fn timeout(&self) -> nix::poll::PollTimeout {
+        if self.reached {
+            nix::poll::PollTimeout::NONE
+        } else {
+            nix::poll::PollTimeout::from(self.every.as_millis() as u16)
+        }
+    }
+}
+
 /// Reaps every child until `agent` has ended; returns its raw wait status.
-/// A cancel from outside is passed on to the whole run.
-fn reap_until(agent: Pid) -> i32 {
+/// A cancel from outside is passed on to the whole run. With `watch`, the
+/// run's tasks are counted while it waits.
+fn reap_until(agent: Pid, mut watch: Option<&mut NprocWatch>) -> i32 {
     let Ok(sfd) = SignalFd::with_flags(&crate::supervise::handled_signals(), SfdFlags::SFD_CLOEXEC)
     else {
         // Without the signalfd: reap blocking, still ending with the agent.
         return reap_blocking(agent);
     };
     loop {
+        if let Some(w) = watch.as_deref_mut() {
+            w.sample();
+            let mut fds = [nix::poll::PollFd::new(
+                std::os::fd::AsFd::as_fd(&sfd),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            if matches!(nix::poll::poll(&mut fds, w.timeout()), Ok(0)) {
+                continue;
+            }
+        }
         match sfd.read_signal() {
             Ok(Some(info)) if info.ssi_signo as i32 == libc::SIGCHLD => {
+                if let Some(w) = watch.as_deref_mut() {
+                    w.sample_at_end(agent);
+                }
                 if let Some(code) = reap_ready(agent) {
                     return code;
                 }
@@ -168,6 +272,22 @@ fn reap_blocking(agent: Pid) -> i32 {
     }
 }
 
+/// How many tasks (threads included, as RLIMIT_NPROC counts them) the
+/// run's PID namespace holds, init included.
+fn count_tasks() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .map(|e| std::fs::read_dir(e.path().join("task")).map_or(1, |t| t.count() as u64))
+        .sum()
+}
+
 /// How many processes of the run other than init are alive.
 fn count_others() -> u32 {
     std::fs::read_dir("/proc")
@@ -202,8 +322,18 @@ mod tests {
 
     #[test]
     fn status_records_round_trip() {
-        for (s, n) in [(0, 0), (0x0100, 3), (9, 0), (0x7f00, u32::MAX)] {
-            assert_eq!(decode(&encode(s, n)), Some((s, n)));
+        for (wait_status, leftovers, nproc_reached) in [
+            (0, 0, false),
+            (0x0100, 3, true),
+            (9, 0, false),
+            (0x7f00, u32::MAX, true),
+        ] {
+            let st = Status {
+                wait_status,
+                leftovers,
+                nproc_reached,
+            };
+            assert_eq!(decode(&encode(st)), Some(st));
         }
         assert_eq!(decode(&[1, 2, 3]), None);
     }

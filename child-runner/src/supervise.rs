@@ -66,6 +66,8 @@ struct Loop {
     /// The agent's raw wait status, from init, once init has ended.
     agent: Option<i32>,
     leftovers: u32,
+    /// Init saw the run at its RLIMIT_NPROC process limit.
+    nproc_reached: bool,
     init_done: bool,
     cancelled: bool,
     timed_out: bool,
@@ -84,9 +86,10 @@ impl Loop {
                 self.init_done = true;
                 let mut b = [0u8; crate::init::STATUS_LEN];
                 if let Ok(n) = nix::unistd::read(status, &mut b) {
-                    if let Some((st, left)) = crate::init::decode(&b[..n]) {
-                        self.agent = Some(st);
-                        self.leftovers = left;
+                    if let Some(st) = crate::init::decode(&b[..n]) {
+                        self.agent = Some(st.wait_status);
+                        self.leftovers = st.leftovers;
+                        self.nproc_reached = st.nproc_reached;
                     }
                 }
             }
@@ -446,6 +449,7 @@ fn attempt_once(
         init: started.init,
         agent: None,
         leftovers: 0,
+        nproc_reached: false,
         init_done: false,
         cancelled: false,
         timed_out: false,
@@ -464,6 +468,7 @@ fn attempt_once(
         peak_memory_bytes,
         oom_killed: ooms.unwrap_or(0) > 0,
         pids_refused,
+        pids_limit_reached: st.nproc_reached,
     };
     let (outcome, exit_code, signal, reason) = judge(spec, &st, &resources);
     let mut setup_us = std::collections::BTreeMap::new();
@@ -639,6 +644,15 @@ fn judge(
                 } else {
                     format!("{refused} forks")
                 }
+            ),
+        ),
+        (Some(code), _) if code != 0 && resources.pids_limit_reached => (
+            Outcome::Exited,
+            exit_code,
+            None,
+            format!(
+                "exited with code {code}; the run reached its process limit ({}), past which forks fail",
+                spec.sandbox.pids_max
             ),
         ),
         (Some(code), _) => (

@@ -15,6 +15,7 @@
 //!   catalog (Claude Code's names, `Tool(pattern)`, MCP names).
 //! - [`env`](mod@env): the allowlisted environment a child starts with.
 //! - [`limits`]: resource limits with their defaults.
+//! - [`observed`]: what a run changed in its project, from two pictures.
 //! - [`tools`]: the tool catalog and capability classes.
 //! - [`toolpolicy`]: audiences' tool sets and the child-tools filter.
 //! - [`workctx`]: recent files, the git snapshot's shape, the
@@ -31,6 +32,7 @@ pub mod definition;
 pub mod driver;
 pub mod env;
 pub mod limits;
+pub mod observed;
 pub mod sandbox;
 pub mod toolpolicy;
 pub mod tools;

@@ -10,6 +10,7 @@
 //! - [`gitsnap`]: the git snapshot taken at spawn, under a time budget.
 //! - [`sessions`]: each parent session's recent files, persisted.
 //! - [`notices`]: the durable finished-run notices of each session.
+//! - [`observe`]: the pictures of a project that tell what a run changed.
 //! - [`result_md`]: the result.md a finished run leaves.
 //! - [`sanitize`], [`mdsafe`]: showing what a child wrote on a terminal
 //!   and in Markdown without letting it act.
@@ -30,6 +31,7 @@ pub mod gitsnap;
 pub mod ids;
 pub mod mdsafe;
 pub mod notices;
+pub mod observe;
 pub mod paths;
 pub mod protocol;
 pub mod record;

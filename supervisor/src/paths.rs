@@ -233,6 +233,10 @@ impl RunFiles {
     pub fn egress_log(&self) -> PathBuf {
         self.dir.join("egress.log")
     }
+    /// observed-before.json: the project's picture at spawn.
+    pub fn observed_before(&self) -> PathBuf {
+        self.dir.join(crate::observe::BEFORE_FILE)
+    }
     /// result.md: written when the run ends.
     pub fn result(&self) -> PathBuf {
         self.dir.join("result.md")

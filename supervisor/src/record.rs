@@ -152,6 +152,10 @@ pub struct RunRecord {
     /// ended (merged only when it succeeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<crate::engine::workctx::DeltaReport>,
+    /// What the supervisor saw the run change in its project; set with
+    /// `delta`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<policy::observed::ObservedReport>,
     /// Attempts allowed (1 + max_restarts).
     #[serde(default = "one")]
     pub max_attempts: u32,
@@ -301,6 +305,7 @@ impl RunRecord {
             worktree_dir: self.worktree.as_ref().map(|w| w.dir.clone()),
             worktree_branch: self.worktree.as_ref().map(|w| w.branch.clone()),
             delta: self.delta.clone(),
+            observed: self.observed.clone(),
             attempt: self.attempts.or_else(|| {
                 if self.state != RunState::Running {
                     return None;
@@ -403,6 +408,9 @@ pub struct RunStatus {
     /// The delta's accepted and rejected paths, once the run has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<crate::engine::workctx::DeltaReport>,
+    /// What the supervisor saw the run change, once it has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<policy::observed::ObservedReport>,
     /// The attempt in progress (or the last one made): restarts after
     /// exit 75 count; null before the run starts.
     #[serde(default)]

@@ -293,6 +293,108 @@ fn working_context(s: &mut String, rec: &RunRecord) {
             }
         }
     }
+    if let Some(o) = &rec.observed {
+        observed_line(s, o);
+    }
+    files_table(s, rec);
+}
+
+/// At most this many rows in the files table.
+const MAX_FILE_ROWS: usize = 200;
+
+/// The line saying what the supervisor observed, and how.
+fn observed_line(s: &mut String, o: &policy::observed::ObservedReport) {
+    let how = match o.source {
+        Some(policy::observed::Source::GitStatus) => "git status before and after",
+        Some(policy::observed::Source::Scan) => "a scan before and after",
+        None => "",
+    };
+    if o.source.is_some() {
+        let more = if o.not_listed > 0 {
+            format!(" ({} more not listed)", o.not_listed)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "- observed ({how}): {} created, {} modified, {} deleted{more}",
+            o.created.len(),
+            o.modified.len(),
+            o.deleted.len()
+        );
+    }
+    if let Some(n) = &o.note {
+        let _ = writeln!(s, "- observed: {}", mdsafe::text(n));
+    }
+    for p in &o.merged {
+        let _ = writeln!(
+            s,
+            "- merged into recent files (observed): {}",
+            mdsafe::code_os(p.as_os_str())
+        );
+    }
+}
+
+/// One row per file: what the child claimed in delta.json beside what the
+/// supervisor observed. Paths are relative to the work dir where they can be.
+fn files_table(s: &mut String, rec: &RunRecord) {
+    use std::collections::BTreeMap;
+    let root = rec
+        .worktree
+        .as_ref()
+        .map_or(rec.project_dir.clone(), |w| w.dir.clone());
+    let canonical = root.canonicalize().unwrap_or(root.clone());
+    let mut rows: BTreeMap<String, [String; 2]> = BTreeMap::new();
+    if let Some(d) = &rec.delta {
+        for v in d.accepted.iter().chain(&d.rejected) {
+            let (key, what) = match &v.outcome {
+                policy::workctx::Outcome::Accepted(p) => (
+                    p.strip_prefix(&canonical)
+                        .map_or(p.to_string_lossy(), |r| r.to_string_lossy())
+                        .into_owned(),
+                    "claimed".to_owned(),
+                ),
+                policy::workctx::Outcome::Rejected(why) => {
+                    (v.path.clone(), format!("claimed, rejected: {why}"))
+                }
+            };
+            rows.entry(key).or_default()[0] = what;
+        }
+    }
+    if let Some(o) = &rec.observed {
+        for (list, what) in [
+            (&o.created, "created"),
+            (&o.modified, "modified"),
+            (&o.deleted, "deleted"),
+        ] {
+            for p in list {
+                rows.entry(p.clone()).or_default()[1] = what.to_owned();
+            }
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n| file | delta.json | observed |\n|---|---|---|");
+    let dash = |c: &str| {
+        if c.is_empty() {
+            "-".to_owned()
+        } else {
+            mdsafe::text(c)
+        }
+    };
+    for (path, [claimed, observed]) in rows.iter().take(MAX_FILE_ROWS) {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} |",
+            mdsafe::code(path).replace('|', "\\|"),
+            dash(claimed).replace('|', "\\|"),
+            dash(observed)
+        );
+    }
+    if rows.len() > MAX_FILE_ROWS {
+        let _ = writeln!(s, "\n({} more files not shown)", rows.len() - MAX_FILE_ROWS);
+    }
 }
 
 /// The driver, how the context was delivered, and what the agent's event
@@ -464,6 +566,12 @@ fn resources(s: &mut String, rec: &RunRecord) {
     );
     if let Some(n) = r.pids_refused.filter(|&n| n > 0) {
         let _ = writeln!(s, "- process limit: {n} forks refused");
+    }
+    if r.pids_limit_reached {
+        let _ = writeln!(
+            s,
+            "- process limit: reached (RLIMIT_NPROC; forks past it fail, uncounted)"
+        );
     }
 }
 
@@ -686,6 +794,20 @@ mod tests {
 
     /// Checks that `v` holds no inline markup: code spans close, and every
     /// other significant character is backslash-escaped.
+    /// The `|` of a line that split GFM table cells (not backslash-escaped).
+    fn unescaped_pipes(line: &str) -> usize {
+        let (mut n, mut escaped) = (0, false);
+        for c in line.chars() {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '|') => n += 1,
+                _ => {}
+            }
+        }
+        n
+    }
+
     fn assert_inert(v: &str, line: &str) {
         let c: Vec<char> = v.chars().collect();
         let mut i = 0;
@@ -821,6 +943,15 @@ mod tests {
                 .collect(),
             note: Some(evil(4)),
         });
+        rec.observed = Some(policy::observed::ObservedReport {
+            source: Some(policy::observed::Source::Scan),
+            created: (0..names.len()).map(evil).collect(),
+            modified: (0..names.len()).map(|i| evil(i + 1)).collect(),
+            deleted: (0..names.len()).map(|i| evil(i + 2)).collect(),
+            not_listed: 3,
+            merged: (0..names.len()).map(path).collect(),
+            note: Some(evil(3)),
+        });
         if let Some(iso) = rec.isolation.as_mut() {
             iso.landlock.detail = evil(5);
             iso.user = evil(10);
@@ -876,6 +1007,12 @@ mod tests {
         assert_eq!(states, ["- state: **failed**"], "{md}");
         for line in &lines {
             if line.is_empty() || line.starts_with('#') || *line == "- state: **failed**" {
+                continue;
+            }
+            if line.starts_with('|') {
+                // A table row of the files table: a name cannot add a cell.
+                assert_eq!(unescaped_pipes(line), 4, "a forged cell in {line:?}");
+                assert_inert(line, line);
                 continue;
             }
             let starts_ok = line.starts_with("- ") || line.starts_with('(');

@@ -94,6 +94,7 @@ fn success_writes_log_artifacts_and_result() {
         "context",
         "delta",
         "exit.json",
+        "observed-before.json",
         "result.md",
         "run.json",
         "runner.json",

@@ -259,7 +259,7 @@ fn crash_child(i: usize) -> (String, i32) {
     let code = if i % 5 == 4 { 3 } else { 0 };
     let sleep = ["0", "0.2", "1", "2", "3"][i % 5];
     let script = format!(
-        "echo start >> \"starts-$SUBAGENT_RUN_ID\"; for n in 1 2 3 4 5; do echo child {i} line $n; done; sleep {sleep}; echo x > f{i}.txt; echo '{{\"written\": [\"f{i}.txt\"]}}' > \"$SUBAGENT_DELTA_PATH\"; exit {code}"
+        "echo start >> \"../starts-$SUBAGENT_RUN_ID\"; for n in 1 2 3 4 5; do echo child {i} line $n; done; sleep {sleep}; echo x > f{i}.txt; echo '{{\"written\": [\"f{i}.txt\"]}}' > \"$SUBAGENT_DELTA_PATH\"; exit {code}"
     );
     (script, code)
 }
@@ -274,6 +274,11 @@ fn kill_9_of_the_daemon_at_several_points_loses_nothing() {
         .prefix("sa-crash-")
         .tempdir_in("/tmp")
         .unwrap();
+    // Each child works in a project of its own (what it changes there is
+    // observed and merged); the start counts go beside them.
+    for i in 0..30 {
+        std::fs::create_dir(project.path().join(format!("p{i}"))).unwrap();
+    }
     let spawn_batch = |d: &Daemon, range: std::ops::Range<usize>| -> Vec<(usize, String, String)> {
         let mut c = d.conn();
         range
@@ -283,8 +288,8 @@ fn kill_9_of_the_daemon_at_several_points_loses_nothing() {
                 let r = c
                     .call(
                         "spawn_agent",
-                        json!({"session": {"id": s, "audience": "personal", "project_dir": project.path(), "tools": ["file_write", "shell"]},
-                               "task": "t", "command": ["sh", "-c", script]}),
+                        json!({"session": {"id": s, "audience": "personal", "project_dir": project.path().join(format!("p{i}")), "tools": ["file_write", "shell"]},
+                               "task": "t", "command": ["sh", "-c", script], "sandbox": {"write_paths": [project.path()]}}),
                     )
                     .unwrap();
                 (i, s, r["run_id"].as_str().unwrap().to_owned())
@@ -303,8 +308,8 @@ fn kill_9_of_the_daemon_at_several_points_loses_nothing() {
         for i in 10..20 {
             let s = session(&format!("crash{i}"));
             let (script, _) = crash_child(i);
-            let params = json!({"session": {"id": s, "audience": "personal", "project_dir": project_path, "tools": ["file_write", "shell"]},
-                                "task": "t", "command": ["sh", "-c", script]});
+            let params = json!({"session": {"id": s, "audience": "personal", "project_dir": project_path.join(format!("p{i}")), "tools": ["file_write", "shell"]},
+                                "task": "t", "command": ["sh", "-c", script], "sandbox": {"write_paths": [&project_path]}});
             let id = 1000 + i;
             let line =
                 json!({"jsonrpc": "2.0", "id": id, "method": "spawn_agent", "params": params});
@@ -402,7 +407,7 @@ fn kill_9_of_the_daemon_at_several_points_loses_nothing() {
         if code == 0 {
             assert_eq!(
                 recent,
-                [root.join(format!("f{i}.txt")).to_str().unwrap()],
+                [root.join(format!("p{i}/f{i}.txt")).to_str().unwrap()],
                 "child {i}: merged once"
             );
         } else {

@@ -198,6 +198,9 @@ fn unsuccessful_runs_and_malformed_deltas_merge_nothing() {
             "{}",
             st["delta"]
         );
+        assert_eq!(st["delta"]["accepted"], json!([]), "{}", st["delta"]);
+        // What the child really wrote is still seen, by the supervisor.
+        assert_eq!(st["observed"]["modified"], json!(["f.txt"]), "{st}");
     }
     let big = "head -c 1100000 /dev/zero | tr '\\0' ' ' > \"$SUBAGENT_DELTA_PATH\"";
     let st = spawn(&d, &s, p.path(), big, json!({}));
@@ -211,7 +214,104 @@ fn unsuccessful_runs_and_malformed_deltas_merge_nothing() {
     );
     let none = spawn(&d, &s, p.path(), "true", json!({}));
     assert_eq!(none["delta"]["note"], "no delta was written");
-    assert!(recent(&d, &s).is_empty());
+    // Only the observation merged anything: the file the successful runs
+    // rewrote, not one path of their malformed deltas.
+    let f = canon(p.path()).join("f.txt");
+    assert_eq!(recent(&d, &s), [f.display().to_string()]);
+}
+
+/// A child that writes no delta at all: the supervisor's own pictures
+/// before and after tell what it created, changed and deleted, in a
+/// repository (ignored files left out) and in a plain directory; on
+/// success those files merge into recent files, and result.md shows the
+/// sources side by side.
+#[test]
+fn what_a_child_changed_is_observed_without_a_delta() {
+    let d = Daemon::start();
+    let s = session("observed");
+    let p = project();
+    std::fs::write(p.path().join(".gitignore"), "build/\n").unwrap();
+    std::fs::write(p.path().join("doomed.txt"), "d\n").unwrap();
+    git(p.path(), &["add", "."]);
+    git(p.path(), &["commit", "-qm", "more"]);
+    let outside = tempfile::tempdir().unwrap();
+    let script = format!(
+        "echo new > new.txt; echo more >> b.txt; rm doomed.txt; mkdir -p build; echo o > build/out.o; echo host > {}/host.txt",
+        outside.path().display()
+    );
+    let st = spawn(
+        &d,
+        &s,
+        p.path(),
+        &script,
+        json!({"sandbox": {"write_paths": [outside.path()]}}),
+    );
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let o = &st["observed"];
+    assert_eq!(o["source"], "git_status", "{o}");
+    assert_eq!(o["created"], json!(["new.txt"]), "{o}");
+    assert_eq!(o["modified"], json!(["b.txt"]), "{o}");
+    assert_eq!(o["deleted"], json!(["doomed.txt"]), "{o}");
+    let root = canon(p.path());
+    let mut got = recent(&d, &s);
+    got.sort();
+    let mut want = [root.join("b.txt"), root.join("new.txt")].map(|p| p.display().to_string());
+    want.sort();
+    assert_eq!(got, want);
+    let result = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
+    assert!(
+        result
+            .contains("- observed (git status before and after): 1 created, 1 modified, 1 deleted"),
+        "{result}"
+    );
+    assert!(result.contains("| `new.txt` | - | created |"), "{result}");
+    assert!(
+        result.contains("| `doomed.txt` | - | deleted |"),
+        "{result}"
+    );
+
+    // A plain directory, scanned; a failed run's changes are seen, not merged.
+    let plain = tempfile::Builder::new()
+        .prefix("sa-obs-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::create_dir(plain.path().join("src")).unwrap();
+    std::fs::write(plain.path().join("src/keep.rs"), "k").unwrap();
+    let s2 = session("observed-plain");
+    let st = spawn(
+        &d,
+        &s2,
+        plain.path(),
+        "echo x > src/made.rs; exit 1",
+        json!({}),
+    );
+    assert_eq!(st["state"], "failed", "{st}");
+    assert_eq!(st["observed"]["source"], "scan", "{st}");
+    assert_eq!(st["observed"]["created"], json!(["src/made.rs"]));
+    assert!(recent(&d, &s2).is_empty());
+    let st = spawn(&d, &s2, plain.path(), "echo y >> src/keep.rs", json!({}));
+    assert_eq!(st["observed"]["modified"], json!(["src/keep.rs"]), "{st}");
+    assert_eq!(
+        recent(&d, &s2),
+        [canon(plain.path())
+            .join("src/keep.rs")
+            .display()
+            .to_string()]
+    );
+
+    // A run that cannot write its project is not observed at all.
+    let ro = d
+        .conn()
+        .call(
+            "spawn_agent",
+            json!({"session": {"id": s2, "audience": "personal", "project_dir": plain.path(), "tools": ["file_read"]}, "task": "t", "command": ["true"]}),
+        )
+        .unwrap();
+    let st = d.conn().wait(ro["run_id"].as_str().unwrap());
+    assert_eq!(
+        st["observed"]["note"], "not observed: the run could not write its project",
+        "{st}"
+    );
 }
 
 #[test]

@@ -499,6 +499,14 @@ impl Prepared {
         &self.cgroups
     }
 
+    /// The process limit when RLIMIT_NPROC holds it (no pids cgroup).
+    pub fn nproc_limit(&self) -> Option<u64> {
+        self.rlimits
+            .iter()
+            .find(|r| r.resource == "nproc")
+            .map(|r| r.value)
+    }
+
     /// In the run's init: joins the cgroups (children inherit them),
     /// builds the run's root, and keeps memfds from ever being executed.
     pub fn setup_in_init(&self, scratch: &scratch::Scratch) -> Result<(), ApplyError> {

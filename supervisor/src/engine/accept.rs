@@ -531,6 +531,8 @@ struct WorkingContext {
     block: String,
     /// The git snapshot the block shows (kept in the record).
     git: policy::workctx::GitSnapshot,
+    /// The status's paths with it, for the first picture.
+    status: crate::gitsnap::counts::Paths,
 }
 
 /// Records the spawn in the session's working context and takes the git
@@ -548,9 +550,9 @@ fn working_context(
             p.session.recent_files.as_deref(),
         )
         .map_err(|e| EngineError::StateDir(e.into()))?;
-    let git = crate::gitsnap::snapshot(workdir, inner.cfg.git_budget);
+    let (git, status) = crate::gitsnap::snapshot_with_paths(workdir, inner.cfg.git_budget);
     let block = policy::workctx::render_block(workdir, &session_state.recent_files, &git);
-    Ok(WorkingContext { block, git })
+    Ok(WorkingContext { block, git, status })
 }
 
 /// What the composition of this run's context depends on (kept in
@@ -897,6 +899,7 @@ fn accepted_record(
         git: Some(git),
         worktree: place.worktree,
         delta: None,
+        observed: None,
         max_attempts,
         attempts: None,
         kept: None,
@@ -965,13 +968,23 @@ pub(crate) fn create_run(
             .map_or(p.session.project_dir.clone(), |w| w.dir.clone()),
         worktree,
     };
-    let work = working_context(inner, p, &place.workdir)?;
+    let mut work = working_context(inner, p, &place.workdir)?;
+    let before = super::workctx::observe_before(
+        inner,
+        &place.workdir,
+        writes_into(plan, p, &place.workdir),
+        (&work.git, work.status.take()),
+    );
     let tools_json = inner
         .tools
         .tools_json(plan.tools.as_deref().unwrap_or_default());
     let input = compose_input(inner, p, plan, &place, tools_json, work.block);
     let staged = draft.staged();
     let system_text = write_context_files(&staged.context(), &input)?;
+    // Only an observation depends on it: not fsynced (a lost one says so).
+    let before = serde_json::to_vec(&before)
+        .map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
+    draft.write(&staged.observed_before(), &before, Sync::Derived)?;
     let max_attempts = input.max_attempts;
     let run_id = place.id.to_string();
     let facts = super::driving::RunFacts {
@@ -1019,6 +1032,12 @@ fn child_is_root(inner: &Inner, uid: Option<u32>) -> bool {
         // SAFETY: geteuid cannot fail and touches no memory.
         (None, None) => unsafe { libc::geteuid() == 0 },
     }
+}
+
+/// Whether the run may write in its work dir: the project with the write
+/// right (a worktree is the project), or a write path inside it.
+fn writes_into(plan: &Plan, p: &SpawnParams, workdir: &Path) -> bool {
+    plan.grants.write_project || p.sandbox.write_paths.iter().any(|w| w.starts_with(workdir))
 }
 
 /// The files a runner started at once gets; `None` (the run is then queued

@@ -308,14 +308,16 @@ struct Finalized {
     notice: Option<Notice>,
 }
 
-/// The delta report (recorded first when something was merged, so that no
-/// restart merges it again), result.md and the notice (tried three times),
+/// The observation and the delta report (recorded first when something
+/// was merged, so that no restart merges it again), result.md and the notice (tried three times),
 /// then the terminal record with `finalized` or `finalize_error`. Blocking.
 fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
     if rec.delta.is_none() {
-        // Exactly once: the report is recorded before anything else of the
-        // end is done, and never computed again.
-        let report = if rec.state == RunState::Succeeded {
+        // Exactly once: the reports are recorded before anything else of
+        // the end is done, and never computed again.
+        let succeeded = rec.state == RunState::Succeeded;
+        let observed = super::workctx::observe_and_merge(&sup.inner, &rec, succeeded);
+        let report = if succeeded {
             super::workctx::merge_delta(&sup.inner, &rec)
         } else {
             super::workctx::DeltaReport {
@@ -323,8 +325,9 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
                 ..Default::default()
             }
         };
-        let merged = !report.accepted.is_empty();
+        let merged = !report.accepted.is_empty() || !observed.merged.is_empty();
         rec.delta = Some(report);
+        rec.observed = Some(observed);
         if merged {
             // Otherwise nothing to repeat: the report is saved with the
             // final record.

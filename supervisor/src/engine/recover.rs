@@ -117,6 +117,7 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
         git: None,
         worktree: None,
         delta: None,
+        observed: None,
         max_attempts: 1,
         attempts: None,
         kept: None,

@@ -1,10 +1,12 @@
 //! The working context at spawn (the session's recent files, the git
 //! snapshot, an optional worktree) and the delta a successful child hands
-//! back, verified on disk and merged exactly once.
+//! back, verified on disk and merged exactly once, with what the
+//! supervisor observed the run change.
 
 use super::error::StorageError;
 use super::{EngineError, Inner};
 use crate::record::RunRecord;
+use policy::observed::ObservedReport;
 use policy::workctx::{
     claims, judge, parse_delta, FileFacts, GitSnapshot, Outcome, Verdict, DELTA_MAX_BYTES,
 };
@@ -341,6 +343,97 @@ pub(crate) fn merge_delta(inner: &Inner, rec: &RunRecord) -> DeltaReport {
         }) {
             report.note = Some(format!("merging failed: {e}"));
         }
+    }
+    report
+}
+
+/// The first picture of what a run's `workdir` holds (see
+/// [`crate::observe`]), taken with the spawn's git snapshot; none when the
+/// run cannot write there. Blocking.
+pub(crate) fn observe_before(
+    inner: &Inner,
+    workdir: &Path,
+    writable: bool,
+    git: (&GitSnapshot, crate::gitsnap::counts::Paths),
+) -> crate::observe::Before {
+    if !writable {
+        return crate::observe::Before::No {
+            why: "not observed: the run could not write its project".into(),
+        };
+    }
+    crate::observe::before(
+        workdir,
+        git,
+        &daemon_skip(inner, workdir),
+        inner.cfg.git_budget,
+    )
+}
+
+fn daemon_skip(inner: &Inner, root: &Path) -> crate::observe::Skip {
+    crate::observe::Skip::within(root, &[&inner.cfg.state_dir, &inner.cfg.temp_base])
+}
+
+/// Reads the first picture back: the daemon wrote it, in the run folder.
+fn read_before(rec: &RunRecord) -> crate::observe::Before {
+    let path = rec.files().observed_before();
+    let bytes = match subagent_runner::safefile::read(&path, crate::observe::BEFORE_MAX_BYTES) {
+        Ok(b) => b,
+        Err(e) if e.is_missing() => {
+            return crate::observe::Before::No {
+                why: "not observed: no picture was taken at spawn".into(),
+            }
+        }
+        Err(e) => {
+            return crate::observe::Before::No {
+                why: format!("not observed: the picture taken at spawn is unreadable: {e}"),
+            }
+        }
+    };
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| crate::observe::Before::No {
+        why: format!("not observed: the picture taken at spawn is unreadable: {e}"),
+    })
+}
+
+/// What the run changed in its project, as the supervisor sees it; on
+/// success the files it created or changed that still hold a regular file
+/// inside the project merge into the session's recent files. Blocking.
+pub(crate) fn observe_and_merge(inner: &Inner, rec: &RunRecord, merge: bool) -> ObservedReport {
+    let (root, first) = match read_before(rec) {
+        crate::observe::Before::Yes { root, picture } => (root, picture),
+        crate::observe::Before::No { why } => return ObservedReport::none(why),
+    };
+    let skip = daemon_skip(inner, &root);
+    let (second, note) = match crate::observe::after(&first, &root, &skip, inner.cfg.git_budget) {
+        Ok(p) => p,
+        Err(e) => return ObservedReport::none(format!("not observed at the end: {e}")),
+    };
+    let changes = policy::observed::diff(&first, &second);
+    let mut report = ObservedReport::of(first.source, &changes);
+    report.note = note;
+    if !merge {
+        return report;
+    }
+    let canonical = root.canonicalize().unwrap_or(root.clone());
+    let merged: Vec<PathBuf> = changes
+        .written_newest_first(&second)
+        .iter()
+        .filter_map(|rel| {
+            let v = judge(&facts(rel, &root), std::slice::from_ref(&canonical), 0);
+            match v.outcome {
+                Outcome::Accepted(p) => Some(p),
+                Outcome::Rejected(_) => None,
+            }
+        })
+        .take(policy::workctx::RECENT_CAP)
+        .collect();
+    if merged.is_empty() {
+        return report;
+    }
+    match inner.sessions.update(&rec.session_id, |s| {
+        s.recent_files = policy::workctx::touch(&s.recent_files, &merged);
+    }) {
+        Ok(_) => report.merged = merged,
+        Err(e) => report.note = Some(format!("merging failed: {e}")),
     }
     report
 }

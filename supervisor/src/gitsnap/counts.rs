@@ -1,6 +1,7 @@
 //! The staged, modified and untracked counts of a snapshot: libgit2's
 //! status (`git_status_list_new`), counted as `git status --porcelain=v2
-//! -uall --no-renames` lists it, one path once per kind.
+//! -uall --no-renames` lists it, one path once per kind; and the paths
+//! themselves, for the pictures of what a run changes (`crate::observe`).
 
 use git2::{IndexEntryExtendedFlag, Repository, Status, StatusOptions};
 use std::os::unix::ffi::OsStrExt;
@@ -64,12 +65,26 @@ fn intent_to_add(index: &git2::Index, path: &[u8]) -> bool {
     })
 }
 
-/// The counts of `repo`'s status.
-pub fn counts(repo: &Repository) -> Result<Counts, git2::Error> {
+/// One path of the status: a file git sees as changed or untracked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusPath {
+    /// Relative to the work tree, `/`-separated, as git names it.
+    pub path: Vec<u8>,
+    /// Untracked, or new in the index.
+    pub new_to_git: bool,
+}
+
+/// The status's paths, or `None` when there were more than
+/// [`policy::observed::MAX_PATHS`].
+pub type Paths = Option<Vec<StatusPath>>;
+
+/// The counts of `repo`'s status, and its paths.
+pub fn counts(repo: &Repository) -> Result<(Counts, Paths), git2::Error> {
     let statuses = repo.statuses(Some(&mut options()))?;
     // Loaded once, and only when something is new in the index.
     let mut index = None;
     let mut c = Counts::default();
+    let mut paths = (statuses.len() <= policy::observed::MAX_PATHS).then(Vec::new);
     for e in statuses.iter() {
         let mut s = e.status();
         if s.contains(Status::INDEX_NEW) {
@@ -83,8 +98,14 @@ pub fn counts(repo: &Repository) -> Result<Counts, git2::Error> {
             }
         }
         add(&mut c, s);
+        if let Some(p) = &mut paths {
+            p.push(StatusPath {
+                path: e.path_bytes().to_vec(),
+                new_to_git: s.intersects(Status::WT_NEW | Status::INDEX_NEW),
+            });
+        }
     }
-    Ok(c)
+    Ok((c, paths))
 }
 
 #[cfg(test)]

@@ -43,22 +43,33 @@ fn budget_text(b: Duration) -> String {
 /// Takes the snapshot of the repository containing `dir` within `budget`
 /// (a zero budget always times out: it simulates a slow repository).
 pub fn snapshot(dir: &Path, budget: Duration) -> GitSnapshot {
+    snapshot_with_paths(dir, budget).0
+}
+
+/// The snapshot, and the status's paths when it is available.
+pub fn snapshot_with_paths(dir: &Path, budget: Duration) -> (GitSnapshot, counts::Paths) {
     if budget.is_zero() {
-        return unavailable(format!("timed out after {}", budget_text(budget)));
+        return (
+            unavailable(format!("timed out after {}", budget_text(budget))),
+            None,
+        );
     }
     let found = match precheck::check(dir) {
         Ok(f) => f,
-        Err(e) => return unavailable(e.to_string()),
+        Err(e) => return (unavailable(e.to_string()), None),
     };
     let repo = found.common_dir.clone();
     match guard::bounded(repo, budget, "git-snapshot", move || compute(&found), drop) {
         Ok(s) => s,
-        Err(guard::GuardError::Busy) => unavailable("a previous snapshot is still running"),
+        Err(guard::GuardError::Busy) => (unavailable("a previous snapshot is still running"), None),
         // The thread finishes on its own; its result is dropped.
-        Err(guard::GuardError::TimedOut) => {
-            unavailable(format!("timed out after {}", budget_text(budget)))
+        Err(guard::GuardError::TimedOut) => (
+            unavailable(format!("timed out after {}", budget_text(budget))),
+            None,
+        ),
+        Err(guard::GuardError::Spawn(_)) => {
+            (unavailable("could not start the snapshot thread"), None)
         }
-        Err(guard::GuardError::Spawn(_)) => unavailable("could not start the snapshot thread"),
     }
 }
 
@@ -88,13 +99,13 @@ pub fn open_found(found: &precheck::Found) -> Result<Repository, OpenError> {
     }
 }
 
-fn compute(found: &precheck::Found) -> GitSnapshot {
+fn compute(found: &precheck::Found) -> (GitSnapshot, counts::Paths) {
     let repo = match open_found(found) {
         Ok(r) => r,
-        Err(why) => return unavailable(why.to_string()),
+        Err(why) => return (unavailable(why.to_string()), None),
     };
     let Some(worktree) = repo.workdir().map(clean) else {
-        return unavailable("a bare repository has no work tree");
+        return (unavailable("a bare repository has no work tree"), None);
     };
     let common_dir = clean(repo.commondir());
     let detached = repo.head_detached().unwrap_or(false);
@@ -120,7 +131,12 @@ fn compute(found: &precheck::Found) -> GitSnapshot {
                 .unwrap_or_else(|| "(unborn)".into());
             (name, None)
         }
-        Err(e) => return unavailable(format!("broken repository: {}", e.message())),
+        Err(e) => {
+            return (
+                unavailable(format!("broken repository: {}", e.message())),
+                None,
+            )
+        }
     };
     let head = head_oid.map_or("(none)".to_owned(), |o| o.to_string()[..7].to_owned());
     let (mut upstream, mut ahead, mut behind) = (None, None, None);
@@ -137,16 +153,21 @@ fn compute(found: &precheck::Found) -> GitSnapshot {
             }
         }
     }
-    let c = match counts::counts(&repo) {
+    let (c, paths) = match counts::counts(&repo) {
         Ok(c) => c,
-        Err(e) => return unavailable(format!("git status failed: {}", e.message())),
+        Err(e) => {
+            return (
+                unavailable(format!("git status failed: {}", e.message())),
+                None,
+            )
+        }
     };
     let counts::Counts {
         staged,
         modified,
         untracked,
     } = c;
-    GitSnapshot::Available {
+    let snapshot = GitSnapshot::Available {
         worktree,
         common_dir,
         branch,
@@ -157,5 +178,6 @@ fn compute(found: &precheck::Found) -> GitSnapshot {
         staged,
         modified,
         untracked,
-    }
+    };
+    (snapshot, paths)
 }
