@@ -401,15 +401,11 @@ fn files_table(s: &mut String, rec: &RunRecord) {
 /// stream reported: its answer (fenced: the agent's words), its tool calls
 /// and totals, and the files it reported, as checked on disk.
 fn agent(s: &mut String, rec: &RunRecord) {
-    let Some(d) = &rec.driver_run else {
+    // A plain command's delivery is `subagent context`'s to tell.
+    let Some(d) = rec.driver_run.as_ref().filter(|d| d.driver.streams()) else {
         return;
     };
-    let _ = writeln!(
-        s,
-        "
-## Agent
-"
-    );
+    let _ = writeln!(s, "\n## Agent\n");
     let _ = writeln!(s, "- driver: {}", d.driver.as_str());
     let _ = writeln!(
         s,
