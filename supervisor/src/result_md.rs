@@ -397,9 +397,10 @@ fn files_table(s: &mut String, rec: &RunRecord) {
     }
 }
 
-/// The driver, how the context was delivered, and what the agent's event
-/// stream reported: its answer (fenced: the agent's words), its tool calls
-/// and totals, and the files it reported, as checked on disk.
+/// A driver run's driver, how the context was delivered, and what the
+/// agent's event stream reported: its answer (fenced: the agent's words),
+/// its tool calls and totals, and the files it reported, as checked on
+/// disk.
 fn agent(s: &mut String, rec: &RunRecord) {
     // A plain command's delivery is `subagent context`'s to tell.
     let Some(d) = rec.driver_run.as_ref().filter(|d| d.driver.streams()) else {
@@ -407,85 +408,76 @@ fn agent(s: &mut String, rec: &RunRecord) {
     };
     let _ = writeln!(s, "\n## Agent\n");
     let _ = writeln!(s, "- driver: {}", d.driver.as_str());
-    let _ = writeln!(
-        s,
-        "- context delivered: {}",
-        mdsafe::text(&d.delivered.describe())
-    );
+    let delivered = mdsafe::text(&d.delivered.describe());
+    let _ = writeln!(s, "- context delivered: {delivered}");
     let Some(r) = &d.report else {
         return;
     };
-    let flag = if r.is_error { "yes" } else { "no" };
+    agent_report(s, r);
+    if let Some(f) = &d.reported_files {
+        reported_files(s, f);
+    }
+    if let Some(text) = &r.final_text {
+        let shown = crate::sanitize::terminal_text(text.as_bytes());
+        let fence = fence_for(&shown);
+        let body = shown.trim_end_matches('\n');
+        let _ = writeln!(
+            s,
+            "\n### Summary (the agent's final answer)\n\n{fence}text\n{body}\n{fence}"
+        );
+    }
+}
+
+fn agent_report(s: &mut String, r: &policy::agentstream::AgentReport) {
+    let yes = |b: bool| if b { "yes" } else { "no" };
     let _ = writeln!(
         s,
-        "- events: {} (final event: {}), error reported: {flag}",
+        "- events: {} (final event: {}), error reported: {}",
         r.events,
-        if r.finished { "yes" } else { "no" }
+        yes(r.finished),
+        yes(r.is_error)
     );
     if let Some(e) = &r.error {
         let _ = writeln!(s, "- error: {}", mdsafe::text(e));
     }
     let num = |n: Option<u64>| n.map_or("?".to_owned(), |n| n.to_string());
-    let _ = writeln!(
-        s,
-        "- turns: {}, tokens: {} in, {} out",
-        num(r.turns),
-        num(r.input_tokens),
-        num(r.output_tokens)
-    );
+    let (turns, tin, tout) = (num(r.turns), num(r.input_tokens), num(r.output_tokens));
+    let _ = writeln!(s, "- turns: {turns}, tokens: {tin} in, {tout} out");
     if let Some(c) = r.cost_usd {
         let _ = writeln!(s, "- cost: ${c:.4} (as reported)");
     }
-    for (what, list) in [
+    let lists = [
         ("read", &r.read),
         ("written", &r.written),
         ("edited", &r.edited),
         ("ran", &r.commands),
-    ] {
+    ];
+    for (what, list) in lists {
         for item in list {
             let _ = writeln!(s, "- {what}: {}", mdsafe::code(item));
         }
     }
     if r.writes_failed > 0 {
-        let _ = writeln!(
-            s,
-            "- failed writes: {} (of {})",
-            r.writes_failed,
-            r.writes_failed + r.writes_ok
-        );
+        let all = r.writes_failed + r.writes_ok;
+        let _ = writeln!(s, "- failed writes: {} (of {all})", r.writes_failed);
     }
-    if let Some(f) = &d.reported_files {
-        if let Some(n) = &f.note {
-            let _ = writeln!(s, "- reported files: {}", mdsafe::text(n));
-        }
-        for v in &f.accepted {
-            if let policy::workctx::Outcome::Accepted(p) = &v.outcome {
-                let _ = writeln!(
-                    s,
-                    "- reported file merged into recent files: {}",
-                    mdsafe::code_os(p.as_os_str())
-                );
-            }
-        }
-        for v in &f.rejected {
-            if let policy::workctx::Outcome::Rejected(why) = &v.outcome {
-                let _ = writeln!(
-                    s,
-                    "- reported file rejected: {} ({})",
-                    mdsafe::code(&v.path),
-                    mdsafe::text(why)
-                );
-            }
+}
+
+fn reported_files(s: &mut String, f: &crate::engine::driving::ReportedFiles) {
+    if let Some(n) = &f.note {
+        let _ = writeln!(s, "- reported files: {}", mdsafe::text(n));
+    }
+    for v in &f.accepted {
+        if let policy::workctx::Outcome::Accepted(p) = &v.outcome {
+            let p = mdsafe::code_os(p.as_os_str());
+            let _ = writeln!(s, "- reported file merged into recent files: {p}");
         }
     }
-    if let Some(text) = &r.final_text {
-        let shown = crate::sanitize::terminal_text(text.as_bytes());
-        let fence = fence_for(&shown);
-        let _ = writeln!(
-            s,
-            "\n### Summary (the agent's final answer)\n\n{fence}text\n{}\n{fence}",
-            shown.trim_end_matches('\n')
-        );
+    for v in &f.rejected {
+        if let policy::workctx::Outcome::Rejected(why) = &v.outcome {
+            let (path, why) = (mdsafe::code(&v.path), mdsafe::text(why));
+            let _ = writeln!(s, "- reported file rejected: {path} ({why})");
+        }
     }
 }
 

@@ -986,17 +986,7 @@ pub(crate) fn create_run(
         .map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
     draft.write(&staged.observed_before(), &before, Sync::Derived)?;
     let max_attempts = input.max_attempts;
-    let run_id = place.id.to_string();
-    let facts = super::driving::RunFacts {
-        run_id: &run_id,
-        context_dir: &place.files.context(),
-        temp_dir: &place.temp_dir,
-        system_text: &system_text,
-        uid0: child_is_root(inner, draft.uid()),
-    };
-    let delivered = super::driving::deliver(inner, plan, p.stdin.is_some(), &facts)?;
-    let mut plan = plan.clone();
-    plan.command.clone_from(&delivered.argv);
+    let (plan, delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
     let plan = &plan;
     let spec = runner_spec(inner, p, plan, &place, input, draft.uid(), &delivered)?;
     // Compact: only the runner reads it (about 15 KB pretty-printed).
@@ -1021,6 +1011,30 @@ pub(crate) fn create_run(
         .flatten();
     let (lease, runner) = publish(inner, draft, handed, egress, key)?;
     Ok(Created { rec, lease, runner })
+}
+
+/// The plan with the argv its delivery makes (a driver's, or a command's
+/// placeholders expanded), and the delivery.
+fn with_delivery(
+    inner: &Inner,
+    p: &SpawnParams,
+    plan: &Plan,
+    place: &RunPlace,
+    uid: Option<u32>,
+    system_text: &str,
+) -> Result<(Plan, super::driving::Delivered), EngineError> {
+    let run_id = place.id.to_string();
+    let facts = super::driving::RunFacts {
+        run_id: &run_id,
+        context_dir: &place.files.context(),
+        temp_dir: &place.temp_dir,
+        system_text,
+        uid0: child_is_root(inner, uid),
+    };
+    let delivered = super::driving::deliver(inner, plan, p.stdin.is_some(), &facts)?;
+    let mut plan = plan.clone();
+    plan.command.clone_from(&delivered.argv);
+    Ok((plan, delivered))
 }
 
 /// Whether the agent runs as uid 0: with no uid of its own and no

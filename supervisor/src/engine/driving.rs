@@ -168,39 +168,58 @@ pub(crate) fn deliver(
     stdin_requested: bool,
     f: &RunFacts,
 ) -> Result<Delivered, EngineError> {
-    let show = |p: &Path| p.display().to_string();
-    let system = show(&f.context_dir.join("system.md"));
-    let first = show(&f.context_dir.join("first_message.md"));
-    if plan.driver == Driver::Command {
-        let values = [show(f.context_dir), first, system, f.run_id.to_owned()];
-        let values = [&*values[0], &*values[1], &*values[2], &*values[3]];
-        let (argv, used) = policy::driver::expand(&plan.command, values);
-        let delivered = Delivery {
-            stdin: stdin_requested.then(|| "first_message.md".to_owned()),
-            argv: used,
-        };
-        return Ok(Delivered {
-            argv,
-            env: BTreeMap::new(),
-            stdin: stdin_requested,
-            run: DriverRun {
-                driver: Driver::Command,
-                delivered,
-                report: None,
-                reported_files: None,
-            },
-        });
+    match plan.driver {
+        Driver::Command => Ok(deliver_command(plan, stdin_requested, f)),
+        driver => deliver_driver(inner, plan, driver, f),
     }
+}
+
+fn show(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn deliver_command(plan: &super::accept::Plan, stdin: bool, f: &RunFacts) -> Delivered {
+    let values = [
+        show(f.context_dir),
+        show(&f.context_dir.join("first_message.md")),
+        show(&f.context_dir.join("system.md")),
+        f.run_id.to_owned(),
+    ];
+    let values = [&*values[0], &*values[1], &*values[2], &*values[3]];
+    let (argv, used) = policy::driver::expand(&plan.command, values);
+    let delivered = Delivery {
+        stdin: stdin.then(|| "first_message.md".to_owned()),
+        argv: used,
+    };
+    Delivered {
+        argv,
+        env: BTreeMap::new(),
+        stdin,
+        run: DriverRun {
+            driver: Driver::Command,
+            delivered,
+            report: None,
+            reported_files: None,
+        },
+    }
+}
+
+fn deliver_driver(
+    inner: &Inner,
+    plan: &super::accept::Plan,
+    driver: Driver,
+    f: &RunFacts,
+) -> Result<Delivered, EngineError> {
     let settings = &inner.cfg.settings;
-    key_env(settings, &inner.daemon_env, plan.driver)
+    key_env(settings, &inner.daemon_env, driver)
         .map_err(|why| EngineError::invalid("driver", why))?;
+    let Some(config) = settings.drivers.get(driver) else {
+        return Err(EngineError::invalid("driver", "the driver has no settings"));
+    };
     let def = plan.agent.as_ref().map(|a| &a.definition);
-    let temp = show(f.temp_dir);
+    let (system, temp) = (show(&f.context_dir.join("system.md")), show(f.temp_dir));
     let inputs = DriverInputs {
-        config: settings
-            .drivers
-            .get(plan.driver)
-            .unwrap_or(&settings.drivers.codex),
+        config,
         system_path: &system,
         system_text: f.system_text,
         tools: plan.tools.as_deref(),
@@ -210,10 +229,10 @@ pub(crate) fn deliver(
         temp_dir: &temp,
         proxied: plan.network == policy::sandbox::network::NetworkMode::Allowlist,
     };
-    let inv = policy::driver::invocation(plan.driver, &inputs)
+    let inv = policy::driver::invocation(driver, &inputs)
         .map_err(|e| EngineError::invalid("driver", e.to_string()))?
         .ok_or_else(|| EngineError::invalid("driver", "the driver has no invocation"))?;
-    let argv_carries = match plan.driver {
+    let carries = match driver {
         Driver::ClaudeCode => "system.md (--append-system-prompt-file)",
         _ => "system.md (-c developer_instructions)",
     };
@@ -222,10 +241,10 @@ pub(crate) fn deliver(
         env: inv.env,
         stdin: true,
         run: DriverRun {
-            driver: plan.driver,
+            driver,
             delivered: Delivery {
                 stdin: Some("first_message.md".into()),
-                argv: vec![argv_carries.to_owned()],
+                argv: vec![carries.to_owned()],
             },
             report: None,
             reported_files: None,
