@@ -523,3 +523,27 @@ fn a_codex_turn_failure_fails_the_run() {
     assert_eq!(st["driver"]["report"]["is_error"], true);
     assert_nowhere(&d, &secret);
 }
+
+/// A restart (exit 75) reads the newly composed first_message.md, with
+/// the earlier attempt's handoff note, on its stdin.
+#[test]
+fn each_attempt_reads_its_own_first_message_on_stdin() {
+    let d = Daemon::start();
+    let script = "A=$SUBAGENT_ARTIFACT_DIR; if [ ! -f \"$A/once\" ]; then : > \"$A/once\"; echo 'half done' > \"$A/handoff.md\"; exit 75; fi; cat > \"$A/stdin-2.txt\"";
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("restart"),
+        &["sh", "-c", script],
+        json!({"stdin": "first_message", "max_restarts": 1}),
+    );
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(st["attempt"], 2);
+    let arts = PathBuf::from(st["artifact_dir"].as_str().unwrap());
+    let stdin = std::fs::read_to_string(arts.join("stdin-2.txt")).unwrap();
+    assert!(
+        stdin.contains("[handoff]") && stdin.contains("half done"),
+        "{stdin}"
+    );
+    assert!(stdin.contains("attempt: 2 of 2"), "{stdin}");
+}
