@@ -307,6 +307,7 @@ fn codex_runs_against_the_scripted_provider() {
     let base = format!("{}/v1", server.base_url());
     let (d, _home) = daemon("codex", &codex, &base, "model = \"mock-model\"\n", &secret);
     let p = project();
+    let started = std::time::Instant::now();
     let st = spawn(
         &d,
         &session("codex"),
@@ -314,6 +315,7 @@ fn codex_runs_against_the_scripted_provider() {
         &["file_read", "file_write", "shell"],
         json!({"driver": "codex"}),
     );
+    eprintln!("codex run: {:?} from spawn to the end", started.elapsed());
     let md = result_md(&st);
     assert_eq!(st["state"], "succeeded", "{st}\n{md}");
     let made = std::fs::read_to_string(p.path().join("codex_made.txt")).unwrap();
