@@ -36,6 +36,14 @@ pub fn status_block(s: &RunStatus) -> String {
     if s.cancel_requested && !s.state.is_terminal() {
         let _ = writeln!(out, "{:<13}yes", "cancelling");
     }
+    if let Some(d) = s.driver.as_ref().filter(|d| d.driver.streams()) {
+        let _ = writeln!(out, "{:<13}{}", "driver", d.driver.as_str());
+        if let Some(text) = d.report.as_ref().and_then(|r| r.final_text.as_deref()) {
+            // The agent's words: one line, and only its start.
+            let start: String = text.chars().take(200).collect();
+            let _ = writeln!(out, "{:<13}{}", "answer", one_line(&start));
+        }
+    }
     out
 }
 
