@@ -21,6 +21,7 @@
 //! - [`server`]: the Unix socket listener and one handler per connection.
 //! - [`client`]: a blocking client for the socket.
 //! - [`cli`]: the `subagent` command.
+//! - [`mcp`]: `subagent mcp`, an MCP server on stdio over the socket.
 
 pub mod agents;
 pub mod cli;
@@ -29,6 +30,7 @@ pub mod egress;
 pub mod engine;
 pub mod gitsnap;
 pub mod ids;
+pub mod mcp;
 pub mod mdsafe;
 pub mod notices;
 pub mod observe;

@@ -216,7 +216,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
         } => remove_worktree(ctx, &run),
         Command::Agents { project_dir } => agents(ctx, project_dir),
         Command::Ping => ping(ctx),
-        Command::Run { .. } => bail!("run is handled separately"),
+        Command::Run { .. } | Command::Mcp(_) => bail!("run and mcp are handled separately"),
     }
 }
 

@@ -233,6 +233,9 @@ pub enum Command {
     },
     /// Check that the daemon answers.
     Ping,
+    /// Serve MCP on stdin/stdout, so an MCP client (Claude Code, Codex, …)
+    /// can delegate to subagents; starts a daemon when none answers.
+    Mcp(crate::mcp::McpArgs),
 }
 
 /// `subagent worktree` actions.
@@ -243,6 +246,24 @@ pub enum WorktreeAction {
         /// The run id.
         run: String,
     },
+}
+
+/// `subagent mcp`: its errors on stderr, since stdout is the MCP channel.
+fn mcp(
+    ctx: commands::Ctx,
+    state_dir: Option<PathBuf>,
+    args: crate::mcp::McpArgs,
+) -> std::process::ExitCode {
+    match crate::mcp::main(ctx.socket, state_dir, args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "subagent mcp: {}",
+                crate::sanitize::for_terminal(&e.to_string())
+            );
+            std::process::ExitCode::from(EXIT_CLIENT_ERROR)
+        }
+    }
 }
 
 /// Runs the `subagent` command line; returns the process exit code.
@@ -264,6 +285,7 @@ pub fn main() -> std::process::ExitCode {
     };
     let result = match cli.command {
         Command::Run { run, raw } => return run::main(&ctx, run, raw),
+        Command::Mcp(args) => return mcp(ctx, cli.state_dir, args),
         other => commands::execute(&ctx, other),
     };
     match result {

@@ -1,0 +1,421 @@
+//! What each MCP tool does: the socket calls it makes and the result it
+//! gives back.
+
+use super::render::{self, clean, status_result};
+use super::server::{args, Inner, ToolError, ToolResult};
+use super::tools::{ListArgs, LogArgs, NoArgs, RunArgs, SpawnArgs, WaitArgs};
+use super::tools::{DEFAULT_WAIT_S, MAX_WAIT_S};
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
+use rmcp::service::RequestContext;
+use rmcp::RoleServer;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Runs the tool `request` names.
+pub async fn dispatch(
+    inner: &Inner,
+    request: CallToolRequestParams,
+    ctx: &RequestContext<RoleServer>,
+) -> ToolResult {
+    let a = request.arguments;
+    let name = request.name.as_ref();
+    let work = async {
+        match name {
+            "spawn_agent" => spawn(inner, args(name, a)?).await,
+            "wait_agent_run" => wait(inner, args(name, a)?, ctx).await,
+            "check_agent_run" => status_of(inner, "check_agent_run", args(name, a)?).await,
+            "cancel_agent_run" => status_of(inner, "cancel_agent_run", args(name, a)?).await,
+            "list_agent_runs" => list(inner, args(name, a)?).await,
+            "read_agent_log" => read_log(inner, args(name, a)?).await,
+            "take_notices" => notices(inner, args(name, a)?).await,
+            "list_agents" => agents(inner, args(name, a)?).await,
+            "working_context" => working_context(inner, args(name, a)?).await,
+            other => Err(ToolError::UnknownTool(other.to_owned())),
+        }
+    };
+    tokio::select! {
+        r = work => r,
+        // The client gave up on this call; nobody reads the answer.
+        _ = ctx.ct.cancelled() => Err(ToolError::Refused("the call was cancelled".into())),
+    }
+}
+
+/// The tools the child may get: `wanted`, which must be the parent's.
+fn child_tools(
+    inner: &Inner,
+    wanted: Option<Vec<String>>,
+) -> Result<Option<Vec<String>>, ToolError> {
+    let held = &inner.settings.tools;
+    let (Some(wanted), Some(held)) = (&wanted, held) else {
+        return Ok(wanted.or_else(|| held.clone()));
+    };
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|t| !held.contains(t))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        return Err(ToolError::Refused(format!(
+            "tools: you may only delegate tools you hold; not held: {}; held: {}",
+            missing.join(", "),
+            held.join(", ")
+        )));
+    }
+    Ok(Some(wanted.clone()))
+}
+
+/// The socket params of a spawn, as JSON: fields the daemon defaults are
+/// left out, so a daemon with more optional fields reads them the same.
+fn spawn_params(inner: &Inner, a: SpawnArgs) -> Result<Value, ToolError> {
+    let s = &inner.settings;
+    let mut v = json!({
+        "session": {
+            "id": inner.session(None),
+            "audience": s.audience,
+            "project_dir": s.project_dir,
+            "tools": child_tools(inner, a.tools)?,
+        },
+        "task": a.task,
+    });
+    let mut put = |key: &str, value: Option<Value>| {
+        if let Some(value) = value {
+            v[key] = value;
+        }
+    };
+    put("context", a.context.map(Value::from));
+    put("agent", a.agent.map(Value::from));
+    // Passed on as given: the daemon knows which drivers it has.
+    put("driver", a.driver.map(Value::from));
+    put("command", a.command.map(|c| json!(c)));
+    put(
+        "isolation",
+        a.worktree.filter(|w| *w).map(|_| json!("worktree")),
+    );
+    put("limits", a.wall_time_s.map(|w| json!({ "wall_time_s": w })));
+    let mut sandbox = serde_json::Map::new();
+    if let Some(w) = a.write_project {
+        sandbox.insert("write_project".into(), json!(w));
+    }
+    if let Some(n) = a.network_allow {
+        sandbox.insert("network_allow".into(), json!(n));
+    }
+    put(
+        "sandbox",
+        (!sandbox.is_empty()).then_some(Value::Object(sandbox)),
+    );
+    Ok(v)
+}
+
+async fn spawn(inner: &Inner, a: SpawnArgs) -> ToolResult {
+    let params = spawn_params(inner, a)?;
+    let r = clean(inner.link.call("spawn_agent", params).await?);
+    let run_id = r["run_id"].as_str().unwrap_or_default().to_owned();
+    // The run exists now: a failing look at it must not read as a failed
+    // spawn, which the model would retry.
+    let status = match inner
+        .link
+        .call("check_agent_run", json!({ "run_id": run_id }))
+        .await
+    {
+        Ok(s) => clean(s),
+        Err(e) => {
+            tracing::warn!("run {run_id} was spawned, but its status could not be read: {e}");
+            r.clone()
+        }
+    };
+    let data = json!({
+        "run_id": run_id,
+        "state": status["state"],
+        "session_id": status["session_id"],
+        "log_path": status["log_path"],
+        "result_path": status["result_path"],
+        "artifact_dir": status["artifact_dir"],
+        "message": "spawned; call wait_agent_run with this run_id to wait for it",
+    });
+    let text = format!(
+        "spawned run {run_id} ({}).\nlog: {}\nresult (written when it ends): {}\n\
+         Call wait_agent_run with this run_id to wait for it.",
+        status["state"].as_str().unwrap_or("?"),
+        status["log_path"].as_str().unwrap_or("?"),
+        status["result_path"].as_str().unwrap_or("?"),
+    );
+    Ok(render::ok(text, data))
+}
+
+async fn wait(inner: &Inner, a: WaitArgs, ctx: &RequestContext<RoleServer>) -> ToolResult {
+    let limit = Duration::from_secs(a.timeout_s.unwrap_or(DEFAULT_WAIT_S).min(MAX_WAIT_S));
+    let token = ctx.meta.get_progress_token();
+    let every = inner.settings.progress_every.max(Duration::from_millis(10));
+    let begun = Instant::now();
+    let deadline = begun + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let chunk = if token.is_some() {
+            left.min(every)
+        } else {
+            left
+        };
+        let params = json!({"run_id": a.run_id, "timeout_ms": chunk.as_millis() as u64});
+        let status = inner.link.call("wait_agent_run", params).await?;
+        if render::is_terminal(&status) {
+            return Ok(status_result(status, Some("the run has ended.")));
+        }
+        if Instant::now() >= deadline {
+            let lead = format!(
+                "still running after waiting {} s; call wait_agent_run again to keep waiting.",
+                begun.elapsed().as_secs()
+            );
+            return Ok(status_result(status, Some(&lead)));
+        }
+        if let Some(t) = &token {
+            let msg = progress_message(&clean(status));
+            let p = ProgressNotificationParam::new(t.clone(), begun.elapsed().as_secs_f64())
+                .with_total(limit.as_secs_f64())
+                .with_message(msg);
+            if let Err(e) = ctx.peer.notify_progress(p).await {
+                tracing::debug!("progress notification not sent: {e}");
+            }
+        }
+    }
+}
+
+/// What a progress notification says: the state and the last log line.
+fn progress_message(status: &Value) -> String {
+    let last = render::log_tail(Path::new(status["log_path"].as_str().unwrap_or("")), 1);
+    let last = match last.trim_end() {
+        "" => "no output yet".to_owned(),
+        l => format!("last output: {l}"),
+    };
+    let head = render::status_text(status);
+    format!("{}; {last}", head.lines().next().unwrap_or(""))
+}
+
+async fn status_of(inner: &Inner, method: &str, a: RunArgs) -> ToolResult {
+    let status = inner
+        .link
+        .call(method, json!({ "run_id": a.run_id }))
+        .await?;
+    Ok(status_result(status, None))
+}
+
+async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
+    let session = match a.session.as_deref() {
+        None => Some(inner.session(None).to_owned()),
+        Some("*") => None,
+        Some(s) => Some(s.to_owned()),
+    };
+    let v = clean(
+        inner
+            .link
+            .call(
+                "list_agent_runs",
+                json!({"session_id": session, "state": a.state}),
+            )
+            .await?,
+    );
+    let runs: Vec<Value> = v["runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(render::summary)
+        .collect();
+    let mut text = format!("{} run(s)\n", runs.len());
+    for r in &runs {
+        text.push_str(render::status_text(r).lines().next().unwrap_or(""));
+        text.push('\n');
+    }
+    Ok(render::ok(text, json!({ "runs": runs })))
+}
+
+async fn read_log(inner: &Inner, a: LogArgs) -> ToolResult {
+    let status = clean(
+        inner
+            .link
+            .call("check_agent_run", json!({ "run_id": a.run_id }))
+            .await?,
+    );
+    let path = Path::new(status["log_path"].as_str().unwrap_or("")).to_path_buf();
+    if !path.exists() {
+        let text = format!(
+            "run {} has written no output yet ({}).",
+            a.run_id,
+            status["state"].as_str().unwrap_or("?")
+        );
+        return Ok(render::ok(
+            text,
+            json!({"run_id": a.run_id, "text": "", "offset": 0, "next_offset": 0, "size": 0, "state": status["state"]}),
+        ));
+    }
+    let from = match (a.offset, a.tail) {
+        (Some(o), _) => o,
+        (None, tail) => {
+            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let start = crate::cli::follow::tail_offset(&path, tail.unwrap_or(50)).unwrap_or(0);
+            start.max(len.saturating_sub(render::LOG_CHUNK))
+        }
+    };
+    let (text, next, size) = render::log_chunk(&path, from)?;
+    let more = if next < size {
+        format!("\n[{} more bytes: read on from offset {next}]", size - next)
+    } else {
+        String::new()
+    };
+    let body = format!(
+        "log of run {} (bytes {from}..{next} of {size}, {}):\n{text}{more}",
+        a.run_id,
+        status["state"].as_str().unwrap_or("?")
+    );
+    let data = json!({"run_id": a.run_id, "text": text, "offset": from, "next_offset": next, "size": size, "state": status["state"]});
+    Ok(render::ok(body, data))
+}
+
+async fn notices(inner: &Inner, _a: NoArgs) -> ToolResult {
+    let session = inner.session(None).to_owned();
+    let v = clean(
+        inner
+            .link
+            .call("take_notices", json!({ "session_id": session }))
+            .await?,
+    );
+    let list = v["notices"].as_array().cloned().unwrap_or_default();
+    let mut text = format!("{} run(s) ended since the last call\n", list.len());
+    for n in &list {
+        text.push_str(&format!(
+            "run {} {}: {}\n",
+            n["run_id"].as_str().unwrap_or("?"),
+            n["state"].as_str().unwrap_or("?"),
+            n["result_path"].as_str().unwrap_or("?")
+        ));
+    }
+    Ok(render::ok(text, json!({ "notices": list })))
+}
+
+async fn agents(inner: &Inner, _a: NoArgs) -> ToolResult {
+    let dir = inner.settings.project_dir.clone();
+    let found = tokio::task::spawn_blocking(move || definitions(&dir))
+        .await
+        .map_err(|e| ToolError::Agents(e.to_string()))??;
+    let found = clean(found);
+    let list = found["agents"].as_array().cloned().unwrap_or_default();
+    let mut text = format!("{} subagent definition(s)\n", list.len());
+    for a in &list {
+        text.push_str(&format!(
+            "- {}: {}\n",
+            a["name"].as_str().unwrap_or("?"),
+            a["description"].as_str().unwrap_or("")
+        ));
+    }
+    for e in found["errors"].as_array().into_iter().flatten() {
+        text.push_str(&format!("error: {}\n", e.as_str().unwrap_or("")));
+    }
+    Ok(render::ok(text, found))
+}
+
+/// The definitions found for `dir`, as `subagent agents --json` lists them.
+fn definitions(dir: &Path) -> Result<Value, ToolError> {
+    let explicit = std::env::var_os("SUBAGENTD_CONFIG").map(std::path::PathBuf::from);
+    let (_, settings) = crate::paths::load_config(explicit.as_deref())
+        .map_err(|e| ToolError::Agents(e.to_string()))?;
+    let tools = settings
+        .tool_policy()
+        .map_err(|e| ToolError::Agents(e.to_string()))?;
+    let found = crate::agents::discover(dir, &tools, settings.context.max_file_chars);
+    Ok(crate::cli::show::agents_json(&found, &tools))
+}
+
+async fn working_context(inner: &Inner, _a: NoArgs) -> ToolResult {
+    let session = inner.session(None).to_owned();
+    let v = clean(
+        inner
+            .link
+            .call("working_context", json!({ "session_id": session }))
+            .await?,
+    );
+    let text = v["block"].as_str().unwrap_or("").to_owned();
+    Ok(render::ok(text, v))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::mcp::daemon::Link;
+    use crate::mcp::Settings;
+
+    fn inner(tools: Option<&[&str]>) -> Inner {
+        let settings = Settings {
+            session: Some("parent-1".into()),
+            tools: tools.map(|t| t.iter().map(|s| s.to_string()).collect()),
+            audience: policy::Audience::Team,
+            project_dir: "/tmp".into(),
+            progress_every: Duration::from_secs(10),
+        };
+        Inner::new(
+            Link::new("/nonexistent/s.sock".into(), None, false),
+            settings,
+        )
+    }
+
+    fn spawn_args(v: Value) -> SpawnArgs {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_spawn_carries_the_session_and_maps_each_argument() {
+        let a = spawn_args(
+            json!({"task": "t", "context": "c", "agent": "rev", "driver": "claude",
+            "command": ["x"], "write_project": true, "network_allow": ["a.example:443"],
+            "wall_time_s": 60, "worktree": true}),
+        );
+        let v = spawn_params(&inner(Some(&["file_read", "shell"])), a).unwrap();
+        assert_eq!(
+            v["session"],
+            json!({"id": "parent-1", "audience": "team", "project_dir": "/tmp",
+                   "tools": ["file_read", "shell"]})
+        );
+        assert_eq!(v["driver"], "claude");
+        assert_eq!(v["isolation"], "worktree");
+        assert_eq!(v["limits"]["wall_time_s"], 60);
+        assert_eq!(v["sandbox"]["write_project"], true);
+        assert_eq!(v["sandbox"]["network_allow"], json!(["a.example:443"]));
+        assert!(
+            v.get("env").is_none(),
+            "nothing of the server reaches the child"
+        );
+        // It decodes as the daemon decodes it (`driver` aside).
+        let mut plain = v.clone();
+        plain.as_object_mut().unwrap().remove("driver");
+        let p: crate::protocol::SpawnParams = serde_json::from_value(plain).unwrap();
+        assert_eq!(p.command, ["x"]);
+        assert_eq!(p.context.as_deref(), Some("c"));
+        assert_eq!(p.agent.as_deref(), Some("rev"));
+        let bare = spawn_params(&inner(None), spawn_args(json!({"task": "t"}))).unwrap();
+        assert_eq!(
+            bare,
+            json!({"session": {"id": "parent-1", "audience": "team", "project_dir": "/tmp",
+                               "tools": null}, "task": "t"})
+        );
+    }
+
+    #[test]
+    fn a_child_gets_at_most_the_parent_tools() {
+        let held = inner(Some(&["file_read", "shell"]));
+        assert_eq!(
+            child_tools(&held, None).unwrap(),
+            Some(vec!["file_read".into(), "shell".into()])
+        );
+        assert_eq!(
+            child_tools(&held, Some(vec!["shell".into()])).unwrap(),
+            Some(vec!["shell".into()])
+        );
+        let e = child_tools(&held, Some(vec!["web_fetch".into(), "shell".into()])).unwrap_err();
+        assert!(e.to_string().contains("not held: web_fetch"), "{e}");
+        let none = inner(None);
+        assert_eq!(child_tools(&none, None).unwrap(), None);
+        assert_eq!(
+            child_tools(&none, Some(vec!["grep".into()])).unwrap(),
+            Some(vec!["grep".into()])
+        );
+    }
+}

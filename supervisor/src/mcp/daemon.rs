@@ -1,0 +1,256 @@
+//! The MCP server's link to subagentd: one socket connection per call, and
+//! a daemon started for the user (detached, same uid) when none answers.
+
+use crate::protocol::RpcError;
+use serde_json::{json, Value};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+/// How long a daemon that was just started gets to answer `ping`.
+const READY_LIMIT: Duration = Duration::from_secs(20);
+
+/// A call to the daemon failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Nothing answers on the socket.
+    #[error("cannot reach subagentd at {path}: {source}")]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The connection broke mid-call.
+    #[error("the connection to subagentd broke: {0}")]
+    Io(#[from] std::io::Error),
+    /// The daemon closed the connection before its answer (it stopped).
+    #[error("subagentd closed the connection before answering (it may be stopping or restarting)")]
+    Closed,
+    /// The daemon answered with a JSON-RPC error.
+    #[error("subagentd refused the call: {} (code {})", .0.message, .0.code)]
+    Rpc(RpcError),
+    /// The daemon's answer was not a JSON-RPC response.
+    #[error("subagentd answered something unexpected: {0}")]
+    Protocol(String),
+    /// The daemon binary could not be started.
+    #[error("cannot start subagentd ({bin}): {source}")]
+    Start {
+        /// The binary tried.
+        bin: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A daemon was started but ended, or never answered.
+    #[error("subagentd was started (pid {pid}) but {what}; its log: {log}")]
+    NotReady {
+        /// The started daemon's pid.
+        pid: u32,
+        /// What went wrong.
+        what: String,
+        /// Where its stderr went.
+        log: PathBuf,
+    },
+}
+
+impl DaemonError {
+    /// Whether this says no daemon listens (so starting one may help).
+    fn nobody_listens(&self) -> bool {
+        use std::io::ErrorKind::{ConnectionRefused, NotFound};
+        matches!(self, DaemonError::Connect { source, .. }
+            if matches!(source.kind(), NotFound | ConnectionRefused))
+    }
+}
+
+/// Where the daemon is, and whether to start one.
+#[derive(Debug)]
+pub struct Link {
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    /// A state dir to start a daemon with (else its default).
+    pub state_dir: Option<PathBuf>,
+    /// Start a daemon when none answers.
+    pub autostart: bool,
+    /// One start at a time.
+    starting: tokio::sync::Mutex<()>,
+}
+
+impl Link {
+    /// A link to the daemon at `socket`.
+    pub fn new(socket: PathBuf, state_dir: Option<PathBuf>, autostart: bool) -> Link {
+        Link {
+            socket,
+            state_dir,
+            autostart,
+            starting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Calls `method`; when no daemon listens and autostart is on, starts
+    /// one first. Nothing was sent when the connect failed, so retrying is
+    /// safe for every method.
+    pub async fn call(&self, method: &str, params: Value) -> Result<Value, DaemonError> {
+        match call_once(&self.socket, method, &params).await {
+            Err(e) if self.autostart && e.nobody_listens() => {
+                self.ensure().await?;
+                call_once(&self.socket, method, &params).await
+            }
+            other => other,
+        }
+    }
+
+    /// Makes sure a daemon answers: returns the pid of one started here,
+    /// or `None` when one was already answering.
+    pub async fn ensure(&self) -> Result<Option<u32>, DaemonError> {
+        let _one = self.starting.lock().await;
+        match call_once(&self.socket, "ping", &json!({})).await {
+            Ok(_) => return Ok(None),
+            Err(e) if !(self.autostart && e.nobody_listens()) => return Err(e),
+            Err(_) => {}
+        }
+        let started = start(&self.socket, self.state_dir.as_deref())?;
+        tracing::info!(
+            "no subagentd answered on {}; started one (pid {}, {}), its log: {}",
+            self.socket.display(),
+            started.pid,
+            started.bin.display(),
+            started.log.display()
+        );
+        let pid = started.pid;
+        started.wait_ready(&self.socket).await?;
+        Ok(Some(pid))
+    }
+}
+
+/// One request on a fresh connection; notifications are skipped.
+async fn call_once(socket: &Path, method: &str, params: &Value) -> Result<Value, DaemonError> {
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|source| DaemonError::Connect {
+            path: socket.to_path_buf(),
+            source,
+        })?;
+    let (read, mut write) = stream.into_split();
+    let mut line = serde_json::to_vec(&json!({
+        "jsonrpc": "2.0", "id": 1, "method": method, "params": params,
+    }))
+    .map_err(|e| DaemonError::Protocol(e.to_string()))?;
+    line.push(b'\n');
+    write.write_all(&line).await?;
+    let mut lines = BufReader::new(read).lines();
+    while let Some(text) = lines.next_line().await? {
+        let msg: Value = serde_json::from_str(&text)
+            .map_err(|e| DaemonError::Protocol(format!("bad response: {e}")))?;
+        if msg.get("id") != Some(&json!(1)) {
+            continue;
+        }
+        if let Some(err) = msg.get("error") {
+            let err: RpcError = serde_json::from_value(err.clone())
+                .map_err(|e| DaemonError::Protocol(format!("bad error object: {e}")))?;
+            return Err(DaemonError::Rpc(err));
+        }
+        return msg
+            .get("result")
+            .cloned()
+            .ok_or_else(|| DaemonError::Protocol("a response without result".into()));
+    }
+    Err(DaemonError::Closed)
+}
+
+/// A daemon this process started.
+struct Started {
+    child: std::process::Child,
+    pid: u32,
+    bin: PathBuf,
+    log: PathBuf,
+}
+
+/// The daemon binary: `subagentd` beside this executable, else from PATH.
+fn daemon_binary() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("subagentd")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("subagentd"))
+}
+
+/// Starts `subagentd` on `socket` in a process group of its own, its
+/// stderr appended to `subagentd.log` beside the socket.
+fn start(socket: &Path, state_dir: Option<&Path>) -> Result<Started, DaemonError> {
+    let bin = daemon_binary();
+    let fail = |source| DaemonError::Start {
+        bin: bin.clone(),
+        source,
+    };
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    // The daemon accepts an existing socket dir only if it is private.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(fail)?;
+    let log = dir.join("subagentd.log");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&log)
+        .map_err(fail)?;
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg("--socket").arg(socket);
+    if let Some(s) = state_dir {
+        cmd.arg("--state-dir").arg(s);
+    }
+    // Its own group: a signal to the MCP client's group leaves it running;
+    // and no hold on the project dir it was started from.
+    cmd.current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file)
+        .process_group(0);
+    let child = cmd.spawn().map_err(fail)?;
+    Ok(Started {
+        pid: child.id(),
+        child,
+        bin,
+        log,
+    })
+}
+
+impl Started {
+    /// Polls `ping` until the daemon answers, it exits, or the limit passes.
+    async fn wait_ready(mut self, socket: &Path) -> Result<(), DaemonError> {
+        let deadline = Instant::now() + READY_LIMIT;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            if call_once(socket, "ping", &json!({})).await.is_ok() {
+                return Ok(());
+            }
+            // Another client's daemon may have won the socket: ping decides.
+            let what = match self.child.try_wait() {
+                Ok(Some(status)) => Some(format!("exited ({status})")),
+                Ok(None) if Instant::now() >= deadline => {
+                    Some(format!("did not answer within {} s", READY_LIMIT.as_secs()))
+                }
+                Ok(None) => None,
+                Err(e) => Some(format!("could not be watched: {e}")),
+            };
+            if let Some(what) = what {
+                if call_once(socket, "ping", &json!({})).await.is_ok() {
+                    return Ok(());
+                }
+                return Err(DaemonError::NotReady {
+                    pid: self.pid,
+                    what,
+                    log: self.log,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+}

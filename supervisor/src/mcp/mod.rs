@@ -1,0 +1,165 @@
+//! `subagent mcp`: an MCP server on stdio (rmcp) that lets any MCP client
+//! (Claude Code, Codex, …) delegate tasks to sandboxed subagents. It is a
+//! client of the daemon's socket, never a second engine: when no daemon
+//! answers it starts one. docs/mcp.md describes the tools.
+//!
+//! - [`daemon`]: the socket calls, and starting a daemon.
+//! - [`tools`]: the tools' arguments, schemas and descriptions.
+//! - [`server`]: the MCP handler: the session, the tool list, errors.
+//! - [`calls`]: what each tool does.
+//! - [`render`]: results for the model, with child-written text made harmless.
+
+pub mod calls;
+pub mod daemon;
+pub mod render;
+pub mod server;
+pub mod tools;
+
+use clap::Args;
+use rmcp::ServiceExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `subagent mcp`'s options.
+#[derive(Debug, Clone, Args)]
+pub struct McpArgs {
+    /// The parent's session id (default: the MCP client's name and a random
+    /// suffix, new for each connection).
+    #[arg(long, env = "SUBAGENT_SESSION", value_name = "ID")]
+    pub session: Option<String>,
+    /// The tools the parent holds, comma-separated (MCP clients do not say):
+    /// children get those they may be delegated. Default: no tool policy.
+    #[arg(long, value_name = "T1,T2")]
+    pub tools: Option<String>,
+    /// The parent's audience: personal or team.
+    #[arg(long, default_value = "personal")]
+    pub audience: String,
+    /// The children's project dir (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub project_dir: Option<PathBuf>,
+    /// Do not start a daemon when none answers.
+    #[arg(long)]
+    pub no_start_daemon: bool,
+    /// Milliseconds between progress notifications while waiting.
+    #[arg(
+        long,
+        hide = true,
+        env = "SUBAGENT_MCP_PROGRESS_MS",
+        default_value_t = 10_000
+    )]
+    pub progress_ms: u64,
+}
+
+/// What the server was started with, resolved.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The session id given, if any.
+    pub session: Option<String>,
+    /// The parent's tools (`None`: no tool policy).
+    pub tools: Option<Vec<String>>,
+    /// The parent's audience.
+    pub audience: policy::Audience,
+    /// The children's project dir, absolute.
+    pub project_dir: PathBuf,
+    /// The pause between progress notifications.
+    pub progress_every: Duration,
+}
+
+/// `subagent mcp` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    /// An option is not valid.
+    #[error("{0}")]
+    Option(String),
+    /// The current directory or `--project-dir` cannot be resolved.
+    #[error("project dir {path}: {source}")]
+    ProjectDir {
+        /// The dir.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The async runtime could not be built.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+    /// The MCP handshake failed.
+    #[error("MCP handshake: {0}")]
+    Handshake(Box<rmcp::service::ServerInitializeError>),
+    /// The server task ended abnormally.
+    #[error("MCP server: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+impl McpArgs {
+    /// The settings these options give.
+    pub fn settings(&self) -> Result<Settings, McpError> {
+        if let Some(s) = &self.session {
+            crate::ids::check_session_id(s)
+                .map_err(|e| McpError::Option(format!("--session {s:?}: {e}")))?;
+        }
+        let audience = serde_json::from_value(serde_json::json!(self.audience)).map_err(|_| {
+            McpError::Option(format!(
+                "--audience must be personal or team, not {:?}",
+                self.audience
+            ))
+        })?;
+        let dir = match &self.project_dir {
+            Some(d) => std::path::absolute(d),
+            None => std::env::current_dir(),
+        };
+        let project_dir = dir.map_err(|source| McpError::ProjectDir {
+            path: self
+                .project_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(".")),
+            source,
+        })?;
+        let tools = self.tools.as_ref().map(|t| {
+            t.split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        });
+        Ok(Settings {
+            session: self.session.clone(),
+            tools,
+            audience,
+            project_dir,
+            progress_every: Duration::from_millis(self.progress_ms),
+        })
+    }
+}
+
+/// Serves MCP on stdin/stdout until the client goes away. Logs go to
+/// stderr: stdout is the MCP channel.
+pub fn main(socket: PathBuf, state_dir: Option<PathBuf>, args: McpArgs) -> Result<(), McpError> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SUBAGENT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,subagentd=info")),
+        )
+        .try_init();
+    let settings = args.settings()?;
+    let link = daemon::Link::new(socket, state_dir, !args.no_start_daemon);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(McpError::Runtime)?;
+    rt.block_on(async move {
+        match link.ensure().await {
+            Ok(None) => tracing::info!("subagentd answers on {}", link.socket.display()),
+            Ok(Some(_)) => {}
+            // The tools say so on each call; the session itself stays up.
+            Err(e) => tracing::warn!("{e}"),
+        }
+        let service = server::Server::new(link, settings)
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| McpError::Handshake(Box::new(e)))?;
+        service.waiting().await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,263 @@
+//! Turning what the daemon returns into tool results: short text for the
+//! model, `structuredContent` for programs. Everything a child could have
+//! chosen (log lines, reasons, paths) is hostile text, so every string is
+//! passed through [`crate::sanitize::for_terminal`] first.
+
+use crate::sanitize::{for_terminal, terminal_text};
+use crate::timefmt::{human_duration, now_ms, parse_rfc3339_ms};
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde_json::{json, Map, Value};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+/// Lines of the log a status carries.
+pub const STATUS_LOG_LINES: usize = 20;
+/// The most a status's log excerpt holds, in bytes.
+const STATUS_LOG_BYTES: u64 = 4 * 1024;
+/// The most one `read_agent_log` call returns, in bytes.
+pub const LOG_CHUNK: u64 = 64 * 1024;
+
+/// Reading child.log failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The file could not be opened or read.
+    #[error("cannot read the run's log {path}: {source}")]
+    Read {
+        /// child.log.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// `v` with every string (keys too) made harmless to show.
+pub fn clean(v: Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(for_terminal(&s)),
+        Value::Array(a) => Value::Array(a.into_iter().map(clean).collect()),
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, v)| (for_terminal(&k), clean(v)))
+                .collect::<Map<String, Value>>(),
+        ),
+        other => other,
+    }
+}
+
+/// A successful result: `text` for the model, `data` as structured content.
+pub fn ok(text: String, data: Value) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = Some(data);
+    r
+}
+
+/// A tool error the model reads and can act on.
+pub fn error(message: &str) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(for_terminal(message))])
+}
+
+fn field<'a>(v: &'a Value, name: &str) -> &'a str {
+    v.get(name).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Whether a status's state is one a run ends in.
+pub fn is_terminal(status: &Value) -> bool {
+    !matches!(field(status, "state"), "accepted" | "running" | "")
+}
+
+/// How long the run has been going (from its start, else its creation).
+pub fn elapsed_ms(status: &Value) -> Option<u64> {
+    let from = status
+        .get("started_at")
+        .and_then(Value::as_str)
+        .or_else(|| status.get("created_at").and_then(Value::as_str))?;
+    let until = match status.get("ended_at").and_then(Value::as_str) {
+        Some(e) => parse_rfc3339_ms(e)?,
+        None => now_ms(),
+    };
+    Some(until.saturating_sub(parse_rfc3339_ms(from)?))
+}
+
+/// The last `n` lines of the log at `path`, at most `STATUS_LOG_BYTES`,
+/// made harmless; empty when there is no log (yet).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let Ok(from) = crate::cli::follow::tail_offset(path, n) else {
+        return String::new();
+    };
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let from = from.max(len.saturating_sub(STATUS_LOG_BYTES));
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_end(&mut buf).is_err() {
+        return String::new();
+    }
+    terminal_text(&buf)
+}
+
+/// One chunk of the log from `offset`: the text and the offset after it.
+pub fn log_chunk(path: &Path, offset: u64) -> Result<(String, u64, u64), LogError> {
+    let fail = |source| LogError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(fail)?;
+    let len = f.metadata().map_err(fail)?.len();
+    let from = offset.min(len);
+    f.seek(SeekFrom::Start(from)).map_err(fail)?;
+    let mut buf = Vec::new();
+    f.take(LOG_CHUNK).read_to_end(&mut buf).map_err(fail)?;
+    let next = from + buf.len() as u64;
+    Ok((terminal_text(&buf), next, len))
+}
+
+/// The lines saying how a run stands, for the model.
+pub fn status_text(status: &Value) -> String {
+    let state = field(status, "state");
+    let mut out = format!("run {}: {state}", field(status, "run_id"));
+    if let Some(ms) = elapsed_ms(status) {
+        let verb = if is_terminal(status) { "took" } else { "for" };
+        out.push_str(&format!(" ({verb} {})", human_duration(ms)));
+    }
+    if let Some(reason) = status.get("reason").and_then(Value::as_str) {
+        out.push_str(&format!(": {reason}"));
+    }
+    out.push('\n');
+    if is_terminal(status) {
+        out.push_str(&format!("result: {}\n", field(status, "result_path")));
+        out.push_str(&format!("artifacts: {}\n", field(status, "artifact_dir")));
+    }
+    out.push_str(&format!("log: {}\n", field(status, "log_path")));
+    out
+}
+
+/// The fields of a status a model needs, with the sandbox as one flag
+/// per mechanism (the full report is in result.md).
+pub fn summary(status: &Value) -> Value {
+    let mut out = Map::new();
+    for k in [
+        "run_id",
+        "session_id",
+        "state",
+        "exit_code",
+        "signal",
+        "reason",
+        "cancel_requested",
+        "created_at",
+        "started_at",
+        "ended_at",
+        "result_path",
+        "artifact_dir",
+        "log_path",
+        "log_truncated",
+        "tools",
+        "rights",
+        "network",
+        "agent",
+        "finalize_error",
+        "worktree_dir",
+        "worktree_branch",
+    ] {
+        if let Some(v) = status.get(k) {
+            out.insert(k.to_owned(), v.clone());
+        }
+    }
+    if let Some(iso) = status.get("isolation").and_then(Value::as_object) {
+        let mut flags = Map::new();
+        for (k, v) in iso {
+            match v.get("enforced").or(Some(v)).filter(|e| e.is_boolean()) {
+                Some(e) => flags.insert(k.clone(), e.clone()),
+                None if k == "user" => flags.insert(k.clone(), v.clone()),
+                None => None,
+            };
+        }
+        out.insert("isolation".to_owned(), Value::Object(flags));
+    }
+    Value::Object(out)
+}
+
+/// A status as a tool result: text, and the status's [`summary`] with
+/// `message`, `still_running`, `elapsed_ms` and `log_tail` (some clients
+/// show the model only the structured content).
+pub fn status_result(status: Value, lead: Option<&str>) -> CallToolResult {
+    let status = clean(status);
+    let tail = log_tail(Path::new(field(&status, "log_path")), STATUS_LOG_LINES);
+    let mut text = lead.map(|l| format!("{l}\n")).unwrap_or_default();
+    text.push_str(&status_text(&status));
+    let message = text.lines().take(2).collect::<Vec<_>>().join(" ");
+    if !tail.is_empty() {
+        text.push_str(&format!("last lines of its log:\n{}", indent(&tail)));
+    }
+    let mut data = summary(&status);
+    data["message"] = json!(message);
+    data["still_running"] = json!(!is_terminal(&status));
+    data["elapsed_ms"] = json!(elapsed_ms(&status));
+    data["log_tail"] = json!(tail);
+    ok(text, data)
+}
+
+/// `text` with each line indented, so log lines read as quoted.
+fn indent(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        out.push_str("    ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn clean_escapes_control_characters_everywhere() {
+        let v = clean(json!({"reason": "a\u{1b}]0;pwned\u{7}b", "list": ["\r", 5], "k\u{1b}": 1}));
+        assert_eq!(v["reason"], "a\\x1b]0;pwned\\x07b");
+        assert_eq!(v["list"][0], "\\r");
+        assert_eq!(v["list"][1], 5);
+        assert_eq!(v["k\\x1b"], 1);
+    }
+
+    #[test]
+    fn a_summary_keeps_the_outcome_and_one_flag_per_mechanism() {
+        let s = json!({"run_id": "r", "state": "succeeded", "command": ["x"], "git": {},
+                       "isolation": {"seccomp": {"detail": "long", "enforced": true},
+                                     "no_new_privs": true, "rlimits": ["core=0"], "user": "uid 5"}});
+        assert_eq!(
+            summary(&s),
+            json!({"run_id": "r", "state": "succeeded",
+                   "isolation": {"seccomp": true, "no_new_privs": true, "user": "uid 5"}})
+        );
+    }
+
+    #[test]
+    fn terminal_states_are_told_apart() {
+        assert!(!is_terminal(&json!({"state": "running"})));
+        assert!(!is_terminal(&json!({"state": "accepted"})));
+        assert!(is_terminal(&json!({"state": "cancelled"})));
+    }
+
+    #[test]
+    fn elapsed_is_measured_from_the_start_to_the_end() {
+        let s = json!({"created_at": "2026-12-01T07:03:26.958Z",
+                       "started_at": "2026-12-01T07:03:27.000Z",
+                       "ended_at": "2026-12-01T07:03:29.500Z"});
+        assert_eq!(elapsed_ms(&s), Some(2500));
+    }
+
+    #[test]
+    fn log_tail_and_chunks_escape_what_the_child_wrote() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("child.log");
+        std::fs::write(&p, "one\ntwo\x1b[2J\nthree\n").unwrap();
+        assert_eq!(log_tail(&p, 2), "two\\x1b[2J\nthree\n");
+        let (text, next, len) = log_chunk(&p, 4).unwrap();
+        assert_eq!(text, "two\\x1b[2J\nthree\n");
+        assert_eq!((next, len), (18, 18));
+        assert!(log_tail(&d.path().join("none"), 3).is_empty());
+    }
+}
