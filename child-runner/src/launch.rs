@@ -1,7 +1,7 @@
 //! Starting an attempt: the run's init is cloned into new namespaces
 //! ([`crate::init`]) and starts the agent command, in a new session, with
 //! an empty signal mask, every signal at its default, no inherited
-//! descriptors, stdin from /dev/null, stdout and stderr into the runner's
+//! descriptors, stdin from /dev/null (or the spec's context file), stdout and stderr into the runner's
 //! pipe, and death with its parent. What fails before exec is told on a
 //! pipe, in words, and the attempt ends as a program that could not run.
 
@@ -148,6 +148,22 @@ fn defaults_for_all_signals() {
     }
 }
 
+/// The agent's stdin: the spec's file (written by the daemon or the runner
+/// into the context dir; opened without following a link, as a regular
+/// file), else /dev/null.
+fn open_stdin(spec: &RunnerSpec) -> Result<OwnedFd, String> {
+    let Some(path) = &spec.stdin else {
+        return nix::fcntl::open(
+            "/dev/null",
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| e.to_string());
+    };
+    let opened = crate::safefile::open(path).map_err(|e| e.to_string())?;
+    Ok(OwnedFd::from(opened.into_file()))
+}
+
 /// Starts an attempt: clones the run's init, which starts the agent with
 /// `output` as its stdout and stderr. Returns once the agent has exec'd.
 pub fn start(
@@ -164,12 +180,7 @@ pub fn start(
     };
     let exec = Exec::new(spec).ok_or_else(|| err(126, "an argument holds a NUL byte".into()))?;
     let sys = |e: nix::Error| err(126, format!("sandbox: {e}"));
-    let stdin = nix::fcntl::open(
-        "/dev/null",
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(sys)?;
+    let stdin = open_stdin(spec).map_err(|e| err(126, format!("stdin: {e}")))?;
     let (why_r, why_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys)?;
     let (status_r, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys)?;
     let started = Instant::now();

@@ -157,6 +157,11 @@ impl Opened {
         })
     }
 
+    /// The opened file itself (to hand on, e.g. as a child's stdin).
+    pub fn into_file(self) -> File {
+        self.file
+    }
+
     /// Its metadata (fstat of the opened descriptor).
     pub fn metadata(&self) -> &Metadata {
         &self.meta
@@ -174,6 +179,20 @@ impl Opened {
             return Err(too_large(self.path));
         }
         Ok(buf)
+    }
+
+    /// At most the last `max` bytes (a log's end is what the caller needs).
+    pub fn read_end(mut self, max: u64) -> Result<Vec<u8>, SafeFileError> {
+        use std::io::{Seek, SeekFrom};
+        let start = self.meta.len().saturating_sub(max);
+        self.file
+            .seek(SeekFrom::Start(start))
+            .map_err(|source| SafeFileError::Io {
+                op: "seek",
+                path: self.path.clone(),
+                source,
+            })?;
+        self.read_up_to(max)
     }
 
     /// At most the first `max` bytes (a prefix is all the caller needs).
@@ -205,6 +224,12 @@ pub fn open(path: &Path) -> Result<Opened, SafeFileError> {
         .open(path)
         .map_err(|e| open_error(path, e))?;
     Opened::check(file, path)
+}
+
+/// At most the last `max` bytes of the regular file at `path` (see
+/// [`open`]).
+pub fn read_tail(path: &Path, max: u64) -> Result<Vec<u8>, SafeFileError> {
+    open(path)?.read_end(max)
 }
 
 /// The whole of the regular file at `path` (see [`open`]), at most `max`

@@ -82,6 +82,13 @@ pub struct Config {
     /// default) or the run's allowlist only (`"allowlist"`).
     #[serde(default)]
     pub network_tools: crate::sandbox::network::NetworkTools,
+    /// The driver of a run whose request and definition name none
+    /// (default `command`).
+    #[serde(default)]
+    pub driver: Option<crate::driver::Driver>,
+    /// Each driver's settings (`[drivers.claude-code]`, `[drivers.codex]`).
+    #[serde(default)]
+    pub drivers: crate::driver::Drivers,
 }
 
 /// One audience's settings.
@@ -166,7 +173,20 @@ impl Config {
             .map_err(|e| Refused::new("tools", e.to_string()))?;
         self.check_values()?;
         self.check_network()?;
+        self.check_drivers()?;
         self.check_counts()
+    }
+
+    fn check_drivers(&self) -> Result<(), Refused> {
+        use crate::driver::Driver;
+        for d in [Driver::ClaudeCode, Driver::Codex] {
+            if let Some(c) = self.drivers.get(d) {
+                c.check(d).map_err(|e| {
+                    Refused::new(format!("[drivers.{}]", d.as_str()), e.to_string())
+                })?;
+            }
+        }
+        Ok(())
     }
 
     fn check_network(&self) -> Result<(), Refused> {
@@ -391,6 +411,26 @@ tools = ["file_read", "db_query"]
         let e = parse("[audiences.team]\nnetwork_allow = [\"*:1\"]\n").unwrap_err();
         assert!(e.message.contains("audiences.team.network_allow[0]"), "{e}");
         assert!(parse("network_tools = \"some\"").is_err());
+    }
+
+    #[test]
+    fn drivers_parse_and_bad_urls_are_named() {
+        use crate::driver::Driver;
+        let c = parse(
+            "driver = \"claude-code\"\n[drivers.claude-code]\nbase_url = \"http://127.0.0.1:9\"\napi_key_env = \"ANTHROPIC_KEY\"\nargs = [\"--x\"]\n[drivers.codex]\ncommand = \"/opt/codex\"\nmodel = \"m\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.driver, Some(Driver::ClaudeCode));
+        assert_eq!(
+            c.drivers.claude_code.api_key_env.as_deref(),
+            Some("ANTHROPIC_KEY")
+        );
+        assert_eq!(c.drivers.codex.model.as_deref(), Some("m"));
+        let e = parse("max_concurrent = 1\n[drivers.codex]\nbase_url = \"nope\"\n").unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("drivers.codex.base_url"), "{e}");
+        assert!(parse("driver = \"claude\"").is_err());
+        assert!(parse("[drivers.claude-code]\nkey = \"x\"").is_err());
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub struct Definition {
     pub permission_mode: Option<String>,
     /// Claude Code's `maxTurns`, for the agent driver.
     pub max_turns: Option<u32>,
+    /// The driver its runs use (`command`, `claude-code`, `codex`) when the
+    /// request names none: it changes how the agent starts, never its
+    /// rights.
+    pub driver: Option<crate::driver::Driver>,
     pub color: Option<String>,
     /// Claude Code's `skills`: skill names to preload.
     pub skills: Vec<String>,
@@ -96,6 +100,7 @@ const KNOWN: &[&str] = &[
     "model",
     "permissionMode",
     "maxTurns",
+    "driver",
     "color",
     "skills",
     "mcpServers",
@@ -169,6 +174,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Definition, DefinitionError> {
         model: fields.text("model", &mut warnings),
         permission_mode: fields.permission_mode(&mut warnings),
         max_turns: fields.max_turns(&mut warnings),
+        driver: fields.driver(&mut warnings),
         color: fields.text("color", &mut warnings),
         skills: fields.skills(&mut warnings),
         mcp_servers: fields.json("mcpServers", Value::is_sequence, "a list", &mut warnings),
@@ -330,6 +336,18 @@ impl Fields<'_> {
         let known = PERMISSION_MODES.join(", ");
         warnings.push(self.warning(key, &format!("{mode:?} is not one of {known}; ignored")));
         None
+    }
+
+    /// One of the driver names; anything else is ignored with a warning.
+    fn driver(&self, warnings: &mut Vec<String>) -> Option<crate::driver::Driver> {
+        let key = "driver";
+        let name = self.text(key, warnings)?;
+        let d = crate::driver::Driver::parse(&name);
+        if d.is_none() {
+            let why = format!("{name:?} is not one of command, claude-code, codex; ignored");
+            warnings.push(self.warning(key, &why));
+        }
+        d
     }
 
     /// A positive integer, or a string of one (as Claude Code takes it).

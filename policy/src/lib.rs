@@ -9,6 +9,8 @@
 //!   plan.json), a pure function of its inputs.
 //! - [`config`]: the config file, parsed from its text.
 //! - [`definition`]: subagent definitions (Markdown with YAML front matter).
+//! - [`driver`]: how a coding agent (Claude Code, Codex) is started from
+//!   the composed context; [`agentstream`]: what its JSON events report.
 //! - [`agenttools`]: a definition's tool entries resolved against the
 //!   catalog (Claude Code's names, `Tool(pattern)`, MCP names).
 //! - [`env`](mod@env): the allowlisted environment a child starts with.
@@ -21,11 +23,13 @@
 //! - [`sandbox`]: the sandbox spec the runner applies (file-system rules,
 //!   seccomp deny-list, cgroup plan, rlimits, required mechanisms).
 
+pub mod agentstream;
 pub mod agenttools;
 pub mod audience;
 pub mod compose;
 pub mod config;
 pub mod definition;
+pub mod driver;
 pub mod env;
 pub mod limits;
 pub mod observed;

@@ -111,6 +111,22 @@ pub struct SpawnParams {
     /// Sandbox switches (default: project read only, no network).
     #[serde(default)]
     pub sandbox: policy::sandbox::SandboxRequest,
+    /// How the agent starts: `command` (the default), `claude-code` or
+    /// `codex`; absent: the definition's, else the config's.
+    #[serde(default)]
+    pub driver: Option<policy::driver::Driver>,
+    /// The `command` driver's stdin: `first_message` (first_message.md);
+    /// absent: /dev/null.
+    #[serde(default)]
+    pub stdin: Option<StdinSource>,
+}
+
+/// What a plain command reads on its stdin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StdinSource {
+    /// first_message.md of the run's context.
+    FirstMessage,
 }
 
 /// Where a child works.

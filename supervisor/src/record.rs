@@ -182,6 +182,10 @@ pub struct RunRecord {
     /// user's, a network_allow ignored).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Its driver, how its context was delivered, and what the agent's
+    /// event stream reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_run: Option<crate::engine::driving::DriverRun>,
 }
 
 fn one() -> u32 {
@@ -327,6 +331,7 @@ impl RunRecord {
                     .flatten()
             }),
             notes: self.notes.clone(),
+            driver: self.driver_run.clone(),
         }
     }
 }
@@ -425,6 +430,10 @@ pub struct RunStatus {
     /// What the spawn said about its definition.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The driver, how the context was delivered, and (once the run has
+    /// ended) what the agent's event stream reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<crate::engine::driving::DriverRun>,
 }
 
 #[cfg(test)]

@@ -553,6 +553,7 @@ fn a_runner_called_off_at_its_gate_starts_nothing() {
         None,
         true,
         false,
+        None,
     )
     .unwrap();
     assert_eq!(l.call_off(), RunnerExit::Exited(3));
@@ -560,7 +561,7 @@ fn a_runner_called_off_at_its_gate_starts_nothing() {
     assert!(!files.exit().exists() && !files.log().exists());
     assert_eq!(std::fs::read(files.runner_lock()).unwrap(), b"");
     let handed = RunnerFiles::open(&files).unwrap();
-    let mut l = start_runner(&runner, &handed, None, true, false).unwrap();
+    let mut l = start_runner(&runner, &handed, None, true, false, None).unwrap();
     l.open_gate();
     assert_eq!(reap(&l.pidfd), RunnerExit::Exited(0));
     let log = std::fs::read_to_string(files.log()).unwrap_or_default();

@@ -234,6 +234,7 @@ pub fn discover(project_dir: &Path, tools: &ToolPolicy, max_body_chars: usize) -
                     a.project = project;
                     if project {
                         warn_project_network(&mut a);
+                        warn_project_driver(&mut a);
                     }
                     found.add(a);
                 }
@@ -305,6 +306,22 @@ fn agent(d: Definition, resolved: AgentTools, fresh: bool, max_body_chars: usize
 /// What a project definition's `network_allow` gets, said where it is
 /// listed.
 pub const PROJECT_NETWORK: &str = "network_allow is ignored unless the session's audience has a network_allow cap in the config, and must fall within it then: a child may have written this folder";
+
+/// What a project definition's `driver` gets, said where it is listed.
+pub const PROJECT_DRIVER: &str = "driver is ignored in a project folder (a driver adds its model endpoint to the run's allowlist, and a child may have written this folder): name the driver in the request or the config";
+
+fn warn_project_driver(a: &mut Agent) {
+    let d = &a.definition;
+    if d.driver
+        .is_none_or(|d| d == policy::driver::Driver::Command)
+    {
+        return;
+    }
+    let line = d.lines.get("driver").copied().unwrap_or(1);
+    let source = d.source.display();
+    a.warnings
+        .push(format!("{source}:{line}: {PROJECT_DRIVER}"));
+}
 
 fn warn_project_network(a: &mut Agent) {
     let d = &a.definition;

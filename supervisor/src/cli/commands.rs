@@ -55,7 +55,18 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
             .ok_or_else(|| anyhow!("--env {kv:?}: expected NAME=VALUE"))?;
         env.insert(k.to_owned(), v.to_owned());
     }
+    let driver =
+        match &args.driver {
+            Some(d) => Some(policy::driver::Driver::parse(d).ok_or_else(|| {
+                anyhow!("--driver must be command, claude-code or codex, not {d:?}")
+            })?),
+            None => None,
+        };
     Ok(SpawnParams {
+        driver,
+        stdin: args
+            .stdin_first_message
+            .then_some(crate::protocol::StdinSource::FirstMessage),
         session: SessionParams {
             id: args
                 .session
@@ -319,11 +330,19 @@ impl ContextDir {
 /// Prints the context plan (with `detail`, the tool schemas' sizes; with
 /// `show`, the composed texts).
 fn context(ctx: &Ctx, run: &str, detail: bool, show: bool) -> Result<u8> {
-    let dir = ContextDir(run_dir(ctx, run)?.join("context"));
+    let run_dir = run_dir(ctx, run)?;
+    let dir = ContextDir(run_dir.join("context"));
     let plan: policy::compose::Plan = serde_json::from_str(&dir.read("plan.json")?)?;
     let sizes = dir.tool_sizes()?;
+    // A record from before drivers delivered through files alone.
+    let delivery = crate::record::RunRecord::load(&run_dir.join("run.json"))
+        .ok()
+        .and_then(|r| r.driver_run)
+        .map(|d| d.delivered)
+        .unwrap_or_default();
     if ctx.json {
         let mut v = serde_json::to_value(&plan)?;
+        v["delivered"] = serde_json::to_value(&delivery)?;
         if detail {
             v["tool_schemas"] = json!(sizes
                 .iter()
@@ -332,7 +351,8 @@ fn context(ctx: &Ctx, run: &str, detail: bool, show: bool) -> Result<u8> {
         }
         print_json(&v, true)?;
     } else {
-        stdout::write(&show::context_table(&plan, detail.then_some(&sizes[..])))?;
+        let table = show::context_table(&plan, &delivery.describe(), detail.then_some(&sizes[..]));
+        stdout::write(&table)?;
     }
     if show {
         // Both hold project files a child may have written.

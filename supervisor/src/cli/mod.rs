@@ -89,6 +89,13 @@ pub struct RunArgs {
     /// (repeatable; `*.example.com` for a domain's hosts).
     #[arg(long, value_name = "HOST:PORT")]
     pub network_allow: Vec<String>,
+    /// How the agent starts: command, claude-code or codex (the driver's
+    /// program and endpoint come from the daemon's config).
+    #[arg(long, value_name = "DRIVER")]
+    pub driver: Option<String>,
+    /// Give the command first_message.md on its stdin.
+    #[arg(long)]
+    pub stdin_first_message: bool,
     /// An extra read-only root (repeatable).
     #[arg(long, value_name = "DIR")]
     pub read_path: Vec<PathBuf>,

@@ -36,6 +36,14 @@ pub fn status_block(s: &RunStatus) -> String {
     if s.cancel_requested && !s.state.is_terminal() {
         let _ = writeln!(out, "{:<13}yes", "cancelling");
     }
+    if let Some(d) = s.driver.as_ref().filter(|d| d.driver.streams()) {
+        let _ = writeln!(out, "{:<13}{}", "driver", d.driver.as_str());
+        if let Some(text) = d.report.as_ref().and_then(|r| r.final_text.as_deref()) {
+            // The agent's words: one line, and only its start.
+            let start: String = text.chars().take(200).collect();
+            let _ = writeln!(out, "{:<13}{}", "answer", one_line(&start));
+        }
+    }
     out
 }
 
@@ -185,7 +193,7 @@ pub fn agents_json(
                    "tools": a.shown_tools(policy), "disallowed_tools": a.tools.deny,
                    "tool_patterns": a.tools.patterns, "command": d.command,
                    "model": d.model, "permission_mode": d.permission_mode,
-                   "max_turns": d.max_turns, "color": d.color, "skills": d.skills,
+                   "max_turns": d.max_turns, "driver": d.driver, "color": d.color, "skills": d.skills,
                    "mcp_servers": d.mcp_servers, "hooks": d.hooks,
                    "body_chars": d.body.chars().count(), "warnings": a.warnings})
         })
@@ -199,15 +207,21 @@ pub fn agents_json(
     json!({"agents": agents, "duplicates": duplicates, "errors": errors, "notes": found.notes})
 }
 
-/// `subagent context`: each layer with its sizes, the totals, the stable
-/// prefix, what was left out; with `tools`, the schemas' sizes.
-pub fn context_table(plan: &policy::compose::Plan, tools: Option<&[(String, usize)]>) -> String {
+/// `subagent context`: how the context reached the agent, each layer with
+/// its sizes, the totals, the stable prefix, what was left out; with
+/// `tools`, the schemas' sizes.
+pub fn context_table(
+    plan: &policy::compose::Plan,
+    delivered: &str,
+    tools: Option<&[(String, usize)]>,
+) -> String {
     let mut out = String::new();
+    let _ = writeln!(out, "delivered: {}", one_line(delivered));
     let _ = writeln!(out, "attempt {} of {}", plan.attempt, plan.max_attempts);
     let _ = writeln!(
         out,
         "{:<22} {:<17} {:>9} {:>9} {:>8}  SOURCE",
-        "LAYER", "FILE", "RAW", "INJECTED", "~TOKENS"
+        "LAYER", "FILE", "RAW", "COMPOSED", "~TOKENS"
     );
     for l in &plan.layers {
         let cut = if l.truncated { " (truncated)" } else { "" };

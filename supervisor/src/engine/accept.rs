@@ -74,6 +74,8 @@ pub struct Plan {
     pub network_allow: Vec<String>,
     /// What the run is told about its definition.
     pub notes: Vec<String>,
+    /// How its agent starts.
+    pub driver: policy::driver::Driver,
 }
 
 /// Refuses an entry of `list` (the request's or the definition's) that no
@@ -125,6 +127,7 @@ fn network_plan(
     agent: Option<&crate::agents::Agent>,
     switches: &policy::sandbox::SandboxRequest,
     granted: bool,
+    endpoint: Option<String>,
     notes: &mut Vec<String>,
 ) -> Result<(NetworkMode, Vec<String>), EngineError> {
     let cap = settings.network_cap(p.session.audience);
@@ -142,6 +145,7 @@ fn network_plan(
         .iter()
         .chain(from_def)
         .chain(&p.sandbox.network_allow)
+        .chain(endpoint.as_ref())
     {
         if !list.contains(e) {
             list.push(e.clone());
@@ -290,18 +294,23 @@ pub fn plan(
     };
     let classes = child_tools.as_ref().map(|t| tools.classes(t));
     let mut grants = policy::sandbox::grants(classes.as_ref(), &switches);
+    let driver = super::driving::pick(settings, p.driver, agent.as_ref(), &mut notes);
     let (network, network_allow) = network_plan(
         settings,
         p,
         agent.as_ref(),
         &switches,
         grants.network,
+        super::driving::endpoint(settings, driver),
         &mut notes,
     )?;
     // The host's network only in full mode (a network tool may get the
     // allowlist instead).
     grants.network = network == NetworkMode::Full;
-    let command = pick_command(p, agent.as_ref(), settings)?;
+    let command = match driver {
+        policy::driver::Driver::Command => pick_command(p, agent.as_ref(), settings)?,
+        d => driver_command(p, settings, d)?,
+    };
     // The parent's own limits win; a definition only lowers the defaults.
     let from_def = agent
         .as_ref()
@@ -322,7 +331,38 @@ pub fn plan(
         network,
         network_allow,
         notes,
+        driver,
     })
+}
+
+/// A driver run's program (its whole argv is made with the run's
+/// context); a request may give neither a command nor stdin for it.
+fn driver_command(
+    p: &SpawnParams,
+    settings: &policy::config::Config,
+    driver: policy::driver::Driver,
+) -> Result<Vec<String>, EngineError> {
+    let name = driver.as_str();
+    if !p.command.is_empty() {
+        return Err(EngineError::invalid(
+            "command",
+            format!("not with the driver {name}: its program comes from the config ([drivers.{name}] command)"),
+        ));
+    }
+    if p.stdin.is_some() {
+        return Err(EngineError::invalid(
+            "stdin",
+            format!(
+                "only for the command driver (the driver {name} reads first_message.md on stdin)"
+            ),
+        ));
+    }
+    let program = settings
+        .drivers
+        .get(driver)
+        .and_then(|c| c.command.clone())
+        .unwrap_or_else(|| name.split('-').next().unwrap_or(name).to_owned());
+    Ok(vec![program])
 }
 
 /// Checks that session.project_dir is an absolute path to a directory.
@@ -575,7 +615,7 @@ fn compose_input(
 fn write_context_files(
     context_dir: &Path,
     input: &policy::compose::ComposeInput,
-) -> Result<(), EngineError> {
+) -> Result<String, EngineError> {
     let composed = policy::compose::compose(input, 1, None);
     for (name, bytes) in [
         ("system.md", composed.system_md.as_bytes()),
@@ -590,7 +630,8 @@ fn write_context_files(
     // restart replaces plan.json and leaves this one).
     let plan_1 = context_dir.join("plan-1.json");
     std::fs::hard_link(context_dir.join("plan.json"), &plan_1)
-        .map_err(|e| EngineError::StateDir(StorageError::io("link", &plan_1)(e)))
+        .map_err(|e| EngineError::StateDir(StorageError::io("link", &plan_1)(e)))?;
+    Ok(composed.system_md)
 }
 
 /// The child's environment: the daemon's allowed variables, the request's,
@@ -763,12 +804,15 @@ fn runner_spec(
     place: &RunPlace,
     input: policy::compose::ComposeInput,
     uid: Option<u32>,
+    delivered: &super::driving::Delivered,
 ) -> Result<RunnerSpec, EngineError> {
     let files = &place.files;
     let mut env = child_env(inner, p, place)?;
     if plan.network == NetworkMode::Allowlist {
         env.extend(network::proxy_env(network::PROXY_PORT));
     }
+    // The driver's variables win over the request's and the proxy's.
+    env.extend(delivered.env.clone());
     let sandbox = sandbox_spec(inner, p, plan, place, &env, uid.is_some());
     // The child's uid: its own, or the one `run_as` user. Its files
     // (project, context) are reached through idmapped mounts and its own
@@ -792,6 +836,9 @@ fn runner_spec(
         run_as,
         keep_temp: p.keep_temp,
         egress_log: (plan.network == NetworkMode::Allowlist).then(|| files.egress_log()),
+        stdin: delivered
+            .stdin
+            .then(|| files.context().join("first_message.md")),
         restart: Some(subagent_runner::spec::RestartSpec {
             max_attempts: input.max_attempts,
             // The inputs stay with the run (not in the child's context
@@ -814,6 +861,7 @@ fn accepted_record(
     git: policy::workctx::GitSnapshot,
     max_attempts: u32,
     uid: Option<u32>,
+    driver_run: super::driving::DriverRun,
 ) -> RunRecord {
     RunRecord {
         format: RECORD_FORMAT,
@@ -860,6 +908,7 @@ fn accepted_record(
         network_allow: plan.network_allow.clone(),
         egress: None,
         notes: plan.notes.clone(),
+        driver_run: Some(driver_run),
     }
 }
 
@@ -931,23 +980,72 @@ pub(crate) fn create_run(
         .tools_json(plan.tools.as_deref().unwrap_or_default());
     let input = compose_input(inner, p, plan, &place, tools_json, work.block);
     let staged = draft.staged();
-    write_context_files(&staged.context(), &input)?;
+    let system_text = write_context_files(&staged.context(), &input)?;
     // Only an observation depends on it: not fsynced (a lost one says so).
     let before = serde_json::to_vec(&before)
         .map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
     draft.write(&staged.observed_before(), &before, Sync::Derived)?;
     let max_attempts = input.max_attempts;
-    let spec = runner_spec(inner, p, plan, &place, input, draft.uid())?;
+    let (plan, delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
+    let plan = &plan;
+    let spec = runner_spec(inner, p, plan, &place, input, draft.uid(), &delivered)?;
     // Compact: only the runner reads it (about 15 KB pretty-printed).
     let bytes =
         serde_json::to_vec(&spec).map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
     draft.write(&staged.runner_spec(), &bytes, Sync::Durable)?;
-    let rec = accepted_record(p, plan, place, work.git, max_attempts, draft.uid());
+    let rec = accepted_record(
+        p,
+        plan,
+        place,
+        work.git,
+        max_attempts,
+        draft.uid(),
+        delivered.run,
+    );
     draft.write(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
     let handed = start_now.then(|| handed_files(&draft)).flatten();
     let egress = plan.network == NetworkMode::Allowlist;
-    let (lease, runner) = publish(inner, draft, handed, egress)?;
+    // Checked by `deliver`: a key named and not set refused the spawn.
+    let key = super::driving::key_env(&inner.cfg.settings, &inner.daemon_env, plan.driver)
+        .ok()
+        .flatten();
+    let (lease, runner) = publish(inner, draft, handed, egress, key)?;
     Ok(Created { rec, lease, runner })
+}
+
+/// The plan with the argv its delivery makes (a driver's, or a command's
+/// placeholders expanded), and the delivery.
+fn with_delivery(
+    inner: &Inner,
+    p: &SpawnParams,
+    plan: &Plan,
+    place: &RunPlace,
+    uid: Option<u32>,
+    system_text: &str,
+) -> Result<(Plan, super::driving::Delivered), EngineError> {
+    let run_id = place.id.to_string();
+    let facts = super::driving::RunFacts {
+        run_id: &run_id,
+        context_dir: &place.files.context(),
+        temp_dir: &place.temp_dir,
+        system_text,
+        uid0: child_is_root(inner, uid),
+    };
+    let delivered = super::driving::deliver(inner, plan, p.stdin.is_some(), &facts)?;
+    let mut plan = plan.clone();
+    plan.command.clone_from(&delivered.argv);
+    Ok((plan, delivered))
+}
+
+/// Whether the agent runs as uid 0: with no uid of its own and no
+/// `run_as` user, it runs as the daemon does.
+fn child_is_root(inner: &Inner, uid: Option<u32>) -> bool {
+    match (uid, inner.cfg.run_as) {
+        (Some(u), _) => u == 0,
+        (None, Some(r)) => r.uid == 0,
+        // SAFETY: geteuid cannot fail and touches no memory.
+        (None, None) => unsafe { libc::geteuid() == 0 },
+    }
 }
 
 /// Whether the run may write in its work dir: the project with the write
@@ -976,12 +1074,13 @@ fn publish(
     mut draft: RunDraft,
     handed: Option<RunnerFiles>,
     egress: bool,
+    key: Option<(String, String)>,
 ) -> Result<(Option<UidLease>, Option<Launched>), EngineError> {
     // A runner started at once holds its own copy of the uid lease; without
     // one it is not started here, so a uid is never in use unleased.
     let uid_lock = match draft.lease().map(|l| l.lock().try_clone_to_owned()) {
         Some(Ok(fd)) => Some(fd),
-        Some(Err(_)) => return publish(inner, draft, None, egress),
+        Some(Err(_)) => return publish(inner, draft, None, egress, key),
         None => None,
     };
     let id = draft.id().clone();
@@ -994,6 +1093,7 @@ fn publish(
                     uid_lock.as_ref().map(|f| f.as_fd()),
                     true,
                     egress,
+                    key.as_ref(),
                 )
             })
         });
@@ -1051,6 +1151,8 @@ mod tests {
             agent: None,
             isolation: None,
             max_restarts: None,
+            driver: None,
+            stdin: None,
         }
     }
 

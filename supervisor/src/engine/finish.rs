@@ -134,16 +134,20 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: Runne
     if !rec.state.is_terminal() {
         let mut next = rec.clone();
         let exit_path = next.files().exit();
-        let (exit, log) = {
+        let (exit, log, report) = {
             let r = next.clone();
-            let load = move || (ExitRecord::load(&exit_path), runner_log_tail(&r));
+            let load = move || {
+                let report = super::driving::read_report(&r);
+                (ExitRecord::load(&exit_path), runner_log_tail(&r), report)
+            };
             match tokio::task::spawn_blocking(load).await {
-                Ok((exit, log)) => (exit.map_err(FinishError::from), log),
-                Err(e) => (Err(FinishError::Task(e)), String::new()),
+                Ok((exit, log, report)) => (exit.map_err(FinishError::from), log, report),
+                Err(e) => (Err(FinishError::Task(e)), String::new(), None),
             }
         };
         let no_record = !matches!(exit, Ok(Some(_)));
         apply_exit(&mut next, exit, runner, &log);
+        super::driving::apply_report(&mut next, report);
         if no_record {
             // The runner died without cleaning up: whatever the child
             // started is still in the run's cgroups. End it.
@@ -332,6 +336,7 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
             }
         }
     }
+    merge_reported_once(sup, &mut rec);
     let mut notice = None;
     let mut failure = None;
     for pause_ms in [0, 200, 1000] {
@@ -357,6 +362,28 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
         record: rec,
         saved,
         notice,
+    }
+}
+
+/// The files the agent's event stream reported, checked and merged once
+/// (recorded before the rest of the end, as the delta is). Blocking.
+fn merge_reported_once(sup: &Supervisor, rec: &mut RunRecord) {
+    let pending = rec
+        .driver_run
+        .as_ref()
+        .is_some_and(|d| d.report.is_some() && d.reported_files.is_none());
+    if !pending {
+        return;
+    }
+    let files = super::driving::merge_reported(&sup.inner, rec);
+    let merged = files.as_ref().is_some_and(|f| !f.accepted.is_empty());
+    if let Some(d) = rec.driver_run.as_mut() {
+        d.reported_files = files;
+    }
+    if merged {
+        if let Err(e) = rec.save() {
+            tracing::error!(run_id = %rec.run_id, "recording the reported files: {e}");
+        }
     }
 }
 

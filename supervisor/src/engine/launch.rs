@@ -49,6 +49,12 @@ pub enum LaunchError {
     /// The gate's pipe could not be made.
     #[error("pipe for the runner's gate: {0}")]
     Gate(#[source] nix::Error),
+    /// The pipe carrying the agent's API key could not be made or filled.
+    #[error("pipe for the agent's key: {0}")]
+    Key(#[source] nix::Error),
+    /// The driver's key is not in the daemon's environment.
+    #[error("{0}")]
+    NoKey(String),
     /// The socket pair to the egress proxy could not be made.
     #[error("socket pair for the runner's egress proxy: {0}")]
     Channel(#[source] nix::Error),
@@ -83,6 +89,26 @@ const SPEC_FD: RawFd = 4;
 const UID_LOCK_FD: RawFd = 5;
 const GATE_FD: RawFd = 6;
 const EGRESS_FD: RawFd = 7;
+const KEY_ENV_FD: RawFd = 8;
+
+/// The most a key pipe carries: it is filled before the runner starts, so
+/// it must fit in the pipe's buffer.
+const MAX_KEY_BYTES: usize = 16 * 1024;
+
+/// A pipe holding `{"NAME": "value"}` for the runner to add to the agent's
+/// environment, its write end closed: the key never touches a disk.
+fn key_pipe((name, value): &(String, String)) -> Result<OwnedFd, LaunchError> {
+    let body = serde_json::json!({ name: value }).to_string();
+    if body.len() > MAX_KEY_BYTES {
+        return Err(LaunchError::Key(nix::Error::E2BIG));
+    }
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(LaunchError::Key)?;
+    let mut at = 0;
+    while at < body.len() {
+        at += nix::unistd::write(&w, &body.as_bytes()[at..]).map_err(LaunchError::Key)?;
+    }
+    Ok(r)
+}
 
 /// Opens `path` for the runner: runner.log to append to, runner.json to
 /// read (never through a link).
@@ -128,14 +154,17 @@ impl RunnerFiles {
 /// Starts a runner with `handed`. With `uid_lock` (the run's uid lease),
 /// the runner holds that too. With `gated`, it prepares the first attempt
 /// and waits until [`Launched::open_gate`]. With `egress` (allowlist
-/// mode), it gets one end of a channel to the proxy. Blocking.
+/// mode), it gets one end of a channel to the proxy. With `key`, it gets
+/// a pipe holding the agent's API key variable. Blocking.
 pub fn start_runner(
     runner: &Path,
     handed: &RunnerFiles,
     uid_lock: Option<BorrowedFd<'_>>,
     gated: bool,
     egress: bool,
+    key: Option<&(String, String)>,
 ) -> Result<Launched, LaunchError> {
+    let key = key.map(key_pipe).transpose()?;
     let channel = match egress {
         true => Some(crate::egress::channel().map_err(LaunchError::Channel)?),
         false => None,
@@ -167,6 +196,10 @@ pub fn start_runner(
     if let Some((_, theirs)) = &channel {
         fds.push((theirs.as_fd(), EGRESS_FD));
         args.extend(["--egress-fd".to_owned(), EGRESS_FD.to_string()]);
+    }
+    if let Some(k) = &key {
+        fds.push((k.as_fd(), KEY_ENV_FD));
+        args.extend(["--key-env-fd".to_owned(), KEY_ENV_FD.to_string()]);
     }
     // The runner reads its signals through a signalfd, so they are blocked
     // from its first instruction and an early cancel is never lost.
@@ -272,9 +305,15 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
     let egress = rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist);
     let runner = sup.inner.cfg.runner.clone();
     let lease = rec.id().and_then(|id| sup.take_lease(&id));
+    let driver = rec
+        .driver_run
+        .as_ref()
+        .map_or(Default::default(), |d| d.driver);
+    let key = super::driving::key_env(&sup.inner.cfg.settings, &sup.inner.daemon_env, driver);
     let launched = tokio::task::spawn_blocking(move || {
         // The runner holds the uid lease from here on; ours goes with
         // this task.
+        let key = key.map_err(LaunchError::NoKey)?;
         let handed = RunnerFiles::open(&files)?;
         start_runner(
             &runner,
@@ -282,6 +321,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
             lease.as_ref().map(|l| l.lock()),
             false,
             egress,
+            key.as_ref(),
         )
     })
     .await

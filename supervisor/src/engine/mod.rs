@@ -15,6 +15,7 @@
 
 pub mod accept;
 pub mod draft;
+pub mod driving;
 pub mod error;
 pub mod finish;
 pub mod instructions;
@@ -332,6 +333,8 @@ impl Supervisor {
         let inner = self.inner.clone();
         let created = blocking(move || {
             let plan = accept::plan(&inner.tools, &inner.cfg.settings, &params)?;
+            driving::key_env(&inner.cfg.settings, &inner.daemon_env, plan.driver)
+                .map_err(|why| EngineError::invalid("driver", why))?;
             accept::check_required(&inner.probe, &inner.cfg.required(plan.grants.network))?;
             accept::create_run(&inner, &params, &plan, start_now)
         })

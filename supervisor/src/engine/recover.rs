@@ -126,6 +126,7 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
         network_allow: Vec::new(),
         egress: None,
         notes: Vec::new(),
+        driver_run: None,
     };
     rec.save().ok()?;
     Some(rec)

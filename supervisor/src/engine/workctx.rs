@@ -250,7 +250,7 @@ pub struct DeltaReport {
     pub note: Option<String>,
 }
 
-fn facts(claimed: &str, base: &Path) -> FileFacts {
+pub(crate) fn facts(claimed: &str, base: &Path) -> FileFacts {
     let p = Path::new(claimed);
     let full = if p.is_absolute() {
         p.to_path_buf()

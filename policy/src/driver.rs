@@ -1,0 +1,647 @@
+//! Drivers: how a run's composed context reaches a coding agent. The
+//! `command` driver runs the parent's command as given; `claude-code` and
+//! `codex` run that CLI headless, its prompt (first_message.md) on stdin,
+//! system.md as its added system prompt, the child's tools mapped to the
+//! agent's own, and its model endpoint (from the daemon's config only)
+//! reached through the run's egress allowlist.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// How a run's agent is started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Driver {
+    /// The command as given, its context in files (and, on request, on
+    /// stdin or in its argv).
+    #[default]
+    Command,
+    /// Claude Code (`claude -p`).
+    ClaudeCode,
+    /// Codex (`codex exec`).
+    Codex,
+}
+
+impl Driver {
+    /// The name used in requests, definitions and the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Driver::Command => "command",
+            Driver::ClaudeCode => "claude-code",
+            Driver::Codex => "codex",
+        }
+    }
+
+    /// The driver named `s`.
+    pub fn parse(s: &str) -> Option<Driver> {
+        [Driver::Command, Driver::ClaudeCode, Driver::Codex]
+            .into_iter()
+            .find(|d| d.as_str() == s)
+    }
+
+    /// Whether the run's agent speaks a JSON event stream on stdout.
+    pub fn streams(self) -> bool {
+        self != Driver::Command
+    }
+}
+
+/// One driver's settings (`[drivers.claude-code]`, `[drivers.codex]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverConfig {
+    /// The program (default `claude` / `codex`, looked up in the child's
+    /// PATH).
+    #[serde(default)]
+    pub command: Option<String>,
+    /// The model endpoint (Claude Code: `ANTHROPIC_BASE_URL`; Codex: the
+    /// provider's `base_url`, which it posts `/responses` under).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The name of the daemon's variable holding the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// More arguments, after the driver's own.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The model when the definition names none (Claude Code), or always
+    /// (Codex, whose models a Claude Code definition does not name).
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+/// The config's `[drivers]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drivers {
+    /// `[drivers.claude-code]`.
+    #[serde(default, rename = "claude-code")]
+    pub claude_code: DriverConfig,
+    /// `[drivers.codex]`.
+    #[serde(default)]
+    pub codex: DriverConfig,
+}
+
+impl Drivers {
+    /// The settings of `driver` (`None` for `command`).
+    pub fn get(&self, driver: Driver) -> Option<&DriverConfig> {
+        match driver {
+            Driver::Command => None,
+            Driver::ClaudeCode => Some(&self.claude_code),
+            Driver::Codex => Some(&self.codex),
+        }
+    }
+}
+
+/// A driver's settings or inputs cannot make an invocation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    /// `base_url` is not an absolute http(s) URL with a host.
+    #[error("drivers.{driver}.base_url: {url:?} is not an http:// or https:// URL with a host")]
+    BaseUrl {
+        /// The driver.
+        driver: &'static str,
+        /// The URL as configured.
+        url: String,
+    },
+    /// `api_key_env` is not a variable name.
+    #[error("drivers.{driver}.api_key_env: {name:?} is not a variable name")]
+    KeyName {
+        /// The driver.
+        driver: &'static str,
+        /// The name as configured.
+        name: String,
+    },
+    /// system.md is too large to pass to Codex as an argument.
+    #[error(
+        "system.md is {bytes} bytes; the codex driver passes it as one argument of at most {max}"
+    )]
+    SystemTooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The most an argument may hold.
+        max: usize,
+    },
+}
+
+/// The largest argument Linux passes (MAX_ARG_STRLEN is 128 KiB), less room
+/// for the option's own name.
+pub const MAX_ARG_BYTES: usize = 128 * 1024 - 64;
+
+/// What a driver needs to know about a run.
+#[derive(Debug, Clone)]
+pub struct DriverInputs<'a> {
+    /// The driver's settings.
+    pub config: &'a DriverConfig,
+    /// system.md as the child sees it (its path).
+    pub system_path: &'a str,
+    /// system.md's text (Codex takes it as a setting).
+    pub system_text: &'a str,
+    /// The child's tools (our names); `None` without `session.tools`,
+    /// which gives the agent no tool.
+    pub tools: Option<&'a [String]>,
+    /// The definition's `model`.
+    pub model: Option<&'a str>,
+    /// The definition's `maxTurns`.
+    pub max_turns: Option<u32>,
+    /// Whether the agent runs as uid 0.
+    pub uid0: bool,
+    /// The run's temp dir as the child sees it (Codex's home goes there).
+    pub temp_dir: &'a str,
+    /// Whether the run reaches the network through the egress proxy.
+    pub proxied: bool,
+}
+
+/// How the agent is started: its argv, the variables set over the child's
+/// environment, the variable that gets the API key, and the endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    /// The argv.
+    pub argv: Vec<String>,
+    /// Variables set over the child's environment.
+    pub env: BTreeMap<String, String>,
+    /// The key's variable: (the child's name, the daemon's name).
+    pub key: Option<(String, String)>,
+    /// The model endpoint, `host:port`, for the run's allowlist.
+    pub endpoint: String,
+}
+
+/// Claude Code's tools for one of ours (empty: it has none).
+pub fn claude_tools(ours: &str) -> Vec<&str> {
+    match ours {
+        "file_read" => vec!["Read", "Grep", "Glob", "LS"],
+        "glob" => vec!["Glob", "LS"],
+        "grep" => vec!["Grep"],
+        "file_write" => vec!["Write"],
+        "file_edit" => vec!["Edit", "MultiEdit"],
+        "shell" => vec!["Bash"],
+        "web_fetch" => vec!["WebFetch"],
+        "web_search" => vec!["WebSearch"],
+        "todo_write" => vec!["TodoWrite"],
+        mcp if crate::tools::is_mcp_tool(mcp) || crate::tools::is_mcp_pattern(mcp) => vec![mcp],
+        _ => Vec::new(),
+    }
+}
+
+/// The `--tools` value: each mapped tool once, sorted.
+fn claude_tool_list(tools: Option<&[String]>) -> String {
+    let mut names: Vec<&str> = tools
+        .into_iter()
+        .flatten()
+        .flat_map(|t| claude_tools(t))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names.join(",")
+}
+
+/// `host:port` of an http(s) URL (the scheme's port when none is given).
+pub fn endpoint_of(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    if authority.is_empty() || authority.contains('@') {
+        return None;
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
+            if h.contains(':') && !h.starts_with('[') {
+                return None;
+            }
+            (h, p.parse::<u16>().ok()?)
+        }
+        _ => (authority, default_port),
+    };
+    if host.is_empty() || host == "[]" {
+        return None;
+    }
+    Some(format!("{}:{port}", host.to_ascii_lowercase()))
+}
+
+fn valid_var(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl DriverConfig {
+    /// Checks the settings of `driver` (the config loader calls it).
+    pub fn check(&self, driver: Driver) -> Result<(), DriverError> {
+        if let Some(url) = &self.base_url {
+            if endpoint_of(url).is_none() {
+                return Err(DriverError::BaseUrl {
+                    driver: driver.as_str(),
+                    url: url.clone(),
+                });
+            }
+        }
+        if let Some(name) = self.api_key_env.as_ref().filter(|n| !valid_var(n)) {
+            return Err(DriverError::KeyName {
+                driver: driver.as_str(),
+                name: name.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The loopback names a proxied run reaches directly, less the endpoint's
+/// host, so that a loopback endpoint goes through the proxy too.
+fn no_proxy(endpoint: &str) -> String {
+    let host = endpoint
+        .rsplit_once(':')
+        .map_or(endpoint, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    ["localhost", "127.0.0.1", "::1"]
+        .into_iter()
+        .filter(|h| *h != host)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The invocation of `driver` (`None` for `command`).
+pub fn invocation(driver: Driver, i: &DriverInputs) -> Result<Option<Invocation>, DriverError> {
+    i.config.check(driver)?;
+    let mut inv = match driver {
+        Driver::Command => return Ok(None),
+        Driver::ClaudeCode => claude_code(i),
+        Driver::Codex => codex(i)?,
+    };
+    if i.proxied {
+        let list = no_proxy(&inv.endpoint);
+        inv.env.insert("NO_PROXY".into(), list.clone());
+        inv.env.insert("no_proxy".into(), list);
+    }
+    Ok(Some(inv))
+}
+
+fn claude_code(i: &DriverInputs) -> Invocation {
+    let c = i.config;
+    let mut argv = vec![c.command.clone().unwrap_or_else(|| "claude".into())];
+    let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    argv.extend(s(&["-p", "--output-format", "stream-json", "--verbose"]));
+    argv.extend(s(&["--append-system-prompt-file", i.system_path]));
+    argv.extend(s(&["--tools", &claude_tool_list(i.tools)]));
+    argv.extend(s(&["--permission-mode", "bypassPermissions"]));
+    let model = i.model.filter(|m| *m != "inherit").or(c.model.as_deref());
+    if let Some(m) = model {
+        argv.extend(s(&["--model", m]));
+    }
+    if let Some(n) = i.max_turns {
+        argv.extend(["--max-turns".to_owned(), n.to_string()]);
+    }
+    argv.extend(c.args.iter().cloned());
+    let mut env: BTreeMap<String, String> = [
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+        ("DISABLE_AUTOUPDATER", "1"),
+        ("DISABLE_TELEMETRY", "1"),
+        ("DISABLE_ERROR_REPORTING", "1"),
+        ("CLAUDE_CODE_MAX_RETRIES", "2"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    if i.uid0 {
+        env.insert("IS_SANDBOX".into(), "1".into());
+    }
+    let endpoint = match &c.base_url {
+        Some(url) => {
+            env.insert("ANTHROPIC_BASE_URL".into(), url.clone());
+            endpoint_of(url).unwrap_or_default()
+        }
+        None => "api.anthropic.com:443".into(),
+    };
+    let key = key_var(Driver::ClaudeCode, c);
+    Invocation {
+        argv,
+        env,
+        key,
+        endpoint,
+    }
+}
+
+/// A TOML basic string holding `s`.
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
+    let c = i.config;
+    if i.system_text.len() > MAX_ARG_BYTES {
+        return Err(DriverError::SystemTooLarge {
+            bytes: i.system_text.len(),
+            max: MAX_ARG_BYTES,
+        });
+    }
+    let mut argv = vec![c.command.clone().unwrap_or_else(|| "codex".into())];
+    for a in ["exec", "--json", "--skip-git-repo-check", "--ephemeral"] {
+        argv.push(a.into());
+    }
+    argv.extend(["--ignore-user-config".into(), "-s".into()]);
+    argv.push("danger-full-access".into());
+    let mut settings = vec![
+        "approval_policy=\"never\"".to_owned(),
+        "features.plugins=false".to_owned(),
+        "features.multi_agent=false".to_owned(),
+        "features.unbounded_connection_retries=false".to_owned(),
+        "analytics.enabled=false".to_owned(),
+        "check_for_update_on_startup=false".to_owned(),
+        format!("developer_instructions={}", toml_string(i.system_text)),
+    ];
+    let web = i.tools.is_some_and(|t| t.iter().any(|t| t == "web_search"));
+    if !web {
+        settings.push("web_search=\"disabled\"".into());
+    }
+    let key_name = "OPENAI_API_KEY";
+    let endpoint = match &c.base_url {
+        Some(url) => {
+            let env_key = match c.api_key_env {
+                Some(_) => format!(", env_key = {}", toml_string(key_name)),
+                None => String::new(),
+            };
+            settings.push("model_provider=\"subagentd\"".into());
+            settings.push(format!(
+                "model_providers.subagentd={{ name = \"subagentd\", base_url = {}, wire_api = \"responses\", request_max_retries = 2, stream_max_retries = 2{env_key} }}",
+                toml_string(url)
+            ));
+            endpoint_of(url).unwrap_or_default()
+        }
+        None => "api.openai.com:443".into(),
+    };
+    for s in settings {
+        argv.extend(["-c".to_owned(), s]);
+    }
+    if let Some(m) = c.model.as_deref().or(i.model.filter(|m| *m != "inherit")) {
+        argv.extend(["-m".to_owned(), m.to_owned()]);
+    }
+    argv.extend(c.args.iter().cloned());
+    // The prompt is read from stdin (first_message.md).
+    argv.push("-".into());
+    let env = BTreeMap::from([("CODEX_HOME".to_owned(), i.temp_dir.to_owned())]);
+    let key = key_var(Driver::Codex, c);
+    Ok(Invocation {
+        argv,
+        env,
+        key,
+        endpoint,
+    })
+}
+
+/// The placeholders a plain command's argv may hold.
+pub const PLACEHOLDERS: &[&str] = &["{context_dir}", "{first_message}", "{system}", "{run_id}"];
+
+/// `argv` with each placeholder replaced by its value (in the order of
+/// [`PLACEHOLDERS`]), and the placeholders it held.
+pub fn expand(argv: &[String], values: [&str; 4]) -> (Vec<String>, Vec<String>) {
+    let mut used = Vec::new();
+    let out = argv
+        .iter()
+        .map(|a| {
+            let mut a = a.clone();
+            for (name, value) in PLACEHOLDERS.iter().zip(values) {
+                if a.contains(name) {
+                    a = a.replace(name, value);
+                    if !used.iter().any(|u| u == name) {
+                        used.push((*name).to_owned());
+                    }
+                }
+            }
+            a
+        })
+        .collect();
+    (out, used)
+}
+
+/// The key's variable of `driver`: (the child's name, the daemon's name).
+pub fn key_var(driver: Driver, config: &DriverConfig) -> Option<(String, String)> {
+    let child = match driver {
+        Driver::Command => return None,
+        Driver::ClaudeCode => "ANTHROPIC_API_KEY",
+        Driver::Codex => "OPENAI_API_KEY",
+    };
+    Some((child.to_owned(), config.api_key_env.clone()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_expand_inside_arguments() {
+        let argv: Vec<String> = [
+            "agent",
+            "--sys={system}",
+            "{first_message}",
+            "x{run_id}y{run_id}",
+            "{other}",
+        ]
+        .map(String::from)
+        .into();
+        let (out, used) = expand(&argv, ["/c", "/c/first_message.md", "/c/system.md", "r1"]);
+        assert_eq!(
+            out,
+            [
+                "agent",
+                "--sys=/c/system.md",
+                "/c/first_message.md",
+                "xr1yr1",
+                "{other}"
+            ]
+        );
+        assert_eq!(used, ["{system}", "{first_message}", "{run_id}"]);
+    }
+
+    fn inputs<'a>(config: &'a DriverConfig, tools: Option<&'a [String]>) -> DriverInputs<'a> {
+        DriverInputs {
+            config,
+            system_path: "/ctx/system.md",
+            system_text: "SYSTEM \"rules\"\n",
+            tools,
+            model: Some("sonnet"),
+            max_turns: Some(7),
+            uid0: true,
+            temp_dir: "/tmp/t/",
+            proxied: true,
+        }
+    }
+
+    fn after<'a>(argv: &'a [String], flag: &str) -> Option<&'a str> {
+        let i = argv.iter().position(|a| a == flag)?;
+        argv.get(i + 1).map(String::as_str)
+    }
+
+    #[test]
+    fn claude_code_gets_only_the_mapped_tools_and_no_prompt() {
+        let config = DriverConfig {
+            base_url: Some("http://127.0.0.1:4567".into()),
+            api_key_env: Some("MY_KEY".into()),
+            args: vec!["--extra".into()],
+            ..Default::default()
+        };
+        let tools = vec![
+            "file_read".to_owned(),
+            "file_write".into(),
+            "mcp__gh__pr".into(),
+        ];
+        let inv = invocation(Driver::ClaudeCode, &inputs(&config, Some(&tools)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(inv.argv[0], "claude");
+        assert_eq!(
+            after(&inv.argv, "--tools"),
+            Some("Glob,Grep,LS,Read,Write,mcp__gh__pr")
+        );
+        assert_eq!(
+            after(&inv.argv, "--permission-mode"),
+            Some("bypassPermissions")
+        );
+        assert_eq!(
+            after(&inv.argv, "--append-system-prompt-file"),
+            Some("/ctx/system.md")
+        );
+        assert_eq!(after(&inv.argv, "--output-format"), Some("stream-json"));
+        assert_eq!(after(&inv.argv, "--model"), Some("sonnet"));
+        assert_eq!(after(&inv.argv, "--max-turns"), Some("7"));
+        assert_eq!(inv.argv.last().map(String::as_str), Some("--extra"));
+        assert!(!inv.argv.iter().any(|a| a == "Bash"));
+        assert_eq!(inv.env["ANTHROPIC_BASE_URL"], "http://127.0.0.1:4567");
+        assert_eq!(inv.env["IS_SANDBOX"], "1");
+        assert_eq!(inv.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"], "1");
+        assert_eq!(inv.env["DISABLE_AUTOUPDATER"], "1");
+        assert_eq!(inv.env["NO_PROXY"], "localhost,::1");
+        assert_eq!(inv.endpoint, "127.0.0.1:4567");
+        assert_eq!(inv.key, Some(("ANTHROPIC_API_KEY".into(), "MY_KEY".into())));
+    }
+
+    #[test]
+    fn no_tools_no_key_not_root_and_the_default_endpoint() {
+        let config = DriverConfig::default();
+        let mut i = inputs(&config, None);
+        i.uid0 = false;
+        i.model = Some("inherit");
+        i.proxied = false;
+        let inv = invocation(Driver::ClaudeCode, &i).unwrap().unwrap();
+        assert_eq!(after(&inv.argv, "--tools"), Some(""));
+        assert_eq!(after(&inv.argv, "--model"), None);
+        assert!(!inv.env.contains_key("IS_SANDBOX"));
+        assert!(!inv.env.contains_key("NO_PROXY"));
+        assert_eq!(inv.endpoint, "api.anthropic.com:443");
+        assert_eq!(inv.key, None);
+        assert_eq!(invocation(Driver::Command, &i).unwrap(), None);
+    }
+
+    #[test]
+    fn codex_defers_to_the_outer_sandbox_and_reads_its_prompt_from_stdin() {
+        let config = DriverConfig {
+            command: Some("/opt/codex".into()),
+            base_url: Some("http://127.0.0.1:9/v1".into()),
+            api_key_env: Some("K".into()),
+            model: Some("mock-model".into()),
+            ..Default::default()
+        };
+        let inv = invocation(Driver::Codex, &inputs(&config, None))
+            .unwrap()
+            .unwrap();
+        let a = &inv.argv;
+        assert_eq!(
+            &a[..5],
+            [
+                "/opt/codex",
+                "exec",
+                "--json",
+                "--skip-git-repo-check",
+                "--ephemeral"
+            ]
+        );
+        assert_eq!(after(a, "-s"), Some("danger-full-access"));
+        assert_eq!(after(a, "-m"), Some("mock-model"));
+        assert_eq!(a.last().map(String::as_str), Some("-"));
+        let settings: Vec<&str> = a
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| *x == "-c")
+            .map(|(n, _)| a[n + 1].as_str())
+            .collect();
+        assert!(settings.contains(&"features.unbounded_connection_retries=false"));
+        assert!(settings.contains(&"web_search=\"disabled\""));
+        let provider = settings
+            .iter()
+            .find(|s| s.starts_with("model_providers.subagentd="))
+            .unwrap();
+        let parsed: toml::Table = toml::from_str(provider).unwrap();
+        let p = &parsed["model_providers"]["subagentd"];
+        assert_eq!(p["base_url"].as_str(), Some("http://127.0.0.1:9/v1"));
+        assert_eq!(p["env_key"].as_str(), Some("OPENAI_API_KEY"));
+        let dev = settings
+            .iter()
+            .find(|s| s.starts_with("developer_instructions="))
+            .unwrap();
+        let parsed: toml::Table = toml::from_str(dev).unwrap();
+        assert_eq!(
+            parsed["developer_instructions"].as_str(),
+            Some("SYSTEM \"rules\"\n")
+        );
+        assert_eq!(inv.env["CODEX_HOME"], "/tmp/t/");
+        assert_eq!(inv.key, Some(("OPENAI_API_KEY".into(), "K".into())));
+        assert_eq!(inv.endpoint, "127.0.0.1:9");
+        let big = "x".repeat(MAX_ARG_BYTES + 1);
+        let mut i = inputs(&config, None);
+        i.system_text = &big;
+        assert!(matches!(
+            invocation(Driver::Codex, &i),
+            Err(DriverError::SystemTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn endpoints_and_bad_settings() {
+        assert_eq!(
+            endpoint_of("https://API.example.com/v1").as_deref(),
+            Some("api.example.com:443")
+        );
+        assert_eq!(
+            endpoint_of("http://[::1]:8080/x").as_deref(),
+            Some("[::1]:8080")
+        );
+        assert_eq!(endpoint_of("http://h:1?q").as_deref(), Some("h:1"));
+        for bad in [
+            "ftp://h",
+            "http://",
+            "http://u@h",
+            "h:80",
+            "http://h:99999",
+            "http://a:b:1",
+        ] {
+            assert_eq!(endpoint_of(bad), None, "{bad}");
+        }
+        let c = DriverConfig {
+            api_key_env: Some("A-B".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            c.check(Driver::Codex),
+            Err(DriverError::KeyName { .. })
+        ));
+        assert_eq!(Driver::parse("claude-code"), Some(Driver::ClaudeCode));
+        assert_eq!(Driver::parse("claude"), None);
+    }
+}

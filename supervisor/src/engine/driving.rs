@@ -1,0 +1,475 @@
+//! A run's driver in the engine: which one a spawn gets, how its context
+//! reaches the agent (the driver's argv and env, or a plain command's
+//! placeholders and stdin), the API key handed to the runner (never
+//! written anywhere), and at the end the agent's event stream read from
+//! child.log and the files it reported, checked on disk and merged.
+
+use super::{EngineError, Inner};
+use crate::record::{RunRecord, RunState};
+use policy::agentstream::AgentReport;
+use policy::driver::{Driver, DriverInputs};
+use policy::workctx::{judge, Outcome, Verdict};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The most of child.log read for the event stream (its end).
+pub const MAX_STREAM_BYTES: u64 = 32 << 20;
+
+/// How a run's agent was started and what it reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriverRun {
+    /// The driver.
+    pub driver: Driver,
+    /// How the composed context reached the agent.
+    pub delivered: Delivery,
+    /// What its event stream said, once the run has ended (drivers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<AgentReport>,
+    /// The files the stream reported written or edited, checked on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_files: Option<ReportedFiles>,
+}
+
+/// How the context reached the agent, besides the files in its context
+/// dir.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The context file on its stdin (`first_message.md`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// What its argv carries: placeholders expanded, or the driver's
+    /// `system.md` option.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub argv: Vec<String>,
+}
+
+impl Delivery {
+    /// One line: how the context was delivered.
+    pub fn describe(&self) -> String {
+        let mut ways = Vec::new();
+        if let Some(s) = &self.stdin {
+            ways.push(format!("{s} on stdin"));
+        }
+        if !self.argv.is_empty() {
+            ways.push(format!("argv: {}", self.argv.join(", ")));
+        }
+        if ways.is_empty() {
+            "files only (in $SUBAGENT_CONTEXT_DIR; the agent must read them itself)".into()
+        } else {
+            format!(
+                "{}; the files are in $SUBAGENT_CONTEXT_DIR",
+                ways.join("; ")
+            )
+        }
+    }
+}
+
+/// The reported files, judged as a delta's claims are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportedFiles {
+    /// Merged into the session's recent files, in merge order.
+    pub accepted: Vec<Verdict>,
+    /// Not merged, each with the reason.
+    pub rejected: Vec<Verdict>,
+    /// Why nothing was merged, when nothing was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The run's driver: the request's, else a user-level definition's, else
+/// the config's, else `command`. A project definition (child-writable) may
+/// not pick one: a driver adds its endpoint to the run's allowlist.
+pub(crate) fn pick(
+    settings: &policy::config::Config,
+    requested: Option<Driver>,
+    agent: Option<&crate::agents::Agent>,
+    notes: &mut Vec<String>,
+) -> Driver {
+    if let Some(d) = requested {
+        return d;
+    }
+    if let Some(a) = agent {
+        match (a.definition.driver, a.project) {
+            (Some(d), false) => return d,
+            (Some(d), true) if d != Driver::Command => notes.push(format!(
+                "the definition's driver ({}) is ignored: {} lies in a project folder; name the driver in the request",
+                d.as_str(),
+                a.definition.source.display()
+            )),
+            _ => {}
+        }
+    }
+    settings.driver.unwrap_or_default()
+}
+
+/// The endpoint the driver's run must reach (from the config only).
+pub(crate) fn endpoint(settings: &policy::config::Config, driver: Driver) -> Option<String> {
+    let inputs = DriverInputs {
+        config: settings.drivers.get(driver)?,
+        system_path: "",
+        system_text: "",
+        tools: None,
+        model: None,
+        max_turns: None,
+        uid0: false,
+        temp_dir: "",
+        proxied: false,
+    };
+    Some(policy::driver::invocation(driver, &inputs).ok()??.endpoint)
+}
+
+/// The API key's variable for the child, with its value from the daemon's
+/// environment; `Ok(None)` when the driver's config names no key.
+pub(crate) fn key_env(
+    settings: &policy::config::Config,
+    daemon_env: &[(String, String)],
+    driver: Driver,
+) -> Result<Option<(String, String)>, String> {
+    let Some(config) = settings.drivers.get(driver) else {
+        return Ok(None);
+    };
+    let Some((child, daemon)) = policy::driver::key_var(driver, config) else {
+        return Ok(None);
+    };
+    match daemon_env.iter().find(|(k, _)| *k == daemon) {
+        Some((_, v)) if !v.is_empty() => Ok(Some((child, v.clone()))),
+        _ => Err(format!(
+            "drivers.{}.api_key_env names {daemon}, which is not set in the daemon's environment",
+            driver.as_str()
+        )),
+    }
+}
+
+/// What [`deliver`] decided: the argv, the variables over the child's
+/// environment, whether first_message.md goes on stdin, and the record.
+pub(crate) struct Delivered {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub stdin: bool,
+    pub run: DriverRun,
+}
+
+/// The run's facts a delivery depends on.
+pub(crate) struct RunFacts<'a> {
+    pub run_id: &'a str,
+    pub context_dir: &'a Path,
+    pub temp_dir: &'a Path,
+    pub system_text: &'a str,
+    pub uid0: bool,
+}
+
+/// How the run's context reaches its agent: for a driver, its invocation;
+/// for a plain command, its placeholders expanded and, on request,
+/// first_message.md on stdin.
+pub(crate) fn deliver(
+    inner: &Inner,
+    plan: &super::accept::Plan,
+    stdin_requested: bool,
+    f: &RunFacts,
+) -> Result<Delivered, EngineError> {
+    match plan.driver {
+        Driver::Command => Ok(deliver_command(plan, stdin_requested, f)),
+        driver => deliver_driver(inner, plan, driver, f),
+    }
+}
+
+fn show(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn deliver_command(plan: &super::accept::Plan, stdin: bool, f: &RunFacts) -> Delivered {
+    let values = [
+        show(f.context_dir),
+        show(&f.context_dir.join("first_message.md")),
+        show(&f.context_dir.join("system.md")),
+        f.run_id.to_owned(),
+    ];
+    let values = [&*values[0], &*values[1], &*values[2], &*values[3]];
+    let (argv, used) = policy::driver::expand(&plan.command, values);
+    let delivered = Delivery {
+        stdin: stdin.then(|| "first_message.md".to_owned()),
+        argv: used,
+    };
+    Delivered {
+        argv,
+        env: BTreeMap::new(),
+        stdin,
+        run: DriverRun {
+            driver: Driver::Command,
+            delivered,
+            report: None,
+            reported_files: None,
+        },
+    }
+}
+
+fn deliver_driver(
+    inner: &Inner,
+    plan: &super::accept::Plan,
+    driver: Driver,
+    f: &RunFacts,
+) -> Result<Delivered, EngineError> {
+    let settings = &inner.cfg.settings;
+    key_env(settings, &inner.daemon_env, driver)
+        .map_err(|why| EngineError::invalid("driver", why))?;
+    let Some(config) = settings.drivers.get(driver) else {
+        return Err(EngineError::invalid("driver", "the driver has no settings"));
+    };
+    let def = plan.agent.as_ref().map(|a| &a.definition);
+    let (system, temp) = (show(&f.context_dir.join("system.md")), show(f.temp_dir));
+    let inputs = DriverInputs {
+        config,
+        system_path: &system,
+        system_text: f.system_text,
+        tools: plan.tools.as_deref(),
+        model: def.and_then(|d| d.model.as_deref()),
+        max_turns: def.and_then(|d| d.max_turns),
+        uid0: f.uid0,
+        temp_dir: &temp,
+        proxied: plan.network == policy::sandbox::network::NetworkMode::Allowlist,
+    };
+    let inv = policy::driver::invocation(driver, &inputs)
+        .map_err(|e| EngineError::invalid("driver", e.to_string()))?
+        .ok_or_else(|| EngineError::invalid("driver", "the driver has no invocation"))?;
+    let carries = match driver {
+        Driver::ClaudeCode => "system.md (--append-system-prompt-file)",
+        _ => "system.md (-c developer_instructions)",
+    };
+    Ok(Delivered {
+        argv: inv.argv,
+        env: inv.env,
+        stdin: true,
+        run: DriverRun {
+            driver,
+            delivered: Delivery {
+                stdin: Some("first_message.md".into()),
+                argv: vec![carries.to_owned()],
+            },
+            report: None,
+            reported_files: None,
+        },
+    })
+}
+
+/// The agent's event stream, read from child.log (the runner wrote it
+/// with what the child printed: read without following a link, as a
+/// regular file, at most its last [`MAX_STREAM_BYTES`]). Blocking.
+pub(crate) fn read_report(rec: &RunRecord) -> Option<AgentReport> {
+    let run = rec.driver_run.as_ref()?;
+    if !run.driver.streams() {
+        return None;
+    }
+    let bytes = subagent_runner::safefile::read_tail(&rec.files().log(), MAX_STREAM_BYTES)
+        .unwrap_or_default();
+    Some(policy::agentstream::parse(run.driver, &bytes))
+}
+
+/// Records the agent's report; a run whose agent reports an error (or
+/// only failed writes) is `failed` with that reason, even when it exited
+/// 0.
+pub(crate) fn apply_report(rec: &mut RunRecord, report: Option<AgentReport>) {
+    let (Some(run), Some(report)) = (rec.driver_run.as_mut(), report) else {
+        return;
+    };
+    // An agent's own error says more than its exit code.
+    let by_exit = rec.state == RunState::Failed && rec.exit_code.is_some();
+    if rec.state == RunState::Succeeded || by_exit {
+        if let Some(why) = report.failure() {
+            rec.reason = Some(match (by_exit, rec.reason.take()) {
+                (true, Some(code)) => format!("{why} ({code})"),
+                _ => why,
+            });
+            rec.state = RunState::Failed;
+        }
+    }
+    run.report = Some(report);
+}
+
+/// Checks the files the agent reported written or edited (inside the
+/// project, a regular file, changed during the run) and merges those that
+/// hold into the session's recent files, for a run that succeeded.
+/// Blocking.
+pub(crate) fn merge_reported(inner: &Inner, rec: &RunRecord) -> Option<ReportedFiles> {
+    let report = rec.driver_run.as_ref()?.report.as_ref()?;
+    let mut out = ReportedFiles::default();
+    if rec.state != RunState::Succeeded {
+        out.note = Some(format!("nothing merged: the run {}", rec.state.as_str()));
+        return Some(out);
+    }
+    let claimed = report.changed();
+    if claimed.is_empty() {
+        out.note = Some("the agent reported no file written or edited".into());
+        return Some(out);
+    }
+    let base = rec
+        .worktree
+        .as_ref()
+        .map_or(rec.project_dir.clone(), |w| w.dir.clone());
+    let root = base.canonicalize().unwrap_or(base.clone());
+    let since = rec.started_at_ms.unwrap_or(rec.created_at_ms);
+    for c in claimed.iter().rev() {
+        let v = judge(
+            &super::workctx::facts(c, &base),
+            std::slice::from_ref(&root),
+            since,
+        );
+        match v.outcome {
+            Outcome::Accepted(_) => out.accepted.push(v),
+            Outcome::Rejected(_) => out.rejected.push(v),
+        }
+    }
+    let accepted: Vec<PathBuf> = out
+        .accepted
+        .iter()
+        .filter_map(|v| match &v.outcome {
+            Outcome::Accepted(p) => Some(p.clone()),
+            Outcome::Rejected(_) => None,
+        })
+        .collect();
+    if !accepted.is_empty() {
+        if let Err(e) = inner.sessions.update(&rec.session_id, |s| {
+            s.recent_files = policy::workctx::touch(&s.recent_files, &accepted);
+        }) {
+            out.note = Some(format!("merging failed: {e}"));
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(driver: Option<Driver>, project: bool) -> crate::agents::Agent {
+        let text = "---\nname: a\ndescription: d\n---\nBody.\n";
+        let mut definition = policy::definition::parse(Path::new("/p/a.md"), text).unwrap();
+        definition.driver = driver;
+        crate::agents::Agent {
+            definition,
+            tools: Default::default(),
+            warnings: Vec::new(),
+            fresh: true,
+            project,
+        }
+    }
+
+    #[test]
+    fn a_project_definition_never_picks_the_driver() {
+        let mut settings = policy::config::Config::default();
+        let mut notes = Vec::new();
+        let project = agent(Some(Driver::Codex), true);
+        assert_eq!(
+            pick(&settings, None, Some(&project), &mut notes),
+            Driver::Command
+        );
+        assert!(
+            notes[0].contains("the definition's driver (codex) is ignored"),
+            "{notes:?}"
+        );
+        let user = agent(Some(Driver::Codex), false);
+        assert_eq!(
+            pick(&settings, None, Some(&user), &mut notes),
+            Driver::Codex
+        );
+        settings.driver = Some(Driver::ClaudeCode);
+        assert_eq!(pick(&settings, None, None, &mut notes), Driver::ClaudeCode);
+        let requested = Some(Driver::Command);
+        assert_eq!(
+            pick(&settings, requested, Some(&user), &mut notes),
+            Driver::Command
+        );
+        assert_eq!(notes.len(), 1);
+    }
+
+    #[test]
+    fn keys_come_from_the_daemons_environment_only() {
+        let mut settings = policy::config::Config::default();
+        assert_eq!(key_env(&settings, &[], Driver::ClaudeCode), Ok(None));
+        settings.drivers.claude_code.api_key_env = Some("K".into());
+        let env = vec![("K".to_owned(), "v".to_owned())];
+        assert_eq!(
+            key_env(&settings, &env, Driver::ClaudeCode),
+            Ok(Some(("ANTHROPIC_API_KEY".into(), "v".into())))
+        );
+        let e = key_env(
+            &settings,
+            &[("K".into(), String::new())],
+            Driver::ClaudeCode,
+        )
+        .unwrap_err();
+        assert!(e.contains("names K"), "{e}");
+        assert_eq!(key_env(&settings, &env, Driver::Command), Ok(None));
+        assert_eq!(
+            endpoint(&settings, Driver::ClaudeCode).as_deref(),
+            Some("api.anthropic.com:443")
+        );
+        assert_eq!(endpoint(&settings, Driver::Command), None);
+    }
+
+    fn rec(state: RunState, exit: Option<i32>) -> RunRecord {
+        let mut r: RunRecord = serde_json::from_value(serde_json::json!({
+            "format": 1, "run_id": "20261130T055552.123456Z-a1b2c3d4", "session_id": "s",
+            "audience": "team", "project_dir": "/", "task": "t", "context": null,
+            "command": ["x"], "env": {}, "limits": {}, "keep_temp": false,
+            "state": state, "exit_code": exit, "signal": null, "reason": "exited with code 1",
+            "cancel_requested": false, "created_at_ms": 1, "started_at_ms": 2,
+            "ended_at_ms": 3, "temp_dir": "/tmp/x", "run_dir": "/state/r",
+            "runner_pid": null, "runner_start_ticks": null, "log_truncated": false,
+            "finalized": false, "finalize_error": null
+        }))
+        .unwrap();
+        r.driver_run = Some(DriverRun {
+            driver: Driver::ClaudeCode,
+            delivered: Delivery::default(),
+            report: None,
+            reported_files: None,
+        });
+        r
+    }
+
+    #[test]
+    fn the_agents_own_error_fails_a_run_and_never_rescues_one() {
+        let error = AgentReport {
+            is_error: true,
+            error: Some("API Error: 400".into()),
+            ..Default::default()
+        };
+        let mut ok = rec(RunState::Succeeded, Some(0));
+        apply_report(&mut ok, Some(error.clone()));
+        assert_eq!(ok.state, RunState::Failed);
+        assert_eq!(
+            ok.reason.as_deref(),
+            Some("the agent reported an error: API Error: 400")
+        );
+        let mut exited = rec(RunState::Failed, Some(1));
+        apply_report(&mut exited, Some(error.clone()));
+        assert_eq!(
+            exited.reason.as_deref(),
+            Some("the agent reported an error: API Error: 400 (exited with code 1)")
+        );
+        let mut cancelled = rec(RunState::Cancelled, None);
+        apply_report(&mut cancelled, Some(error));
+        assert_eq!(cancelled.state, RunState::Cancelled);
+        let mut failed = rec(RunState::Failed, Some(1));
+        apply_report(&mut failed, Some(AgentReport::default()));
+        assert_eq!(
+            failed.state,
+            RunState::Failed,
+            "a clean report never makes a run succeed"
+        );
+        assert!(failed.driver_run.unwrap().report.is_some());
+    }
+
+    #[test]
+    fn the_delivery_is_said_plainly() {
+        assert!(Delivery::default().describe().starts_with("files only"));
+        let d = Delivery {
+            stdin: Some("first_message.md".into()),
+            argv: vec!["{system}".into()],
+        };
+        assert!(d
+            .describe()
+            .starts_with("first_message.md on stdin; argv: {system}"));
+    }
+}
