@@ -335,8 +335,30 @@ fn observed_line(s: &mut String, o: &policy::observed::ObservedReport) {
     }
 }
 
-/// One row per file: what the child claimed in delta.json beside what the
-/// supervisor observed. Paths are relative to the work dir where they can be.
+/// The row key and cell of one verdict (the delta's or the stream's):
+/// an accepted path relative to `root` where it can be, else as given.
+fn verdict_cell(
+    v: &policy::workctx::Verdict,
+    root: &std::path::Path,
+    what: &str,
+) -> (String, String) {
+    match &v.outcome {
+        policy::workctx::Outcome::Accepted(p) => (
+            p.strip_prefix(root)
+                .map_or(p.to_string_lossy(), |r| r.to_string_lossy())
+                .into_owned(),
+            what.to_owned(),
+        ),
+        policy::workctx::Outcome::Rejected(why) => {
+            (v.path.clone(), format!("{what}, rejected: {why}"))
+        }
+    }
+}
+
+/// One row per file, the three sources side by side: what the child
+/// claimed in delta.json, what its event stream reported (driver runs),
+/// and what the supervisor observed. Paths are relative to the work dir
+/// where they can be.
 fn files_table(s: &mut String, rec: &RunRecord) {
     use std::collections::BTreeMap;
     let root = rec
@@ -344,22 +366,23 @@ fn files_table(s: &mut String, rec: &RunRecord) {
         .as_ref()
         .map_or(rec.project_dir.clone(), |w| w.dir.clone());
     let canonical = root.canonicalize().unwrap_or(root.clone());
-    let mut rows: BTreeMap<String, [String; 2]> = BTreeMap::new();
+    let mut rows: BTreeMap<String, [String; 3]> = BTreeMap::new();
     if let Some(d) = &rec.delta {
         for v in d.accepted.iter().chain(&d.rejected) {
-            let (key, what) = match &v.outcome {
-                policy::workctx::Outcome::Accepted(p) => (
-                    p.strip_prefix(&canonical)
-                        .map_or(p.to_string_lossy(), |r| r.to_string_lossy())
-                        .into_owned(),
-                    "claimed".to_owned(),
-                ),
-                policy::workctx::Outcome::Rejected(why) => {
-                    (v.path.clone(), format!("claimed, rejected: {why}"))
-                }
-            };
-            rows.entry(key).or_default()[0] = what;
+            let (key, cell) = verdict_cell(v, &canonical, "claimed");
+            rows.entry(key).or_default()[0] = cell;
         }
+    }
+    let reported = rec
+        .driver_run
+        .as_ref()
+        .and_then(|d| d.reported_files.as_ref());
+    for v in reported
+        .iter()
+        .flat_map(|f| f.accepted.iter().chain(&f.rejected))
+    {
+        let (key, cell) = verdict_cell(v, &canonical, "reported");
+        rows.entry(key).or_default()[1] = cell;
     }
     if let Some(o) = &rec.observed {
         for (list, what) in [
@@ -368,28 +391,33 @@ fn files_table(s: &mut String, rec: &RunRecord) {
             (&o.deleted, "deleted"),
         ] {
             for p in list {
-                rows.entry(p.clone()).or_default()[1] = what.to_owned();
+                rows.entry(p.clone()).or_default()[2] = what.to_owned();
             }
         }
     }
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(s, "\n| file | delta.json | observed |\n|---|---|---|");
-    let dash = |c: &str| {
-        if c.is_empty() {
+    let _ = writeln!(
+        s,
+        "\n| file | delta.json | event stream | observed |\n|---|---|---|---|"
+    );
+    let cell = |c: &str| {
+        let shown = if c.is_empty() {
             "-".to_owned()
         } else {
             mdsafe::text(c)
-        }
+        };
+        shown.replace('|', "\\|")
     };
-    for (path, [claimed, observed]) in rows.iter().take(MAX_FILE_ROWS) {
+    for (path, [claimed, reported, observed]) in rows.iter().take(MAX_FILE_ROWS) {
         let _ = writeln!(
             s,
-            "| {} | {} | {} |",
+            "| {} | {} | {} | {} |",
             mdsafe::code(path).replace('|', "\\|"),
-            dash(claimed).replace('|', "\\|"),
-            dash(observed)
+            cell(claimed),
+            cell(reported),
+            cell(observed)
         );
     }
     if rows.len() > MAX_FILE_ROWS {
@@ -940,6 +968,26 @@ mod tests {
             merged: (0..names.len()).map(path).collect(),
             note: Some(evil(3)),
         });
+        rec.driver_run = Some(crate::engine::driving::DriverRun {
+            driver: policy::driver::Driver::ClaudeCode,
+            delivered: crate::engine::driving::Delivery::default(),
+            report: Some(policy::agentstream::AgentReport::default()),
+            reported_files: Some(crate::engine::driving::ReportedFiles {
+                accepted: (0..names.len())
+                    .map(|i| Verdict {
+                        path: evil(i + 2),
+                        outcome: Outcome::Accepted(path(i)),
+                    })
+                    .collect(),
+                rejected: (0..names.len())
+                    .map(|i| Verdict {
+                        path: evil(i + 3),
+                        outcome: Outcome::Rejected(evil(i)),
+                    })
+                    .collect(),
+                note: None,
+            }),
+        });
         if let Some(iso) = rec.isolation.as_mut() {
             iso.landlock.detail = evil(5);
             iso.user = evil(10);
@@ -976,6 +1024,7 @@ mod tests {
             [
                 "# Subagent run 20261130T055552.123456Z-a1b2c3d4",
                 "## Tools and rights",
+                "## Agent",
                 "## Working context",
                 "## Isolation",
                 "## Resources",
@@ -999,7 +1048,7 @@ mod tests {
             }
             if line.starts_with('|') {
                 // A table row of the files table: a name cannot add a cell.
-                assert_eq!(unescaped_pipes(line), 4, "a forged cell in {line:?}");
+                assert_eq!(unescaped_pipes(line), 5, "a forged cell in {line:?}");
                 assert_inert(line, line);
                 continue;
             }

@@ -183,6 +183,13 @@ fn claude_code_writes_a_file_through_the_proxy_with_only_its_tools() {
         md.contains("## Agent") && md.contains("Wrote hello.txt."),
         "{md}"
     );
+    // The three sources side by side: no delta, the stream's report, and
+    // what the supervisor saw.
+    assert!(
+        md.contains("| `hello.txt` | - | reported | created |"),
+        "{md}"
+    );
+    assert_eq!(st["observed"]["created"], json!(["hello.txt"]), "{st}");
     let check = d.cli(&["check", st["run_id"].as_str().unwrap()]);
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(text.contains("\ndriver       claude-code\n"), "{text}");

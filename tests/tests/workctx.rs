@@ -264,9 +264,12 @@ fn what_a_child_changed_is_observed_without_a_delta() {
             .contains("- observed (git status before and after): 1 created, 1 modified, 1 deleted"),
         "{result}"
     );
-    assert!(result.contains("| `new.txt` | - | created |"), "{result}");
     assert!(
-        result.contains("| `doomed.txt` | - | deleted |"),
+        result.contains("| `new.txt` | - | - | created |"),
+        "{result}"
+    );
+    assert!(
+        result.contains("| `doomed.txt` | - | - | deleted |"),
         "{result}"
     );
 
