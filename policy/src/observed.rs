@@ -61,6 +61,9 @@ pub struct Picture {
     pub source: Source,
     /// Path (relative, `/`-separated) → what was there.
     pub paths: BTreeMap<String, Seen>,
+    /// A repository's HEAD commit when it was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<String>,
 }
 
 /// What changed between two pictures.
@@ -206,6 +209,7 @@ mod tests {
     fn pic(source: Source, paths: &[(&str, Option<Stamp>, bool)]) -> Picture {
         Picture {
             source,
+            head: None,
             paths: paths
                 .iter()
                 .map(|(p, stamp, new_to_git)| {

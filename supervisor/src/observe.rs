@@ -9,7 +9,6 @@
 //! with no link on the way, each entry looked at without following it and
 //! never opened. The daemon's own places inside the project are left out.
 
-use crate::gitsnap::counts::StatusPath;
 use policy::observed::{Picture, Seen, Source, Stamp, MAX_PATHS};
 use policy::workctx::GitSnapshot;
 use serde::{Deserialize, Serialize};
@@ -99,10 +98,60 @@ fn stamp_at(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) -> Option<Stamp> {
     })
 }
 
-/// The stamp of the relative path `rel` beneath `root`: its directory
+/// A name as a picture key component: itself when UTF-8; else its lossy
+/// form, a NUL (no file name holds one) and its bytes in hex, so that no
+/// two names share a key and the name can be found again.
+fn component(name: &[u8]) -> String {
+    match std::str::from_utf8(name) {
+        Ok(text) => text.to_owned(),
+        Err(_) => {
+            let hex: String = name.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{}\0{hex}", String::from_utf8_lossy(name))
+        }
+    }
+}
+
+/// The key of a relative path given as bytes.
+fn key_of(rel: &[u8]) -> String {
+    rel.split(|&b| b == b'/')
+        .map(component)
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// The relative path a key names, as bytes.
+fn raw_path(key: &str) -> Vec<u8> {
+    let parts: Vec<Vec<u8>> = key
+        .split('/')
+        .map(|c| match c.split_once('\0') {
+            Some((_, hex)) => (0..hex.len() / 2)
+                .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+                .collect(),
+            None => c.as_bytes().to_vec(),
+        })
+        .collect();
+    parts.join(&b'/')
+}
+
+/// A key as people read it: a name that is not UTF-8 in its lossy form.
+pub fn shown(key: &str) -> String {
+    key.split('/')
+        .map(|c| c.split_once('\0').map_or(c, |(lossy, _)| lossy))
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Whether a key names a path that can be merged (UTF-8 throughout).
+pub fn mergeable(key: &str) -> bool {
+    !key.contains('\0')
+}
+
+/// The stamp of the path `key` names beneath `root`: its directory
 /// opened with no link on the way. `None` when nothing is there.
-fn look_up(root: BorrowedFd<'_>, rel: &str) -> Option<Stamp> {
-    let path = Path::new(rel);
+fn look_up(root: BorrowedFd<'_>, key: &str) -> Option<Stamp> {
+    use std::os::unix::ffi::OsStrExt;
+    let raw = raw_path(key);
+    let path = Path::new(std::ffi::OsStr::from_bytes(&raw));
     let name = path.file_name()?;
     match path.parent().filter(|p| !p.as_os_str().is_empty()) {
         Some(parent) => {
@@ -130,7 +179,9 @@ fn scan(root: BorrowedFd<'_>, skip: &Skip, budget: Duration) -> Result<Picture, 
         let opened: Option<OwnedFd> = if rel_dir.is_empty() {
             root.try_clone_to_owned().ok()
         } else {
-            safefile::open_dir_beneath(root, Path::new(&rel_dir)).ok()
+            use std::os::unix::ffi::OsStrExt;
+            let raw = raw_path(&rel_dir);
+            safefile::open_dir_beneath(root, Path::new(std::ffi::OsStr::from_bytes(&raw))).ok()
         };
         // A directory replaced or unreadable meanwhile: its files are not seen.
         let Some(dir) = opened else { continue };
@@ -141,10 +192,10 @@ fn scan(root: BorrowedFd<'_>, skip: &Skip, budget: Duration) -> Result<Picture, 
             return Err(ObserveError::TooManyFiles);
         }
         for name in names {
-            // Names that are not UTF-8 cannot be shown or merged.
-            let Some(text) = name.to_str() else { continue };
+            use std::os::unix::ffi::OsStrExt;
+            let text = component(name.as_bytes());
             let rel = if rel_dir.is_empty() {
-                text.to_owned()
+                text.clone()
             } else {
                 format!("{rel_dir}/{text}")
             };
@@ -178,6 +229,7 @@ fn scan(root: BorrowedFd<'_>, skip: &Skip, budget: Duration) -> Result<Picture, 
     Ok(Picture {
         source: Source::Scan,
         paths,
+        head: None,
     })
 }
 
@@ -187,66 +239,103 @@ fn git_picture(
     root_fd: BorrowedFd<'_>,
     root: &Path,
     worktree: &Path,
-    status: Vec<StatusPath>,
+    listing: &crate::gitsnap::counts::Listing,
     skip: &Skip,
-) -> Picture {
-    let prefix = root
+) -> Result<Picture, ObserveError> {
+    use std::os::unix::ffi::OsStrExt;
+    let status = listing.paths.as_ref().ok_or(ObserveError::TooManyChanges)?;
+    let mut prefix = root
         .strip_prefix(worktree)
-        .ok()
-        .and_then(Path::to_str)
-        .map_or(String::new(), |p| {
-            if p.is_empty() {
-                String::new()
-            } else {
-                format!("{p}/")
-            }
-        });
+        .map_or(Vec::new(), |p| p.as_os_str().as_bytes().to_vec());
+    if !prefix.is_empty() {
+        prefix.push(b'/');
+    }
     let mut paths = BTreeMap::new();
     for s in status {
-        let Ok(text) = String::from_utf8(s.path) else {
+        let Some(rel) = s.path.strip_prefix(prefix.as_slice()) else {
             continue;
         };
-        let Some(rel) = text.strip_prefix(&prefix) else {
-            continue;
-        };
-        if rel.is_empty() || skip.skips(rel) {
+        let key = key_of(rel);
+        if rel.is_empty() || skip.skips(&key) {
             continue;
         }
         let seen = Seen {
-            stamp: look_up(root_fd, rel),
+            stamp: look_up(root_fd, &key),
             new_to_git: s.new_to_git,
         };
-        paths.insert(rel.to_owned(), seen);
+        paths.insert(key, seen);
     }
-    Picture {
+    Ok(Picture {
         source: Source::GitStatus,
         paths,
+        head: listing.head.clone(),
+    })
+}
+
+/// The repository's own control files at the root's `.git` (a child with
+/// the write right can plant hooks or change its config): `HEAD`,
+/// `config`, `packed-refs` and every file of `hooks/` and `info/`.
+fn git_control(root: BorrowedFd<'_>) -> Vec<(String, Seen)> {
+    let mut out = Vec::new();
+    if !look_up(root, ".git").is_some_and(|st| is_dir(&st)) {
+        return out;
     }
+    let mut keys: Vec<String> = ["HEAD", "config", "packed-refs"]
+        .iter()
+        .map(|n| format!(".git/{n}"))
+        .collect();
+    for sub in ["hooks", "info"] {
+        let dir = format!(".git/{sub}");
+        let Ok(fd) = safefile::open_dir_beneath(root, Path::new(&dir)) else {
+            continue;
+        };
+        let Ok((names, _)) = safefile::names(fd.as_fd(), 256) else {
+            continue;
+        };
+        use std::os::unix::ffi::OsStrExt;
+        keys.extend(
+            names
+                .iter()
+                .map(|n| format!("{dir}/{}", component(n.as_bytes()))),
+        );
+    }
+    for key in keys {
+        if let Some(stamp) = look_up(root, &key).filter(|st| !is_dir(st)) {
+            // Absent from a first picture means it did not exist then.
+            let seen = Seen {
+                stamp: Some(stamp),
+                new_to_git: true,
+            };
+            out.push((key, seen));
+        }
+    }
+    out
 }
 
 /// A picture of `root` now: from git's status when `git` holds one (as
-/// taken with the snapshot), else a scan.
+/// taken with the snapshot), else a scan; the `.git` control files in both.
 fn picture(
     root: &Path,
-    git: (&GitSnapshot, crate::gitsnap::counts::Paths),
+    git: (&GitSnapshot, crate::gitsnap::counts::Listing),
     skip: &Skip,
     budget: Duration,
 ) -> Result<Picture, ObserveError> {
     let fd = safefile::open_root(root).map_err(ObserveError::Root)?;
-    match git {
-        (GitSnapshot::Available { worktree, .. }, Some(status)) => {
-            Ok(git_picture(fd.as_fd(), root, worktree, status, skip))
+    let mut picture = match git {
+        (GitSnapshot::Available { worktree, .. }, listing) => {
+            git_picture(fd.as_fd(), root, worktree, &listing, skip)?
         }
-        (GitSnapshot::Available { .. }, None) => Err(ObserveError::TooManyChanges),
-        (GitSnapshot::Unavailable { .. }, _) => scan(fd.as_fd(), skip, budget),
-    }
+        (GitSnapshot::Unavailable { .. }, _) => scan(fd.as_fd(), skip, budget)?,
+    };
+    picture.paths.extend(git_control(fd.as_fd()));
+    Ok(picture)
 }
 
 /// The first picture of a run's work dir `root`, taken with the spawn's
 /// git snapshot.
 pub fn before(
     root: &Path,
-    git: (&GitSnapshot, crate::gitsnap::counts::Paths),
+    git: (&GitSnapshot, crate::gitsnap::counts::Listing),
     skip: &Skip,
     budget: Duration,
 ) -> Before {
@@ -262,8 +351,9 @@ pub fn before(
 }
 
 /// The second picture, of the same kind as `first` and holding every path
-/// of it; and a note when it had to fall back to looking up the first
-/// picture's paths alone.
+/// of it; and a note when HEAD moved (what the run committed is compared
+/// with the first HEAD) or when it had to fall back to looking up the
+/// first picture's paths alone.
 pub fn after(
     first: &Picture,
     root: &Path,
@@ -274,25 +364,39 @@ pub fn after(
     let (mut now, note) = match first.source {
         Source::Scan => (scan(fd.as_fd(), skip, budget)?, None),
         Source::GitStatus => {
-            let (snap, status) = crate::gitsnap::snapshot_with_paths(root, budget);
-            match (&snap, status) {
-                (GitSnapshot::Available { worktree, .. }, Some(status)) => {
-                    (git_picture(fd.as_fd(), root, worktree, status, skip), None)
+            let (snap, listing) =
+                crate::gitsnap::snapshot_with_paths(root, budget, first.head.clone());
+            match &snap {
+                GitSnapshot::Available { worktree, .. } => {
+                    let now = git_picture(fd.as_fd(), root, worktree, &listing, skip)?;
+                    let moved = (now.head != first.head).then(|| {
+                        let short = |h: &Option<String>| {
+                            h.as_deref().map_or("(none)".to_owned(), |h| h.chars().take(7).collect())
+                        };
+                        format!(
+                            "HEAD moved from {} to {} during the run: committed changes are compared with {}",
+                            short(&first.head),
+                            short(&now.head),
+                            short(&first.head)
+                        )
+                    });
+                    (now, moved)
                 }
-                (GitSnapshot::Available { .. }, None) => return Err(ObserveError::TooManyChanges),
-                (GitSnapshot::Unavailable { reason }, _) => {
+                GitSnapshot::Unavailable { reason } => {
                     let why = format!(
                         "git status at the end failed ({reason}): only the paths git listed at spawn were looked at"
                     );
                     let empty = Picture {
                         source: Source::GitStatus,
                         paths: BTreeMap::new(),
+                        head: None,
                     };
                     (empty, Some(why))
                 }
             }
         }
     };
+    now.paths.extend(git_control(fd.as_fd()));
     for path in first.paths.keys() {
         if !now.paths.contains_key(path) {
             let seen = Seen {
@@ -316,7 +420,12 @@ mod tests {
     }
 
     fn first(dir: &Path, skip: &Skip) -> Picture {
-        match before(dir, (&no_git(), None), skip, Duration::from_secs(5)) {
+        match before(
+            dir,
+            (&no_git(), Default::default()),
+            skip,
+            Duration::from_secs(5),
+        ) {
             Before::Yes { picture, .. } => picture,
             Before::No { why } => panic!("{why}"),
         }
@@ -354,6 +463,33 @@ mod tests {
     }
 
     #[test]
+    fn names_that_are_not_utf8_and_git_control_files_are_seen() {
+        use std::os::unix::ffi::OsStrExt;
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join(".git/hooks")).unwrap();
+        std::fs::write(d.path().join(".git/config"), "[core]\n").unwrap();
+        let odd = d.path().join(std::ffi::OsStr::from_bytes(b"d\xff"));
+        std::fs::create_dir(&odd).unwrap();
+        std::fs::write(odd.join("keep"), "k").unwrap();
+        let skip = Skip::default();
+        let one = first(d.path(), &skip);
+        std::fs::write(odd.join("payload"), "p").unwrap();
+        std::fs::write(d.path().join(".git/hooks/pre-commit"), "#!/bin/sh\n").unwrap();
+        std::fs::write(d.path().join(".git/config"), "[core]\nfsmonitor = x\n").unwrap();
+        let (two, _) = after(&one, d.path(), &skip, Duration::from_secs(5)).unwrap();
+        let c = policy::observed::diff(&one, &two);
+        let created: Vec<String> = c.created.iter().map(|k| shown(k)).collect();
+        assert_eq!(
+            created,
+            [".git/hooks/pre-commit", "d\u{fffd}/payload"],
+            "{c:?}"
+        );
+        assert_eq!(c.modified, [".git/config"]);
+        assert!(!mergeable(&c.created[1]));
+        assert_eq!(raw_path(&c.created[1]), b"d\xff/payload");
+    }
+
+    #[test]
     fn a_project_over_the_bound_is_not_observed() {
         let d = tempfile::tempdir().unwrap();
         for i in 0..=MAX_PATHS {
@@ -361,7 +497,7 @@ mod tests {
         }
         match before(
             d.path(),
-            (&no_git(), None),
+            (&no_git(), Default::default()),
             &Skip::default(),
             Duration::from_secs(30),
         ) {

@@ -273,6 +273,34 @@ fn what_a_child_changed_is_observed_without_a_delta() {
         "{result}"
     );
 
+    // Committing what it changed, hiding a file through .git/info/exclude
+    // and planting a hook do not hide them: the second picture compares
+    // with the first HEAD, and .git's control files are looked at too.
+    let script = "echo c > committed.txt && git add committed.txt && git -c user.name=t -c user.email=t@t commit -qm c \
+        && mkdir -p .git/info && echo hidden.txt >> .git/info/exclude && echo h > hidden.txt \
+        && printf '#!/bin/sh\\n' > .git/hooks/pre-commit";
+    let st = spawn(&d, &s, p.path(), script, json!({}));
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let o = &st["observed"];
+    let has = |list: &str, p: &str| o[list].as_array().unwrap().contains(&json!(p));
+    assert!(has("created", "committed.txt"), "{o}");
+    assert!(has("created", ".git/hooks/pre-commit"), "{o}");
+    assert!(
+        has("created", ".git/info/exclude") || has("modified", ".git/info/exclude"),
+        "{o}"
+    );
+    assert!(
+        o["note"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("HEAD moved from "),
+        "{o}"
+    );
+    assert!(
+        !recent(&d, &s).iter().any(|f| f.contains("/.git/")),
+        "git's own files never merge"
+    );
+
     // A plain directory, scanned; a failed run's changes are seen, not merged.
     let plain = tempfile::Builder::new()
         .prefix("sa-obs-")

@@ -531,8 +531,8 @@ struct WorkingContext {
     block: String,
     /// The git snapshot the block shows (kept in the record).
     git: policy::workctx::GitSnapshot,
-    /// The status's paths with it, for the first picture.
-    status: crate::gitsnap::counts::Paths,
+    /// The status's paths and HEAD with it, for the first picture.
+    status: crate::gitsnap::counts::Listing,
 }
 
 /// Records the spawn in the session's working context and takes the git
@@ -550,7 +550,7 @@ fn working_context(
             p.session.recent_files.as_deref(),
         )
         .map_err(|e| EngineError::StateDir(e.into()))?;
-    let (git, status) = crate::gitsnap::snapshot_with_paths(workdir, inner.cfg.git_budget);
+    let (git, status) = crate::gitsnap::snapshot_with_paths(workdir, inner.cfg.git_budget, None);
     let block = policy::workctx::render_block(workdir, &session_state.recent_files, &git);
     Ok(WorkingContext { block, git, status })
 }
@@ -973,7 +973,7 @@ pub(crate) fn create_run(
         inner,
         &place.workdir,
         writes_into(plan, p, &place.workdir),
-        (&work.git, work.status.take()),
+        (&work.git, std::mem::take(&mut work.status)),
     );
     let tools_json = inner
         .tools

@@ -354,7 +354,7 @@ pub(crate) fn observe_before(
     inner: &Inner,
     workdir: &Path,
     writable: bool,
-    git: (&GitSnapshot, crate::gitsnap::counts::Paths),
+    git: (&GitSnapshot, crate::gitsnap::counts::Listing),
 ) -> crate::observe::Before {
     if !writable {
         return crate::observe::Before::No {
@@ -409,6 +409,15 @@ pub(crate) fn observe_and_merge(inner: &Inner, rec: &RunRecord, merge: bool) -> 
     };
     let changes = policy::observed::diff(&first, &second);
     let mut report = ObservedReport::of(first.source, &changes);
+    for list in [
+        &mut report.created,
+        &mut report.modified,
+        &mut report.deleted,
+    ] {
+        for p in list.iter_mut() {
+            *p = crate::observe::shown(p);
+        }
+    }
     report.note = note;
     if !merge {
         return report;
@@ -417,6 +426,7 @@ pub(crate) fn observe_and_merge(inner: &Inner, rec: &RunRecord, merge: bool) -> 
     let merged: Vec<PathBuf> = changes
         .written_newest_first(&second)
         .iter()
+        .filter(|rel| crate::observe::mergeable(rel) && !rel.starts_with(".git/"))
         .filter_map(|rel| {
             let v = judge(&facts(rel, &root), std::slice::from_ref(&canonical), 0);
             match v.outcome {

@@ -78,6 +78,50 @@ pub struct StatusPath {
 /// [`policy::observed::MAX_PATHS`].
 pub type Paths = Option<Vec<StatusPath>>;
 
+/// What the pictures of a repository take from it: the status's paths and
+/// HEAD's commit.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// The paths; with a HEAD to compare with, also every path that
+    /// differs from that commit's tree (changes the run committed).
+    pub paths: Paths,
+    /// HEAD's full commit id (none before the first commit).
+    pub head: Option<String>,
+}
+
+/// Adds to `paths` every path in which the work tree (with the index)
+/// differs from commit `since`'s tree; `None` past the bound.
+pub fn add_since(repo: &Repository, since: &str, paths: &mut Paths) -> Result<(), git2::Error> {
+    let Some(list) = paths.as_mut() else {
+        return Ok(());
+    };
+    let tree = repo.find_commit(git2::Oid::from_str(since)?)?.tree()?;
+    let mut opts = git2::DiffOptions::new();
+    opts.include_untracked(false).include_ignored(false);
+    let diff = repo.diff_tree_to_workdir_with_index(Some(&tree), Some(&mut opts))?;
+    for d in diff.deltas() {
+        let file = if d.status() == git2::Delta::Deleted {
+            d.old_file()
+        } else {
+            d.new_file()
+        };
+        let Some(path) = file.path_bytes() else {
+            continue;
+        };
+        if !list.iter().any(|p| p.path == path) {
+            list.push(StatusPath {
+                path: path.to_vec(),
+                new_to_git: d.status() == git2::Delta::Added,
+            });
+        }
+        if list.len() > policy::observed::MAX_PATHS {
+            *paths = None;
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 /// The counts of `repo`'s status, and its paths.
 pub fn counts(repo: &Repository) -> Result<(Counts, Paths), git2::Error> {
     let statuses = repo.statuses(Some(&mut options()))?;

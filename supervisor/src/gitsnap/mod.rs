@@ -43,32 +43,36 @@ fn budget_text(b: Duration) -> String {
 /// Takes the snapshot of the repository containing `dir` within `budget`
 /// (a zero budget always times out: it simulates a slow repository).
 pub fn snapshot(dir: &Path, budget: Duration) -> GitSnapshot {
-    snapshot_with_paths(dir, budget).0
+    snapshot_with_paths(dir, budget, None).0
 }
 
-/// The snapshot, and the status's paths when it is available.
-pub fn snapshot_with_paths(dir: &Path, budget: Duration) -> (GitSnapshot, counts::Paths) {
+/// The snapshot, and the status's paths and HEAD when it is available;
+/// with `since` (a commit id), the paths that differ from that commit too.
+pub fn snapshot_with_paths(
+    dir: &Path,
+    budget: Duration,
+    since: Option<String>,
+) -> (GitSnapshot, counts::Listing) {
+    let none = counts::Listing::default;
+    let timed_out = || unavailable(format!("timed out after {}", budget_text(budget)));
     if budget.is_zero() {
-        return (
-            unavailable(format!("timed out after {}", budget_text(budget))),
-            None,
-        );
+        return (timed_out(), none());
     }
     let found = match precheck::check(dir) {
         Ok(f) => f,
-        Err(e) => return (unavailable(e.to_string()), None),
+        Err(e) => return (unavailable(e.to_string()), none()),
     };
     let repo = found.common_dir.clone();
-    match guard::bounded(repo, budget, "git-snapshot", move || compute(&found), drop) {
+    let work = move || compute(&found, since.as_deref());
+    match guard::bounded(repo, budget, "git-snapshot", work, drop) {
         Ok(s) => s,
-        Err(guard::GuardError::Busy) => (unavailable("a previous snapshot is still running"), None),
+        Err(guard::GuardError::Busy) => {
+            (unavailable("a previous snapshot is still running"), none())
+        }
         // The thread finishes on its own; its result is dropped.
-        Err(guard::GuardError::TimedOut) => (
-            unavailable(format!("timed out after {}", budget_text(budget))),
-            None,
-        ),
+        Err(guard::GuardError::TimedOut) => (timed_out(), none()),
         Err(guard::GuardError::Spawn(_)) => {
-            (unavailable("could not start the snapshot thread"), None)
+            (unavailable("could not start the snapshot thread"), none())
         }
     }
 }
@@ -99,13 +103,14 @@ pub fn open_found(found: &precheck::Found) -> Result<Repository, OpenError> {
     }
 }
 
-fn compute(found: &precheck::Found) -> (GitSnapshot, counts::Paths) {
+fn compute(found: &precheck::Found, since: Option<&str>) -> (GitSnapshot, counts::Listing) {
+    let none = counts::Listing::default;
     let repo = match open_found(found) {
         Ok(r) => r,
-        Err(why) => return (unavailable(why.to_string()), None),
+        Err(why) => return (unavailable(why.to_string()), none()),
     };
     let Some(worktree) = repo.workdir().map(clean) else {
-        return (unavailable("a bare repository has no work tree"), None);
+        return (unavailable("a bare repository has no work tree"), none());
     };
     let common_dir = clean(repo.commondir());
     let detached = repo.head_detached().unwrap_or(false);
@@ -134,7 +139,7 @@ fn compute(found: &precheck::Found) -> (GitSnapshot, counts::Paths) {
         Err(e) => {
             return (
                 unavailable(format!("broken repository: {}", e.message())),
-                None,
+                none(),
             )
         }
     };
@@ -153,15 +158,22 @@ fn compute(found: &precheck::Found) -> (GitSnapshot, counts::Paths) {
             }
         }
     }
-    let (c, paths) = match counts::counts(&repo) {
+    let (c, mut paths) = match counts::counts(&repo) {
         Ok(c) => c,
         Err(e) => {
             return (
                 unavailable(format!("git status failed: {}", e.message())),
-                None,
+                none(),
             )
         }
     };
+    let head_full = head_oid.map(|o| o.to_string());
+    if let Some(old) = since.filter(|old| head_full.as_deref() != Some(*old)) {
+        if let Err(e) = counts::add_since(&repo, old, &mut paths) {
+            let why = format!("comparing with commit {old} failed: {}", e.message());
+            return (unavailable(why), none());
+        }
+    }
     let counts::Counts {
         staged,
         modified,
@@ -179,5 +191,9 @@ fn compute(found: &precheck::Found) -> (GitSnapshot, counts::Paths) {
         modified,
         untracked,
     };
-    (snapshot, paths)
+    let listing = counts::Listing {
+        paths,
+        head: head_full,
+    };
+    (snapshot, listing)
 }
