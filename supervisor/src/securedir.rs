@@ -50,6 +50,9 @@ pub enum SecureDirError {
     /// A name is empty, "." or "..", or holds a slash.
     #[error("{0:?}: not a single path component")]
     BadName(String),
+    /// A file that should be a regular file is something else.
+    #[error("{0}: is not a regular file (a FIFO, device or directory?); refusing it")]
+    NotRegular(PathBuf),
 }
 
 /// An open, verified private directory.
@@ -120,6 +123,18 @@ impl PrivateDir {
         path: PathBuf,
         owner: u32,
     ) -> Result<PrivateDir, SecureDirError> {
+        let (dir, st) = self.open_dir(name, path)?;
+        check_private(&dir.path, &st, owner)?;
+        Ok(dir)
+    }
+
+    /// Opens the directory `name` inside this one without following a
+    /// symlink; returns it with its status.
+    fn open_dir(
+        &self,
+        name: &str,
+        path: PathBuf,
+    ) -> Result<(PrivateDir, nix::sys::stat::FileStat), SecureDirError> {
         let fd = match openat(
             self.fd.as_fd(),
             name,
@@ -140,18 +155,88 @@ impl PrivateDir {
             Err(e) => return Err(sys("open", &path)(e)),
         };
         let st = fstat(&fd).map_err(sys("stat", &path))?;
-        if st.st_uid != owner {
-            return Err(SecureDirError::WrongOwner {
-                path,
-                owner: st.st_uid,
-                expected: owner,
-            });
+        Ok((PrivateDir { fd, path }, st))
+    }
+}
+
+/// `st` (of `path`) is owned by `owner` and writable by no one else.
+fn check_private(
+    path: &Path,
+    st: &nix::sys::stat::FileStat,
+    owner: u32,
+) -> Result<(), SecureDirError> {
+    if st.st_uid != owner {
+        return Err(SecureDirError::WrongOwner {
+            path: path.to_path_buf(),
+            owner: st.st_uid,
+            expected: owner,
+        });
+    }
+    let mode = st.st_mode & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(SecureDirError::Writable {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+/// An ancestor (`st`, of `path`) that only root or `owner` can change: owned
+/// by one of them, and writable by others only when sticky (as /tmp is).
+fn check_ancestor(
+    path: &Path,
+    st: &nix::sys::stat::FileStat,
+    owner: u32,
+) -> Result<(), SecureDirError> {
+    if st.st_uid != 0 && st.st_uid != owner {
+        return Err(SecureDirError::WrongOwner {
+            path: path.to_path_buf(),
+            owner: st.st_uid,
+            expected: owner,
+        });
+    }
+    let mode = st.st_mode & 0o7777;
+    if mode & 0o022 != 0 && mode & libc::S_ISVTX == 0 {
+        return Err(SecureDirError::Writable {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+impl PrivateDir {
+    /// Opens (creating it 0600) the log file `name` in this directory for
+    /// appending: never through a symlink, never blocking on a FIFO, and
+    /// only if it is a regular file of `owner` that no one else can write.
+    pub fn open_log(&self, name: &str, owner: u32) -> Result<std::fs::File, SecureDirError> {
+        check_name(name)?;
+        let path = self.path.join(name);
+        let flags = OFlag::O_WRONLY
+            | OFlag::O_APPEND
+            | OFlag::O_CREAT
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_CLOEXEC;
+        let fd = match openat(self.fd.as_fd(), name, flags, Mode::S_IRUSR | Mode::S_IWUSR) {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP) => return Err(SecureDirError::Symlink(path)),
+            // ENXIO: a FIFO nobody reads; EISDIR, ENODEV: not a file either.
+            Err(Errno::ENXIO | Errno::EISDIR | Errno::ENODEV) => {
+                return Err(SecureDirError::NotRegular(path))
+            }
+            Err(e) => return Err(sys("open", &path)(e)),
+        };
+        let st = fstat(&fd).map_err(sys("stat", &path))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(SecureDirError::NotRegular(path));
         }
-        let mode = st.st_mode & 0o7777;
-        if mode & 0o022 != 0 {
-            return Err(SecureDirError::Writable { path, mode });
-        }
-        Ok(PrivateDir { fd, path })
+        check_private(&path, &st, owner)?;
+        // O_NONBLOCK was only for the open; writes to the log may block.
+        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_APPEND))
+            .map_err(sys("fcntl", &path))?;
+        Ok(std::fs::File::from(fd))
     }
 }
 
@@ -204,12 +289,53 @@ pub fn open_private_dir(path: &Path) -> Result<OwnedFd, SecureDirError> {
     Ok(dir.into_fd())
 }
 
-/// Makes `<parent>/<name>` a private directory, creating it if needed,
-/// where `parent` itself is trusted. Returns its path.
-pub fn ensure_private_dir(parent: &Path, name: &str) -> Result<PathBuf, SecureDirError> {
+/// Opens the directory at the absolute `path`, made (0700) with any missing
+/// parents, walking from `/` without following a symlink: each ancestor
+/// must be one only root or we can change ([`check_ancestor`]), and `path`
+/// itself ours and writable by us alone, whether it was there or not.
+pub fn open_owned_dir(path: &Path) -> Result<PrivateDir, SecureDirError> {
     let owner = crate::paths::uid();
-    let dir = PrivateDir::open_trusted(parent)?.ensure_child(name, owner)?;
-    Ok(dir.path)
+    let mut names = Vec::new();
+    for c in path.components() {
+        match c {
+            std::path::Component::RootDir => {}
+            std::path::Component::Normal(n) => names.push(
+                n.to_str()
+                    .ok_or_else(|| SecureDirError::BadName(path.display().to_string()))?,
+            ),
+            _ => return Err(SecureDirError::BadName(path.display().to_string())),
+        }
+    }
+    if !path.is_absolute() {
+        return Err(SecureDirError::BadName(path.display().to_string()));
+    }
+    let mut dir = PrivateDir::open_trusted(Path::new("/"))?;
+    let root = fstat(&dir.fd).map_err(sys("stat", Path::new("/")))?;
+    check_ancestor(Path::new("/"), &root, owner)?;
+    let last = names.len().saturating_sub(1);
+    for (i, name) in names.into_iter().enumerate() {
+        let child = dir.path.join(name);
+        let (next, st) = match dir.open_dir(name, child.clone()) {
+            Err(SecureDirError::Sys {
+                errno: Errno::ENOENT,
+                ..
+            }) => {
+                match mkdirat(dir.fd.as_fd(), name, Mode::S_IRWXU) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(sys("mkdir", &child)(e)),
+                }
+                dir.open_dir(name, child)?
+            }
+            other => other?,
+        };
+        if i == last {
+            check_private(&next.path, &st, owner)?;
+        } else {
+            check_ancestor(&next.path, &st, owner)?;
+        }
+        dir = next;
+    }
+    Ok(dir)
 }
 
 fn open_base(base: &Path, owner: u32) -> Result<PrivateDir, SecureDirError> {
@@ -396,6 +522,117 @@ mod tests {
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o777)).unwrap();
         let err = make_temp_dir(&base, "s").unwrap_err();
         assert!(matches!(err, SecureDirError::Writable { .. }), "{err}");
+    }
+
+    /// Whether this test runs as root, so it can give a file to nobody.
+    fn root() -> bool {
+        crate::paths::uid() == 0
+    }
+
+    #[test]
+    fn an_owned_dir_is_made_private_and_an_existing_one_checked() {
+        let root = tempfile::tempdir().unwrap();
+        let made = root.path().join("a/b/sock");
+        let dir = open_owned_dir(&made).unwrap();
+        assert_eq!(dir.path(), made);
+        let mode = std::fs::metadata(&made).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        assert!(open_owned_dir(&made).is_ok(), "ours, 0700: accepted again");
+
+        std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = open_owned_dir(&made).err().unwrap();
+        assert!(matches!(err, SecureDirError::Writable { .. }), "{err}");
+
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(root.path().join("a"), &link).unwrap();
+        let err = open_owned_dir(&link).err().unwrap();
+        assert!(matches!(err, SecureDirError::Symlink(_)), "{err}");
+        let err = open_owned_dir(&link.join("b")).err().unwrap();
+        assert!(
+            matches!(err, SecureDirError::Symlink(_)),
+            "a link above: {err}"
+        );
+
+        let open = root.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = open_owned_dir(&open.join("sub")).err().unwrap();
+        assert!(matches!(err, SecureDirError::Writable { .. }), "{err}");
+        assert!(!open.join("sub").exists(), "nothing made below it");
+        assert!(matches!(
+            open_owned_dir(Path::new("relative/dir")).err().unwrap(),
+            SecureDirError::BadName(_)
+        ));
+    }
+
+    #[test]
+    fn a_dir_of_another_uid_is_refused() {
+        if !root() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let theirs = tmp.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let err = open_owned_dir(&theirs).err().unwrap();
+        assert!(
+            matches!(err, SecureDirError::WrongOwner { owner: 65534, .. }),
+            "{err}"
+        );
+        let err = open_owned_dir(&theirs.join("sub")).err().unwrap();
+        assert!(
+            matches!(err, SecureDirError::WrongOwner { .. }),
+            "above: {err}"
+        );
+    }
+
+    #[test]
+    fn a_log_is_opened_only_as_a_regular_file_of_ours() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = open_owned_dir(&tmp.path().join("d")).unwrap();
+        let owner = crate::paths::uid();
+        let mut f = dir.open_log("ok.log", owner).unwrap();
+        std::io::Write::write_all(&mut f, b"line\n").unwrap();
+        let p = dir.path().join("ok.log");
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"keep\n").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("link.log")).unwrap();
+        let err = dir.open_log("link.log", owner).unwrap_err();
+        assert!(matches!(err, SecureDirError::Symlink(_)), "{err}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep\n");
+
+        let fifo = dir.path().join("fifo.log");
+        nix::unistd::mkfifo(&fifo, Mode::S_IRWXU).unwrap();
+        let err = dir.open_log("fifo.log", owner).unwrap_err();
+        assert!(
+            matches!(err, SecureDirError::NotRegular(_)),
+            "no reader: {err}"
+        );
+        // With a reader the open succeeds, and the file type refuses it.
+        let _reader = open(&fifo, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()).unwrap();
+        let err = dir.open_log("fifo.log", owner).unwrap_err();
+        assert!(
+            matches!(err, SecureDirError::NotRegular(_)),
+            "a reader: {err}"
+        );
+
+        std::fs::create_dir(dir.path().join("dir.log")).unwrap();
+        let err = dir.open_log("dir.log", owner).unwrap_err();
+        assert!(matches!(err, SecureDirError::NotRegular(_)), "{err}");
+
+        if root() {
+            let theirs = dir.path().join("theirs.log");
+            std::fs::write(&theirs, b"").unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let err = dir.open_log("theirs.log", owner).unwrap_err();
+            assert!(matches!(err, SecureDirError::WrongOwner { .. }), "{err}");
+        }
     }
 
     #[test]

@@ -485,16 +485,27 @@ fn starts_a_daemon_when_none_answers() {
     std::fs::create_dir(&run).unwrap();
     let env = json!({"XDG_RUNTIME_DIR": run, "XDG_STATE_HOME": state});
     let socket = run.join("subagentd/subagentd.sock");
-    let mut c = Client::start(&py, &["mcp"], env);
-    let pid = {
+    let daemon_pid = || {
         let mut conn = Conn::connect(&socket);
         conn.call("ping", json!({})).unwrap()["pid"]
             .as_i64()
             .unwrap() as i32
     };
-    let _stop = KillOnDrop(pid);
+    let mut c = Client::start(&py, &["mcp"], env);
+    let first = daemon_pid();
     assert!(c.log().contains("no subagentd answered"), "{}", c.log());
-    assert!(c.log().contains(&format!("pid {pid}")), "{}", c.log());
+    assert!(c.log().contains(&format!("pid {first}")), "{}", c.log());
+    // A daemon it started that ends is reaped, not left a zombie.
+    unsafe_kill(first, libc::SIGTERM);
+    wait_until(
+        Duration::from_secs(20),
+        "the first daemon to be reaped",
+        || !Path::new(&format!("/proc/{first}")).exists(),
+    );
+    c.ok("list_agent_runs", json!({}));
+    let pid = daemon_pid();
+    let _stop = KillOnDrop(pid);
+    assert_ne!(pid, first, "a second daemon was started");
     let r = c.ok(
         "spawn_agent",
         json!({"task": "t", "command": ["echo", "hello"]}),
@@ -531,6 +542,34 @@ fn starts_a_daemon_when_none_answers() {
         json!({"XDG_RUNTIME_DIR": run, "XDG_STATE_HOME": state}),
     );
     assert!(!c2.log().contains("no subagentd answered"), "{}", c2.log());
+}
+
+#[test]
+fn a_planted_socket_dir_starts_no_daemon() {
+    let Some(py) = python() else { return };
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (run, state) = (dir.path().join("run"), dir.path().join("state"));
+    let planted = run.join("subagentd");
+    std::fs::create_dir_all(&planted).unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "keep\n").unwrap();
+    std::os::unix::fs::symlink(&victim, planted.join("subagentd.log")).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    if subagentd_e2e::is_root() {
+        std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+    }
+    let env = json!({"XDG_RUNTIME_DIR": run, "XDG_STATE_HOME": state});
+    let mut c = Client::start(&py, &["mcp"], env);
+    let e = c.tool_error("call", "list_agent_runs", json!({}));
+    assert!(e.contains("refusing its socket directory"), "{e}");
+    assert!(e.contains(planted.to_str().unwrap()), "{e}");
+    assert!(e.contains("remove or fix that directory"), "{e}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep\n");
+    assert!(
+        !planted.join("subagentd.sock").exists(),
+        "no daemon bound there"
+    );
 }
 
 /// SIGTERMs a daemon the test did not start itself, and waits for it.

@@ -288,7 +288,8 @@ fn notices(ctx: &Ctx, session: &str) -> Result<u8> {
 fn logs(ctx: &Ctx, run: &str, follow: bool, tail: Option<usize>, raw: bool) -> Result<u8> {
     let dir = run_dir(ctx, run)?;
     let from = match tail {
-        Some(n) => follow::tail_offset(&dir.join("child.log"), n).unwrap_or(0),
+        // The user asked for these lines and reads them all: no byte bound.
+        Some(n) => follow::tail_offset(&dir.join("child.log"), n, u64::MAX).unwrap_or(0),
         None => 0,
     };
     match follow::print_log_to_stdout(&dir, from, follow, raw) {

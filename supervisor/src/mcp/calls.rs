@@ -4,7 +4,7 @@
 use super::render::{self, clean, status_result};
 use super::server::{args, Inner, ToolError, ToolResult};
 use super::tools::{ListArgs, LogArgs, NoArgs, RunArgs, SpawnArgs, WaitArgs};
-use super::tools::{DEFAULT_WAIT_S, MAX_WAIT_S};
+use super::tools::{DEFAULT_TAIL_LINES, DEFAULT_WAIT_S, MAX_TAIL_LINES, MAX_WAIT_S};
 use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
@@ -159,17 +159,17 @@ async fn wait(inner: &Inner, a: WaitArgs, ctx: &RequestContext<RoleServer>) -> T
         let params = json!({"run_id": a.run_id, "timeout_ms": chunk.as_millis() as u64});
         let status = inner.link.call("wait_agent_run", params).await?;
         if render::is_terminal(&status) {
-            return Ok(status_result(status, Some("the run has ended.")));
+            return Ok(status_result(status, Some("the run has ended.")).await);
         }
         if Instant::now() >= deadline {
             let lead = format!(
                 "still running after waiting {} s; call wait_agent_run again to keep waiting.",
                 begun.elapsed().as_secs()
             );
-            return Ok(status_result(status, Some(&lead)));
+            return Ok(status_result(status, Some(&lead)).await);
         }
         if let Some(t) = &token {
-            let msg = progress_message(&clean(status));
+            let msg = progress_message(&clean(status)).await;
             let p = ProgressNotificationParam::new(t.clone(), begun.elapsed().as_secs_f64())
                 .with_total(limit.as_secs_f64())
                 .with_message(msg);
@@ -181,8 +181,8 @@ async fn wait(inner: &Inner, a: WaitArgs, ctx: &RequestContext<RoleServer>) -> T
 }
 
 /// What a progress notification says: the state and the last log line.
-fn progress_message(status: &Value) -> String {
-    let last = render::log_tail(Path::new(status["log_path"].as_str().unwrap_or("")), 1);
+async fn progress_message(status: &Value) -> String {
+    let last = render::log_tail_off_runtime(status["log_path"].as_str().unwrap_or(""), 1).await;
     let last = match last.trim_end() {
         "" => "no output yet".to_owned(),
         l => format!("last output: {l}"),
@@ -196,7 +196,7 @@ async fn status_of(inner: &Inner, method: &str, a: RunArgs) -> ToolResult {
         .link
         .call(method, json!({ "run_id": a.run_id }))
         .await?;
-    Ok(status_result(status, None))
+    Ok(status_result(status, None).await)
 }
 
 async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
@@ -236,7 +236,12 @@ async fn read_log(inner: &Inner, a: LogArgs) -> ToolResult {
             .await?,
     );
     let path = Path::new(status["log_path"].as_str().unwrap_or("")).to_path_buf();
-    if !path.exists() {
+    let tail = a.tail.unwrap_or(DEFAULT_TAIL_LINES).min(MAX_TAIL_LINES);
+    let offset = a.offset;
+    let read = tokio::task::spawn_blocking(move || read_log_file(&path, offset, tail))
+        .await
+        .map_err(|e| ToolError::Refused(format!("reading the log failed: {e}")))??;
+    let Some((from, text, next, size)) = read else {
         let text = format!(
             "run {} has written no output yet ({}).",
             a.run_id,
@@ -246,16 +251,7 @@ async fn read_log(inner: &Inner, a: LogArgs) -> ToolResult {
             text,
             json!({"run_id": a.run_id, "text": "", "offset": 0, "next_offset": 0, "size": 0, "state": status["state"]}),
         ));
-    }
-    let from = match (a.offset, a.tail) {
-        (Some(o), _) => o,
-        (None, tail) => {
-            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            let start = crate::cli::follow::tail_offset(&path, tail.unwrap_or(50)).unwrap_or(0);
-            start.max(len.saturating_sub(render::LOG_CHUNK))
-        }
     };
-    let (text, next, size) = render::log_chunk(&path, from)?;
     let more = if next < size {
         format!("\n[{} more bytes: read on from offset {next}]", size - next)
     } else {
@@ -268,6 +264,24 @@ async fn read_log(inner: &Inner, a: LogArgs) -> ToolResult {
     );
     let data = json!({"run_id": a.run_id, "text": text, "offset": from, "next_offset": next, "size": size, "state": status["state"]});
     Ok(render::ok(body, data))
+}
+
+/// Reads one chunk of the log at `path`: from `offset`, else from its last
+/// `tail` lines (looking back one chunk at most). `None`: no log yet.
+fn read_log_file(
+    path: &Path,
+    offset: Option<u64>,
+    tail: usize,
+) -> Result<Option<(u64, String, u64, u64)>, render::LogError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let from = match offset {
+        Some(o) => o,
+        None => crate::cli::follow::tail_offset(path, tail, render::LOG_CHUNK).unwrap_or(0),
+    };
+    let (text, next, size) = render::log_chunk(path, from)?;
+    Ok(Some((from, text, next, size)))
 }
 
 async fn notices(inner: &Inner, _a: NoArgs) -> ToolResult {

@@ -3,7 +3,6 @@
 
 use crate::protocol::RpcError;
 use serde_json::{json, Value};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -44,6 +43,14 @@ pub enum DaemonError {
         bin: PathBuf,
         /// The underlying error.
         source: std::io::Error,
+    },
+    /// The socket's directory, where the daemon's log would go, is unsafe.
+    #[error("not starting subagentd: refusing its socket directory {dir}: {source}")]
+    SocketDir {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong with it, or with its log.
+        source: crate::securedir::SecureDirError,
     },
     /// A daemon was started but ended, or never answered.
     #[error("subagentd was started (pid {pid}) but {what}; its log: {log}")]
@@ -112,7 +119,7 @@ impl Link {
             Err(e) if !(self.autostart && e.nobody_listens()) => return Err(e),
             Err(_) => {}
         }
-        let started = start(&self.socket, self.state_dir.as_deref())?;
+        let mut started = start(&self.socket, self.state_dir.as_deref())?;
         tracing::info!(
             "no subagentd answered on {}; started one (pid {}, {}), its log: {}",
             self.socket.display(),
@@ -121,7 +128,9 @@ impl Link {
             started.log.display()
         );
         let pid = started.pid;
-        started.wait_ready(&self.socket).await?;
+        let ready = started.wait_ready(&self.socket).await;
+        started.reap();
+        ready?;
         Ok(Some(pid))
     }
 }
@@ -178,6 +187,28 @@ fn daemon_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("subagentd"))
 }
 
+/// Opens `subagentd.log` beside `socket` for appending, in a directory
+/// that must be ours alone (the daemon would refuse any other).
+fn open_log(socket: &Path) -> Result<(std::fs::File, PathBuf), DaemonError> {
+    let dir = socket
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dir = std::path::absolute(dir).map_err(|source| DaemonError::Start {
+        bin: daemon_binary(),
+        source,
+    })?;
+    let refuse = |source| DaemonError::SocketDir {
+        dir: dir.clone(),
+        source,
+    };
+    let private = crate::securedir::open_owned_dir(&dir).map_err(refuse)?;
+    let file = private
+        .open_log("subagentd.log", crate::paths::uid())
+        .map_err(refuse)?;
+    Ok((file, dir.join("subagentd.log")))
+}
+
 /// Starts `subagentd` on `socket` in a process group of its own, its
 /// stderr appended to `subagentd.log` beside the socket.
 fn start(socket: &Path, state_dir: Option<&Path>) -> Result<Started, DaemonError> {
@@ -186,20 +217,7 @@ fn start(socket: &Path, state_dir: Option<&Path>) -> Result<Started, DaemonError
         bin: bin.clone(),
         source,
     };
-    let dir = socket.parent().unwrap_or(Path::new("/"));
-    // The daemon accepts an existing socket dir only if it is private.
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(fail)?;
-    let log = dir.join("subagentd.log");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log)
-        .map_err(fail)?;
+    let (file, log) = open_log(socket)?;
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg("--socket").arg(socket);
     if let Some(s) = state_dir {
@@ -222,8 +240,20 @@ fn start(socket: &Path, state_dir: Option<&Path>) -> Result<Started, DaemonError
 }
 
 impl Started {
+    /// Leaves the daemon running, and has a thread wait for its exit so it
+    /// does not stay a zombie of this process.
+    fn reap(self) {
+        let mut child = self.child;
+        let spawned = std::thread::Builder::new()
+            .name("subagentd-reaper".into())
+            .spawn(move || child.wait());
+        if let Err(e) = spawned {
+            tracing::warn!("cannot watch the started subagentd (pid {}): {e}", self.pid);
+        }
+    }
+
     /// Polls `ping` until the daemon answers, it exits, or the limit passes.
-    async fn wait_ready(mut self, socket: &Path) -> Result<(), DaemonError> {
+    async fn wait_ready(&mut self, socket: &Path) -> Result<(), DaemonError> {
         let deadline = Instant::now() + READY_LIMIT;
         let mut pause = Duration::from_millis(5);
         loop {
@@ -246,11 +276,52 @@ impl Started {
                 return Err(DaemonError::NotReady {
                     pid: self.pid,
                     what,
-                    log: self.log,
+                    log: self.log.clone(),
                 });
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(100));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_log_is_not_opened_in_a_dir_that_is_not_ours_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("planted");
+        std::fs::create_dir(&dir).unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"keep\n").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("subagentd.log")).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        if crate::paths::uid() == 0 {
+            std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        }
+        let err = open_log(&dir.join("sock")).unwrap_err();
+        assert!(matches!(err, DaemonError::SocketDir { .. }), "{err}");
+        assert!(err.to_string().contains(dir.to_str().unwrap()), "{err}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep\n");
+
+        // Ours and private, the symlinked log is still refused.
+        if crate::paths::uid() == 0 {
+            std::os::unix::fs::chown(&dir, Some(0), Some(0)).unwrap();
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let err = open_log(&dir.join("sock")).unwrap_err();
+        assert!(err.to_string().contains("symlink"), "{err}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep\n");
+
+        std::fs::remove_file(dir.join("subagentd.log")).unwrap();
+        nix::unistd::mkfifo(&dir.join("subagentd.log"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let err = open_log(&dir.join("sock")).unwrap_err();
+        assert!(
+            err.to_string().contains("not a regular file"),
+            "a FIFO: {err}"
+        );
     }
 }

@@ -81,19 +81,27 @@ pub fn elapsed_ms(status: &Value) -> Option<u64> {
 /// The last `n` lines of the log at `path`, at most `STATUS_LOG_BYTES`,
 /// made harmless; empty when there is no log (yet).
 pub fn log_tail(path: &Path, n: usize) -> String {
-    let Ok(from) = crate::cli::follow::tail_offset(path, n) else {
+    let Ok(from) = crate::cli::follow::tail_offset(path, n, STATUS_LOG_BYTES) else {
         return String::new();
     };
-    let Ok(mut f) = std::fs::File::open(path) else {
+    let Ok(f) = std::fs::File::open(path) else {
         return String::new();
     };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let from = from.max(len.saturating_sub(STATUS_LOG_BYTES));
     let mut buf = Vec::new();
-    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_end(&mut buf).is_err() {
+    // What the child appends meanwhile does not make the read longer.
+    let mut rest = f.take(STATUS_LOG_BYTES);
+    if rest.get_mut().seek(SeekFrom::Start(from)).is_err() || rest.read_to_end(&mut buf).is_err() {
         return String::new();
     }
     terminal_text(&buf)
+}
+
+/// [`log_tail`] on a blocking thread, so a slow disk stalls no other call.
+pub async fn log_tail_off_runtime(path: &str, n: usize) -> String {
+    let path = std::path::PathBuf::from(path);
+    tokio::task::spawn_blocking(move || log_tail(&path, n))
+        .await
+        .unwrap_or_default()
 }
 
 /// One chunk of the log from `offset`: the text and the offset after it.
@@ -180,9 +188,9 @@ pub fn summary(status: &Value) -> Value {
 /// A status as a tool result: text, and the status's [`summary`] with
 /// `message`, `still_running`, `elapsed_ms` and `log_tail` (some clients
 /// show the model only the structured content).
-pub fn status_result(status: Value, lead: Option<&str>) -> CallToolResult {
+pub async fn status_result(status: Value, lead: Option<&str>) -> CallToolResult {
     let status = clean(status);
-    let tail = log_tail(Path::new(field(&status, "log_path")), STATUS_LOG_LINES);
+    let tail = log_tail_off_runtime(field(&status, "log_path"), STATUS_LOG_LINES).await;
     let mut text = lead.map(|l| format!("{l}\n")).unwrap_or_default();
     text.push_str(&status_text(&status));
     let message = text.lines().take(2).collect::<Vec<_>>().join(" ");

@@ -68,6 +68,9 @@ impl From<DaemonError> for ToolError {
                 ". Wait a little and call again."
             }
             DaemonError::Rpc(_) => "",
+            DaemonError::SocketDir { .. } => {
+                ". Calling again will not help: ask the user to remove or fix that directory."
+            }
             _ => ". The supervisor is not available; try again later, or ask the user to start subagentd.",
         };
         ToolError::Daemon { source, hint }

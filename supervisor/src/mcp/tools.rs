@@ -11,6 +11,10 @@ use std::sync::Arc;
 pub const MAX_WAIT_S: u64 = 50;
 /// `wait_agent_run`'s timeout when none is given.
 pub const DEFAULT_WAIT_S: u64 = 45;
+/// The lines `read_agent_log` returns when neither `tail` nor `offset` is given.
+pub const DEFAULT_TAIL_LINES: usize = 50;
+/// The most lines `read_agent_log`'s `tail` asks for; more is read as this.
+pub const MAX_TAIL_LINES: usize = 1000;
 
 /// Arguments of `spawn_agent`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -84,7 +88,7 @@ pub struct ListArgs {
 pub struct LogArgs {
     /// The run id `spawn_agent` returned.
     pub run_id: String,
-    /// The last this many lines (default 50 when `offset` is not given).
+    /// The last this many lines (default 50 when `offset` is not given; at most 1000, and at most 64 KiB).
     #[serde(default)]
     pub tail: Option<usize>,
     /// Read from this byte offset instead (use the `next_offset` of the previous answer to read on).
@@ -112,9 +116,9 @@ const CANCEL: &str = "Stop a run: a queued run is cancelled at once; a running o
 SIGTERM, then SIGKILL after 5 s. Returns the status after the request.";
 const LIST: &str = "List runs, oldest first: by default this conversation's, optionally \
 filtered by state.";
-const LOG: &str = "Read a run's output (its stdout and stderr): the last `tail` lines, or \
-from a byte `offset` on (up to 64 KiB per call; `next_offset` says where to go on). Works \
-while the run goes on and after it ended.";
+const LOG: &str = "Read a run's output (its stdout and stderr): the last `tail` lines (at \
+most 1000), or from a byte `offset` on (up to 64 KiB per call; `next_offset` says where to \
+go on). Works while the run goes on and after it ended.";
 const NOTICES: &str = "Take the notices of runs of this conversation that ended since the \
 last call (each notice is returned once): run_id, state, result.md path.";
 const AGENTS: &str = "List the subagent definitions a run in this project can use by name \

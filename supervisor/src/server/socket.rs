@@ -22,9 +22,14 @@ pub enum SocketError {
     /// Something that is not a socket is in the way.
     #[error("{0} exists and is not a socket; not removing it")]
     NotASocket(PathBuf),
-    /// The socket's directory could not be made safely.
-    #[error("socket directory: {0}")]
-    Dir(#[from] crate::securedir::SecureDirError),
+    /// The socket's directory could not be made, or is not ours alone.
+    #[error("refusing the socket directory {dir}: {source}")]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong with it (or with a directory above it).
+        source: crate::securedir::SecureDirError,
+    },
     /// A step failed.
     #[error("{op} {path}: {source}")]
     Io {
@@ -66,20 +71,18 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> So
     }
 }
 
-/// Binds `path`, creating its directory (0700) when missing.
+/// Binds `path`, creating its directory (0700) when missing; an existing
+/// one must be ours, not writable by others, and reached through no symlink.
 pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    if !dir.exists() {
-        let (Some(grand), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
-        else {
-            return Err(io("create", dir)(std::io::ErrorKind::InvalidInput.into()));
-        };
-        std::fs::create_dir_all(grand).map_err(io("create", grand))?;
-        crate::securedir::ensure_private_dir(grand, name)?;
-    }
+    let dir = std::path::absolute(dir).map_err(io("resolve", dir))?;
+    crate::securedir::open_owned_dir(&dir).map_err(|source| SocketError::Dir {
+        dir: dir.clone(),
+        source,
+    })?;
     let mut lock_name = path.as_os_str().to_owned();
     lock_name.push(".lock");
     let lock_path = PathBuf::from(lock_name);
@@ -127,4 +130,35 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
         path: path.to_path_buf(),
         _lock: lock,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_existing_socket_dir_must_be_ours_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        let bound = bind_socket(&dir.join("d.sock")).unwrap();
+        assert!(bound.path().exists());
+        drop(bound);
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = bind_socket(&dir.join("d.sock")).err().unwrap();
+        assert!(matches!(err, SocketError::Dir { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(dir.to_str().unwrap()) && msg.contains("writable"),
+            "{msg}"
+        );
+        assert!(!dir.join("d.sock").exists(), "nothing bound there");
+
+        if crate::paths::uid() == 0 {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+            let err = bind_socket(&dir.join("d.sock")).err().unwrap();
+            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+        }
+    }
 }
