@@ -49,8 +49,8 @@ impl Driver {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DriverConfig {
-    /// The program (default `claude` / `codex`, looked up in the child's
-    /// PATH).
+    /// The program: an absolute path, or a name (default `claude` /
+    /// `codex`) the daemon looks up in its own PATH.
     #[serde(default)]
     pub command: Option<String>,
     /// The model endpoint (Claude Code: `ANTHROPIC_BASE_URL`; Codex: the
@@ -111,6 +111,14 @@ pub enum DriverError {
         /// The name as configured.
         name: String,
     },
+    /// The program is not an executable file the daemon can find.
+    #[error("drivers.{driver}.command: {program:?} is not an executable file in the daemon's PATH; give its absolute path")]
+    Program {
+        /// The driver.
+        driver: &'static str,
+        /// The program as configured (or the default name).
+        program: String,
+    },
     /// system.md is too large to pass to Codex as an argument.
     #[error(
         "system.md is {bytes} bytes; the codex driver passes it as one argument of at most {max}"
@@ -123,6 +131,12 @@ pub enum DriverError {
     },
 }
 
+/// Claude Code's endpoint when the config names none.
+pub const ANTHROPIC_URL: &str = "https://api.anthropic.com";
+
+/// Codex's endpoint when the config names none.
+pub const OPENAI_URL: &str = "https://api.openai.com/v1";
+
 /// The largest argument Linux passes (MAX_ARG_STRLEN is 128 KiB), less room
 /// for the option's own name.
 pub const MAX_ARG_BYTES: usize = 128 * 1024 - 64;
@@ -132,6 +146,8 @@ pub const MAX_ARG_BYTES: usize = 128 * 1024 - 64;
 pub struct DriverInputs<'a> {
     /// The driver's settings.
     pub config: &'a DriverConfig,
+    /// The program, resolved by the daemon (an absolute path).
+    pub program: &'a str,
     /// system.md as the child sees it (its path).
     pub system_path: &'a str,
     /// system.md's text (Codex takes it as a setting).
@@ -283,7 +299,7 @@ pub fn invocation(driver: Driver, i: &DriverInputs) -> Result<Option<Invocation>
 
 fn claude_code(i: &DriverInputs) -> Invocation {
     let c = i.config;
-    let mut argv = vec![c.command.clone().unwrap_or_else(|| "claude".into())];
+    let mut argv = vec![i.program.to_owned()];
     let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
     argv.extend(s(&["-p", "--output-format", "stream-json", "--verbose"]));
     argv.extend(s(&["--append-system-prompt-file", i.system_path]));
@@ -310,13 +326,10 @@ fn claude_code(i: &DriverInputs) -> Invocation {
     if i.uid0 {
         env.insert("IS_SANDBOX".into(), "1".into());
     }
-    let endpoint = match &c.base_url {
-        Some(url) => {
-            env.insert("ANTHROPIC_BASE_URL".into(), url.clone());
-            endpoint_of(url).unwrap_or_default()
-        }
-        None => "api.anthropic.com:443".into(),
-    };
+    // Always set: the endpoint is the config's, never the child's.
+    let url = c.base_url.as_deref().unwrap_or(ANTHROPIC_URL);
+    env.insert("ANTHROPIC_BASE_URL".into(), url.to_owned());
+    let endpoint = endpoint_of(url).unwrap_or_default();
     let key = key_var(Driver::ClaudeCode, c);
     Invocation {
         argv,
@@ -352,7 +365,7 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
             max: MAX_ARG_BYTES,
         });
     }
-    let mut argv = vec![c.command.clone().unwrap_or_else(|| "codex".into())];
+    let mut argv = vec![i.program.to_owned()];
     for a in ["exec", "--json", "--skip-git-repo-check", "--ephemeral"] {
         argv.push(a.into());
     }
@@ -385,7 +398,7 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
             ));
             endpoint_of(url).unwrap_or_default()
         }
-        None => "api.openai.com:443".into(),
+        None => endpoint_of(OPENAI_URL).unwrap_or_default(),
     };
     for s in settings {
         argv.extend(["-c".to_owned(), s]);
@@ -396,7 +409,10 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
     argv.extend(c.args.iter().cloned());
     // The prompt is read from stdin (first_message.md).
     argv.push("-".into());
-    let env = BTreeMap::from([("CODEX_HOME".to_owned(), i.temp_dir.to_owned())]);
+    let mut env = BTreeMap::from([("CODEX_HOME".to_owned(), i.temp_dir.to_owned())]);
+    // The built-in provider's endpoint, set so the child's cannot be used.
+    let url = c.base_url.as_deref().unwrap_or(OPENAI_URL);
+    env.insert("OPENAI_BASE_URL".into(), url.to_owned());
     let key = key_var(Driver::Codex, c);
     Ok(Invocation {
         argv,
@@ -404,6 +420,32 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
         key,
         endpoint,
     })
+}
+
+/// Whether a request's variable named `name` would steer a driver's agent
+/// (its program, endpoint, config, certificates, proxy or loader).
+pub fn steers_agent(name: &str) -> bool {
+    const EXACT: &[&str] = &[
+        "PATH",
+        "HOME",
+        "NODE_EXTRA_CA_CERTS",
+        "REQUESTS_CA_BUNDLE",
+        "IS_SANDBOX",
+    ];
+    const PREFIXES: &[&str] = &[
+        "ANTHROPIC_",
+        "OPENAI_",
+        "CLAUDE_",
+        "CODEX_",
+        "NODE_",
+        "SSL_CERT_",
+        "LD_",
+        "DISABLE_",
+    ];
+    EXACT.contains(&name)
+        || PREFIXES.iter().any(|p| name.starts_with(p))
+        || name.ends_with("_PROXY")
+        || name.ends_with("_proxy")
 }
 
 /// The placeholders a plain command's argv may hold.
@@ -473,6 +515,7 @@ mod tests {
     fn inputs<'a>(config: &'a DriverConfig, tools: Option<&'a [String]>) -> DriverInputs<'a> {
         DriverInputs {
             config,
+            program: "/bin/claude",
             system_path: "/ctx/system.md",
             system_text: "SYSTEM \"rules\"\n",
             tools,
@@ -505,7 +548,7 @@ mod tests {
         let inv = invocation(Driver::ClaudeCode, &inputs(&config, Some(&tools)))
             .unwrap()
             .unwrap();
-        assert_eq!(inv.argv[0], "claude");
+        assert_eq!(inv.argv[0], "/bin/claude");
         assert_eq!(
             after(&inv.argv, "--tools"),
             Some("Glob,Grep,LS,Read,Write,mcp__gh__pr")
@@ -545,6 +588,7 @@ mod tests {
         assert!(!inv.env.contains_key("IS_SANDBOX"));
         assert!(!inv.env.contains_key("NO_PROXY"));
         assert_eq!(inv.endpoint, "api.anthropic.com:443");
+        assert_eq!(inv.env["ANTHROPIC_BASE_URL"], ANTHROPIC_URL);
         assert_eq!(inv.key, None);
         assert_eq!(invocation(Driver::Command, &i).unwrap(), None);
     }
@@ -558,9 +602,9 @@ mod tests {
             model: Some("mock-model".into()),
             ..Default::default()
         };
-        let inv = invocation(Driver::Codex, &inputs(&config, None))
-            .unwrap()
-            .unwrap();
+        let mut i = inputs(&config, None);
+        i.program = "/opt/codex";
+        let inv = invocation(Driver::Codex, &i).unwrap().unwrap();
         let a = &inv.argv;
         assert_eq!(
             &a[..5],
@@ -601,6 +645,7 @@ mod tests {
             Some("SYSTEM \"rules\"\n")
         );
         assert_eq!(inv.env["CODEX_HOME"], "/tmp/t/");
+        assert_eq!(inv.env["OPENAI_BASE_URL"], "http://127.0.0.1:9/v1");
         assert_eq!(inv.key, Some(("OPENAI_API_KEY".into(), "K".into())));
         assert_eq!(inv.endpoint, "127.0.0.1:9");
         let big = "x".repeat(MAX_ARG_BYTES + 1);
@@ -610,6 +655,38 @@ mod tests {
             invocation(Driver::Codex, &i),
             Err(DriverError::SystemTooLarge { .. })
         ));
+        let plain = DriverConfig::default();
+        let inv = invocation(Driver::Codex, &inputs(&plain, None))
+            .unwrap()
+            .unwrap();
+        assert_eq!(inv.env["OPENAI_BASE_URL"], OPENAI_URL);
+        assert_eq!(inv.endpoint, "api.openai.com:443");
+    }
+
+    #[test]
+    fn variables_that_steer_an_agent() {
+        for n in [
+            "PATH",
+            "HOME",
+            "ANTHROPIC_BASE_URL",
+            "OPENAI_BASE_URL",
+            "CLAUDE_CONFIG_DIR",
+            "CODEX_HOME",
+            "NODE_OPTIONS",
+            "NODE_EXTRA_CA_CERTS",
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "HTTPS_PROXY",
+            "all_proxy",
+            "LD_PRELOAD",
+            "DISABLE_AUTOUPDATER",
+            "IS_SANDBOX",
+        ] {
+            assert!(steers_agent(n), "{n}");
+        }
+        for n in ["RUST_LOG", "MY_VAR", "PATHS", "LANG"] {
+            assert!(!steers_agent(n), "{n}");
+        }
     }
 
     #[test]

@@ -264,9 +264,13 @@ fn an_agent_error_fails_the_run_and_a_denied_tool_is_never_offered() {
 /// A driver whose key variable is unset in the daemon is refused at spawn.
 #[test]
 fn a_driver_without_its_key_is_refused() {
+    let Some(claude) = agents::require(agents::claude, "claude-code") else {
+        return;
+    };
     let home = tempfile::tempdir_in("/tmp").unwrap();
     let cfg = home.path().join("config.toml");
-    std::fs::write(&cfg, "[drivers.claude-code]\nbase_url = \"http://127.0.0.1:9\"\napi_key_env = \"SUBAGENT_TEST_UNSET_KEY\"\n").unwrap();
+    let text = format!("[drivers.claude-code]\ncommand = {:?}\nbase_url = \"http://127.0.0.1:9\"\napi_key_env = \"SUBAGENT_TEST_UNSET_KEY\"\n", claude.display().to_string());
+    std::fs::write(&cfg, text).unwrap();
     let d = Daemon::start_with(DaemonOpts {
         args: vec!["--config".into(), cfg.display().to_string()],
         ..Default::default()
@@ -297,6 +301,67 @@ fn a_driver_without_its_key_is_refused() {
         )
         .unwrap_err();
     assert_eq!(e["code"], -32602, "a driver takes no command: {e}");
+}
+
+/// A driver run's request may not name a variable that steers its agent
+/// (its program's PATH, its endpoint, its config, its loader), and its
+/// program is the daemon's: one the daemon cannot find refuses the spawn.
+#[test]
+fn a_request_never_steers_a_drivers_program_or_endpoint() {
+    let p = project();
+    let secret = key();
+    let (d, _home) = daemon(
+        "claude-code",
+        Path::new("/bin/sh"),
+        "http://127.0.0.1:9",
+        "",
+        &secret,
+    );
+    let call = |env: Value| {
+        d.conn()
+            .call(
+                "spawn_agent",
+                json!({"session": {"id": session("steer"), "audience": "personal", "project_dir": p.path(), "tools": ["file_read"]},
+                       "task": "t", "driver": "claude-code", "env": env}),
+            )
+            .unwrap_err()
+    };
+    for name in [
+        "PATH",
+        "ANTHROPIC_BASE_URL",
+        "NODE_OPTIONS",
+        "CLAUDE_CONFIG_DIR",
+        "OPENAI_BASE_URL",
+        "HTTPS_PROXY",
+    ] {
+        let e = call(json!({ name: "/proj/bin:/usr/bin:/bin" }));
+        assert_eq!(e["code"], -32602, "{name}: {e}");
+        let m = e["message"].as_str().unwrap();
+        assert!(m.contains(&format!("env.{name}")), "{name}: {e}");
+    }
+    let (d, _home) = daemon(
+        "claude-code",
+        Path::new("no-such-agent-program"),
+        "http://127.0.0.1:9",
+        "",
+        &secret,
+    );
+    let e = d
+        .conn()
+        .call(
+            "spawn_agent",
+            json!({"session": {"id": session("steer"), "audience": "personal", "project_dir": p.path(), "tools": ["file_read"]},
+                   "task": "t", "driver": "claude-code"}),
+        )
+        .unwrap_err();
+    assert_eq!(e["code"], -32602, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"no-such-agent-program\" is not an executable file in the daemon's PATH"),
+        "{e}"
+    );
 }
 
 /// Codex runs a command the model asks for and writes a file; it gets

@@ -357,12 +357,17 @@ fn driver_command(
             ),
         ));
     }
-    let program = settings
-        .drivers
-        .get(driver)
-        .and_then(|c| c.command.clone())
-        .unwrap_or_else(|| name.split('-').next().unwrap_or(name).to_owned());
-    Ok(vec![program])
+    if let Some(n) = p.env.keys().find(|n| policy::driver::steers_agent(n)) {
+        return Err(EngineError::invalid(
+            &format!("env.{n}"),
+            format!("not with the driver {name}: it would steer the agent (its program, endpoint, config or loader)"),
+        ));
+    }
+    let config = settings.drivers.get(driver).cloned().unwrap_or_default();
+    let path = std::env::var_os("PATH");
+    let program = super::driving::resolve_program(driver, &config, path.as_deref())
+        .map_err(|e| EngineError::invalid("driver", e.to_string()))?;
+    Ok(vec![program.display().to_string()])
 }
 
 /// Checks that session.project_dir is an absolute path to a directory.

@@ -107,6 +107,7 @@ pub(crate) fn pick(
 pub(crate) fn endpoint(settings: &policy::config::Config, driver: Driver) -> Option<String> {
     let inputs = DriverInputs {
         config: settings.drivers.get(driver)?,
+        program: "",
         system_path: "",
         system_text: "",
         tools: None,
@@ -139,6 +140,41 @@ pub(crate) fn key_env(
             driver.as_str()
         )),
     }
+}
+
+/// The absolute path of `driver`'s program: the configured `command` if
+/// absolute, else that name (or the default) looked up in `path` (the
+/// daemon's own PATH), never in the child's.
+pub(crate) fn resolve_program(
+    driver: Driver,
+    config: &policy::driver::DriverConfig,
+    path: Option<&std::ffi::OsStr>,
+) -> Result<PathBuf, policy::driver::DriverError> {
+    let default = match driver {
+        Driver::ClaudeCode => "claude",
+        _ => "codex",
+    };
+    let name = config.command.as_deref().unwrap_or(default);
+    let executable = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let candidate = std::path::Path::new(name);
+    let found = if candidate.is_absolute() {
+        Some(candidate.to_path_buf()).filter(|p| executable(p))
+    } else if name.contains('/') || name.is_empty() {
+        None
+    } else {
+        path.into_iter()
+            .flat_map(std::env::split_paths)
+            .filter(|d| d.is_absolute())
+            .map(|d| d.join(name))
+            .find(|p| executable(p))
+    };
+    found.ok_or_else(|| policy::driver::DriverError::Program {
+        driver: driver.as_str(),
+        program: name.to_owned(),
+    })
 }
 
 /// What [`deliver`] decided: the argv, the variables over the child's
@@ -218,8 +254,10 @@ fn deliver_driver(
     };
     let def = plan.agent.as_ref().map(|a| &a.definition);
     let (system, temp) = (show(&f.context_dir.join("system.md")), show(f.temp_dir));
+    let program = plan.command.first().map_or("", String::as_str);
     let inputs = DriverInputs {
         config,
+        program,
         system_path: &system,
         system_text: f.system_text,
         tools: plan.tools.as_deref(),
@@ -380,6 +418,38 @@ mod tests {
             Driver::Command
         );
         assert_eq!(notes.len(), 1);
+    }
+
+    #[test]
+    fn the_program_is_found_in_the_daemons_path_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let prog = dir.path().join("claude");
+        std::fs::write(&prog, "#!/bin/sh\n").unwrap();
+        let path = std::ffi::OsString::from(format!("/nonexistent:{}", dir.path().display()));
+        let none = policy::driver::DriverConfig::default();
+        let found = resolve_program(Driver::ClaudeCode, &none, Some(&path));
+        assert!(
+            matches!(found, Err(policy::driver::DriverError::Program { .. })),
+            "not executable: {found:?}"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            resolve_program(Driver::ClaudeCode, &none, Some(&path)).unwrap(),
+            prog
+        );
+        assert!(resolve_program(Driver::Codex, &none, Some(&path)).is_err());
+        assert!(resolve_program(Driver::ClaudeCode, &none, None).is_err());
+        let rel = policy::driver::DriverConfig {
+            command: Some("bin/claude".into()),
+            ..Default::default()
+        };
+        assert!(resolve_program(Driver::ClaudeCode, &rel, Some(&path)).is_err());
+        let abs = policy::driver::DriverConfig {
+            command: Some(prog.display().to_string()),
+            ..Default::default()
+        };
+        assert_eq!(resolve_program(Driver::Codex, &abs, None).unwrap(), prog);
     }
 
     #[test]
