@@ -73,21 +73,22 @@ pub struct DriverConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Drivers {
-    /// `[drivers.claude-code]`.
+    /// `[drivers.claude-code]`; without it the driver is not set up.
     #[serde(default, rename = "claude-code")]
-    pub claude_code: DriverConfig,
-    /// `[drivers.codex]`.
+    pub claude_code: Option<DriverConfig>,
+    /// `[drivers.codex]`; without it the driver is not set up.
     #[serde(default)]
-    pub codex: DriverConfig,
+    pub codex: Option<DriverConfig>,
 }
 
 impl Drivers {
-    /// The settings of `driver` (`None` for `command`).
+    /// The settings of `driver` (`None` for `command`, or a driver the
+    /// config has no table for).
     pub fn get(&self, driver: Driver) -> Option<&DriverConfig> {
         match driver {
             Driver::Command => None,
-            Driver::ClaudeCode => Some(&self.claude_code),
-            Driver::Codex => Some(&self.codex),
+            Driver::ClaudeCode => self.claude_code.as_ref(),
+            Driver::Codex => self.codex.as_ref(),
         }
     }
 }

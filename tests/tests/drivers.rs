@@ -364,6 +364,47 @@ fn a_request_never_steers_a_drivers_program_or_endpoint() {
     );
 }
 
+/// A driver runs only once the config sets it up, and its endpoint stays
+/// within the audience's network cap when the config sets one.
+#[test]
+fn a_drivers_endpoint_needs_its_table_and_fits_the_audience_cap() {
+    let p = project();
+    let secret = key();
+    let (d, _home) = daemon(
+        "claude-code",
+        Path::new("/bin/sh"),
+        "https://api.anthropic.com",
+        "[audiences.team]\nnetwork_allow = []\n[audiences.personal]\nnetwork_allow = [\"api.anthropic.com:443\"]\n\n[]\n",
+        &secret,
+    );
+    let call = |audience: &str, driver: &str| {
+        d.conn().call(
+            "spawn_agent",
+            json!({"session": {"id": session("cap"), "audience": audience, "project_dir": p.path(), "tools": ["file_read"]},
+                   "task": "t", "driver": driver}),
+        )
+    };
+    let e = call("team", "claude-code").unwrap_err();
+    assert_eq!(e["code"], -32602, "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.contains("api.anthropic.com:443") && m.contains("[audiences.team] network_allow"),
+        "{e}"
+    );
+    let e = call("personal", "codex").unwrap_err();
+    assert_eq!(e["code"], -32602, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("the config has no [drivers.codex] table"),
+        "{e}"
+    );
+    let r = call("personal", "claude-code").unwrap();
+    let st = d.conn().wait(r["run_id"].as_str().unwrap());
+    assert!(st["state"].is_string(), "within the cap it runs: {st}");
+}
+
 /// Codex runs a command the model asks for and writes a file; it gets
 /// system.md as developer instructions and its prompt on stdin.
 #[test]

@@ -456,7 +456,11 @@ mod tests {
     fn keys_come_from_the_daemons_environment_only() {
         let mut settings = policy::config::Config::default();
         assert_eq!(key_env(&settings, &[], Driver::ClaudeCode), Ok(None));
-        settings.drivers.claude_code.api_key_env = Some("K".into());
+        assert_eq!(endpoint(&settings, Driver::ClaudeCode), None);
+        settings.drivers.claude_code = Some(policy::driver::DriverConfig {
+            api_key_env: Some("K".into()),
+            ..Default::default()
+        });
         let env = vec![("K".to_owned(), "v".to_owned())];
         assert_eq!(
             key_env(&settings, &env, Driver::ClaudeCode),
