@@ -306,6 +306,8 @@ fn claude_code(i: &DriverInputs) -> Invocation {
     argv.extend(s(&["--append-system-prompt-file", i.system_path]));
     argv.extend(s(&["--tools", &claude_tool_list(i.tools)]));
     argv.extend(s(&["--permission-mode", "bypassPermissions"]));
+    // The project's settings and MCP servers are child-writable.
+    argv.extend(s(&["--setting-sources", "user", "--strict-mcp-config"]));
     let model = i.model.filter(|m| *m != "inherit").or(c.model.as_deref());
     if let Some(m) = model {
         argv.extend(s(&["--model", m]));
@@ -370,7 +372,9 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
     for a in ["exec", "--json", "--skip-git-repo-check", "--ephemeral"] {
         argv.push(a.into());
     }
-    argv.extend(["--ignore-user-config".into(), "-s".into()]);
+    // Project execpolicy rules are child-writable.
+    argv.extend(["--ignore-user-config".into(), "--ignore-rules".into()]);
+    argv.push("-s".into());
     argv.push("danger-full-access".into());
     let mut settings = vec![
         "approval_policy=\"never\"".to_owned(),
@@ -563,6 +567,8 @@ mod tests {
             Some("/ctx/system.md")
         );
         assert_eq!(after(&inv.argv, "--output-format"), Some("stream-json"));
+        assert_eq!(after(&inv.argv, "--setting-sources"), Some("user"));
+        assert!(inv.argv.iter().any(|a| a == "--strict-mcp-config"));
         assert_eq!(after(&inv.argv, "--model"), Some("sonnet"));
         assert_eq!(after(&inv.argv, "--max-turns"), Some("7"));
         assert_eq!(inv.argv.last().map(String::as_str), Some("--extra"));
@@ -618,6 +624,7 @@ mod tests {
             ]
         );
         assert_eq!(after(a, "-s"), Some("danger-full-access"));
+        assert!(a.iter().any(|x| x == "--ignore-rules"));
         assert_eq!(after(a, "-m"), Some("mock-model"));
         assert_eq!(a.last().map(String::as_str), Some("-"));
         let settings: Vec<&str> = a
