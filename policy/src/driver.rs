@@ -120,6 +120,12 @@ pub enum DriverError {
         /// The program as configured (or the default name).
         program: String,
     },
+    /// A model name the agent's argv cannot carry safely.
+    #[error("model {model:?} is not a model name (1 to {MODEL_MAX} of A-Z a-z 0-9 . _ : / -, not starting with -)")]
+    Model {
+        /// The name as given (by the definition or the config).
+        model: String,
+    },
     /// system.md is too large to pass to Codex as an argument.
     #[error(
         "system.md is {bytes} bytes; the codex driver passes it as one argument of at most {max}"
@@ -238,6 +244,30 @@ pub fn endpoint_of(url: &str) -> Option<String> {
     Some(format!("{}:{port}", host.to_ascii_lowercase()))
 }
 
+/// The longest model name passed on.
+pub const MODEL_MAX: usize = 128;
+
+/// Whether `m` is a model name: short, of plain characters, and never
+/// readable as an option.
+pub fn valid_model(m: &str) -> bool {
+    !m.is_empty()
+        && m.len() <= MODEL_MAX
+        && !m.starts_with('-')
+        && m.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._:/-".contains(c))
+}
+
+/// The `--model=` argument for `m`, refused unless it is a model name.
+fn model_arg(m: &str) -> Result<String, DriverError> {
+    if valid_model(m) {
+        Ok(format!("--model={m}"))
+    } else {
+        Err(DriverError::Model {
+            model: m.to_owned(),
+        })
+    }
+}
+
 fn valid_var(name: &str) -> bool {
     let mut chars = name.chars();
     chars
@@ -256,6 +286,9 @@ impl DriverConfig {
                     url: url.clone(),
                 });
             }
+        }
+        if let Some(m) = self.model.as_deref() {
+            model_arg(m)?;
         }
         if let Some(name) = self.api_key_env.as_ref().filter(|n| !valid_var(n)) {
             return Err(DriverError::KeyName {
@@ -287,7 +320,7 @@ pub fn invocation(driver: Driver, i: &DriverInputs) -> Result<Option<Invocation>
     i.config.check(driver)?;
     let mut inv = match driver {
         Driver::Command => return Ok(None),
-        Driver::ClaudeCode => claude_code(i),
+        Driver::ClaudeCode => claude_code(i)?,
         Driver::Codex => codex(i)?,
     };
     if i.proxied {
@@ -298,7 +331,7 @@ pub fn invocation(driver: Driver, i: &DriverInputs) -> Result<Option<Invocation>
     Ok(Some(inv))
 }
 
-fn claude_code(i: &DriverInputs) -> Invocation {
+fn claude_code(i: &DriverInputs) -> Result<Invocation, DriverError> {
     let c = i.config;
     let mut argv = vec![i.program.to_owned()];
     let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
@@ -310,7 +343,7 @@ fn claude_code(i: &DriverInputs) -> Invocation {
     argv.extend(s(&["--setting-sources", "user", "--strict-mcp-config"]));
     let model = i.model.filter(|m| *m != "inherit").or(c.model.as_deref());
     if let Some(m) = model {
-        argv.extend(s(&["--model", m]));
+        argv.push(model_arg(m)?);
     }
     if let Some(n) = i.max_turns {
         argv.extend(["--max-turns".to_owned(), n.to_string()]);
@@ -334,12 +367,12 @@ fn claude_code(i: &DriverInputs) -> Invocation {
     env.insert("ANTHROPIC_BASE_URL".into(), url.to_owned());
     let endpoint = endpoint_of(url).unwrap_or_default();
     let key = key_var(Driver::ClaudeCode, c);
-    Invocation {
+    Ok(Invocation {
         argv,
         env,
         key,
         endpoint,
-    }
+    })
 }
 
 /// A TOML basic string holding `s`.
@@ -409,7 +442,7 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
         argv.extend(["-c".to_owned(), s]);
     }
     if let Some(m) = c.model.as_deref().or(i.model.filter(|m| *m != "inherit")) {
-        argv.extend(["-m".to_owned(), m.to_owned()]);
+        argv.push(model_arg(m)?);
     }
     argv.extend(c.args.iter().cloned());
     // The prompt is read from stdin (first_message.md).
@@ -569,7 +602,7 @@ mod tests {
         assert_eq!(after(&inv.argv, "--output-format"), Some("stream-json"));
         assert_eq!(after(&inv.argv, "--setting-sources"), Some("user"));
         assert!(inv.argv.iter().any(|a| a == "--strict-mcp-config"));
-        assert_eq!(after(&inv.argv, "--model"), Some("sonnet"));
+        assert!(inv.argv.iter().any(|a| a == "--model=sonnet"));
         assert_eq!(after(&inv.argv, "--max-turns"), Some("7"));
         assert_eq!(inv.argv.last().map(String::as_str), Some("--extra"));
         assert!(!inv.argv.iter().any(|a| a == "Bash"));
@@ -591,7 +624,7 @@ mod tests {
         i.proxied = false;
         let inv = invocation(Driver::ClaudeCode, &i).unwrap().unwrap();
         assert_eq!(after(&inv.argv, "--tools"), Some(""));
-        assert_eq!(after(&inv.argv, "--model"), None);
+        assert!(!inv.argv.iter().any(|a| a.starts_with("--model")));
         assert!(!inv.env.contains_key("IS_SANDBOX"));
         assert!(!inv.env.contains_key("NO_PROXY"));
         assert_eq!(inv.endpoint, "api.anthropic.com:443");
@@ -625,7 +658,7 @@ mod tests {
         );
         assert_eq!(after(a, "-s"), Some("danger-full-access"));
         assert!(a.iter().any(|x| x == "--ignore-rules"));
-        assert_eq!(after(a, "-m"), Some("mock-model"));
+        assert!(a.iter().any(|x| x == "--model=mock-model"));
         assert_eq!(a.last().map(String::as_str), Some("-"));
         let settings: Vec<&str> = a
             .iter()
@@ -695,6 +728,32 @@ mod tests {
         for n in ["RUST_LOG", "MY_VAR", "PATHS", "LANG"] {
             assert!(!steers_agent(n), "{n}");
         }
+    }
+
+    #[test]
+    fn a_model_name_is_never_read_as_an_option() {
+        let config = DriverConfig::default();
+        for bad in ["--dangerously-skip-permissions", "-x", "a b", "a\nb", ""] {
+            let mut i = inputs(&config, None);
+            i.model = Some(bad);
+            assert!(
+                matches!(
+                    invocation(Driver::ClaudeCode, &i),
+                    Err(DriverError::Model { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        let long = "m".repeat(MODEL_MAX + 1);
+        assert!(!valid_model(&long));
+        for good in ["claude-sonnet-4-5", "openai/gpt-5.5", "us.anthropic:v1_0"] {
+            assert!(valid_model(good), "{good}");
+        }
+        let bad_config = DriverConfig {
+            model: Some("-m".into()),
+            ..Default::default()
+        };
+        assert!(bad_config.check(Driver::Codex).is_err());
     }
 
     #[test]
