@@ -1003,10 +1003,11 @@ pub(crate) fn create_run(
         worktree,
     };
     let mut work = working_context(inner, p, &place.workdir)?;
+    let writable = writes_into(plan, p, &place.workdir);
     let before = super::workctx::observe_before(
         inner,
         &place.workdir,
-        writes_into(plan, p, &place.workdir),
+        writable,
         (&work.git, work.status.take()),
     );
     let tools_json = inner
@@ -1020,7 +1021,8 @@ pub(crate) fn create_run(
         .map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
     draft.write(&staged.observed_before(), &before, Sync::Derived)?;
     let max_attempts = input.max_attempts;
-    let (plan, delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
+    let (plan, mut delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
+    delivered.run.writes_project = Some(writable);
     let plan = &plan;
     let spec = runner_spec(inner, p, plan, &place, input, draft.uid(), &delivered)?;
     // Compact: only the runner reads it (about 15 KB pretty-printed).

@@ -29,6 +29,10 @@ pub struct DriverRun {
     /// The files the stream reported written or edited, checked on disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reported_files: Option<ReportedFiles>,
+    /// Whether the run could write its project (what its observation
+    /// needs too); `None` in records made before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writes_project: Option<bool>,
 }
 
 /// How the context reached the agent, besides the files in its context
@@ -236,6 +240,7 @@ fn deliver_command(plan: &super::accept::Plan, stdin: bool, f: &RunFacts) -> Del
             delivered,
             report: None,
             reported_files: None,
+            writes_project: None,
         },
     }
 }
@@ -286,6 +291,7 @@ fn deliver_driver(
             },
             report: None,
             reported_files: None,
+            writes_project: None,
         },
     })
 }
@@ -331,8 +337,8 @@ pub(crate) fn apply_report(rec: &mut RunRecord, report: Option<AgentReport>) {
 pub(crate) fn merge_reported(inner: &Inner, rec: &RunRecord) -> Option<ReportedFiles> {
     let report = rec.driver_run.as_ref()?.report.as_ref()?;
     let mut out = ReportedFiles::default();
-    if rec.state != RunState::Succeeded {
-        out.note = Some(format!("nothing merged: the run {}", rec.state.as_str()));
+    if let Some(why) = not_merged(rec) {
+        out.note = Some(why);
         return Some(out);
     }
     let claimed = report.changed();
@@ -373,6 +379,17 @@ pub(crate) fn merge_reported(inner: &Inner, rec: &RunRecord) -> Option<ReportedF
         }
     }
     Some(out)
+}
+
+/// Why a run's reported files are not merged at all: it did not succeed,
+/// or it could not write its project (a claim then names another's
+/// change).
+fn not_merged(rec: &RunRecord) -> Option<String> {
+    if rec.state != RunState::Succeeded {
+        return Some(format!("nothing merged: the run {}", rec.state.as_str()));
+    }
+    let writes = rec.driver_run.as_ref().and_then(|d| d.writes_project);
+    (writes == Some(false)).then(|| "not merged: the run could not write its project".into())
 }
 
 #[cfg(test)]
@@ -498,6 +515,7 @@ mod tests {
             delivered: Delivery::default(),
             report: None,
             reported_files: None,
+            writes_project: None,
         });
         r
     }
@@ -533,6 +551,28 @@ mod tests {
             "a clean report never makes a run succeed"
         );
         assert!(failed.driver_run.unwrap().report.is_some());
+    }
+
+    #[test]
+    fn reported_files_merge_only_for_a_run_that_could_write() {
+        let mut r = rec(RunState::Succeeded, Some(0));
+        assert_eq!(not_merged(&r), None, "an older record merges as before");
+        if let Some(d) = r.driver_run.as_mut() {
+            d.writes_project = Some(false);
+        }
+        assert_eq!(
+            not_merged(&r).as_deref(),
+            Some("not merged: the run could not write its project")
+        );
+        if let Some(d) = r.driver_run.as_mut() {
+            d.writes_project = Some(true);
+        }
+        assert_eq!(not_merged(&r), None);
+        r.state = RunState::Failed;
+        assert_eq!(
+            not_merged(&r).as_deref(),
+            Some("nothing merged: the run failed")
+        );
     }
 
     #[test]
