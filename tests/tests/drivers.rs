@@ -647,6 +647,48 @@ fn an_agent_whose_every_write_failed_fails_the_run() {
     assert_eq!(wc["recent_files"], json!([]), "a failed run merges nothing");
 }
 
+/// An agent whose every Write failed but which then wrote its file another
+/// way (Bash) is not failed: the supervisor saw the project change.
+#[test]
+fn an_agent_that_recovered_from_failed_writes_succeeds_with_a_note() {
+    let Some(claude) = agents::require(agents::claude, "claude-code") else {
+        return;
+    };
+    let p = project();
+    let target = p.path().canonicalize().unwrap().join("rescued.txt");
+    let server = ModelServer::start(vec![
+        Turn::tool(
+            "Write",
+            json!({"file_path": "/etc/subagent-driver-test.txt", "content": "x"}),
+        ),
+        Turn::tool(
+            "Bash",
+            json!({"command": format!("printf hi > {}", target.display()), "description": "write"}),
+        ),
+        Turn::text("Wrote it with the shell."),
+    ])
+    .unwrap();
+    let secret = key();
+    let (d, _home) = daemon("claude-code", &claude, &server.base_url(), "", &secret);
+    let st = spawn(
+        &d,
+        &session("wrescue"),
+        p.path(),
+        &["file_read", "file_write", "shell"],
+        json!({"driver": "claude-code"}),
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "hi", "{st}");
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(st["driver"]["report"]["writes_failed"], 1);
+    assert_eq!(st["observed"]["created"], json!(["rescued.txt"]), "{st}");
+    let notes = st["notes"].to_string();
+    assert!(
+        notes.contains("every write the agent tried failed")
+            && notes.contains("saw the project change"),
+        "{st}"
+    );
+}
+
 /// Codex's `turn.failed` (the provider answers 400) makes the run
 /// `failed` with its message.
 #[test]

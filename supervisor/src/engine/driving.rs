@@ -330,6 +330,30 @@ pub(crate) fn apply_report(rec: &mut RunRecord, report: Option<AgentReport>) {
     run.report = Some(report);
 }
 
+/// Whether the run failed only because every write its agent tried failed:
+/// it exited 0 and reported no error of its own.
+pub(crate) fn failed_only_by_writes(rec: &RunRecord) -> bool {
+    let Some(report) = rec.driver_run.as_ref().and_then(|d| d.report.as_ref()) else {
+        return false;
+    };
+    rec.state == RunState::Failed
+        && rec.exit_code == Some(0)
+        && rec.signal.is_none()
+        && !report.is_error
+        && report.writes_failed > 0
+        && report.writes_ok == 0
+}
+
+/// Makes a run [`failed_only_by_writes`] whose project the supervisor saw
+/// change `succeeded`: the agent wrote its files another way.
+pub(crate) fn rescue(rec: &mut RunRecord) {
+    rec.state = RunState::Succeeded;
+    let why = rec.reason.take().unwrap_or_default();
+    rec.notes.push(format!(
+        "{why}, yet the supervisor saw the project change (the agent wrote another way): the run succeeded"
+    ));
+}
+
 /// Checks the files the agent reported written or edited (inside the
 /// project, a regular file, changed during the run) and merges those that
 /// hold into the session's recent files, for a run that succeeded.
@@ -573,6 +597,32 @@ mod tests {
             not_merged(&r).as_deref(),
             Some("nothing merged: the run failed")
         );
+    }
+
+    #[test]
+    fn only_a_run_failed_by_its_writes_alone_can_be_rescued() {
+        let writes = AgentReport {
+            writes_failed: 2,
+            ..Default::default()
+        };
+        let mut r = rec(RunState::Succeeded, Some(0));
+        apply_report(&mut r, Some(writes.clone()));
+        assert!(failed_only_by_writes(&r));
+        rescue(&mut r);
+        assert_eq!(r.state, RunState::Succeeded);
+        assert_eq!(r.reason, None);
+        assert!(r.notes[0].starts_with("every write the agent tried failed"));
+        let mut exited = rec(RunState::Failed, Some(1));
+        apply_report(&mut exited, Some(writes));
+        assert!(!failed_only_by_writes(&exited), "its exit code failed it");
+        let mut error = rec(RunState::Succeeded, Some(0));
+        let report = AgentReport {
+            is_error: true,
+            writes_failed: 1,
+            ..Default::default()
+        };
+        apply_report(&mut error, Some(report));
+        assert!(!failed_only_by_writes(&error));
     }
 
     #[test]
