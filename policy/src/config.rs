@@ -422,10 +422,18 @@ tools = ["file_read", "db_query"]
         .unwrap();
         assert_eq!(c.driver, Some(Driver::ClaudeCode));
         assert_eq!(
-            c.drivers.claude_code.api_key_env.as_deref(),
+            c.drivers
+                .claude_code
+                .as_ref()
+                .and_then(|d| d.api_key_env.as_deref()),
             Some("ANTHROPIC_KEY")
         );
-        assert_eq!(c.drivers.codex.model.as_deref(), Some("m"));
+        assert_eq!(
+            c.drivers.codex.as_ref().and_then(|d| d.model.as_deref()),
+            Some("m")
+        );
+        let bare = parse("max_concurrent = 1\n").unwrap();
+        assert_eq!(bare.drivers.get(crate::driver::Driver::Codex), None);
         let e = parse("max_concurrent = 1\n[drivers.codex]\nbase_url = \"nope\"\n").unwrap_err();
         assert_eq!(e.line, 2, "{e}");
         assert!(e.message.contains("drivers.codex.base_url"), "{e}");

@@ -49,8 +49,8 @@ impl Driver {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DriverConfig {
-    /// The program (default `claude` / `codex`, looked up in the child's
-    /// PATH).
+    /// The program: an absolute path, or a name (default `claude` /
+    /// `codex`) the daemon looks up in its own PATH.
     #[serde(default)]
     pub command: Option<String>,
     /// The model endpoint (Claude Code: `ANTHROPIC_BASE_URL`; Codex: the
@@ -73,21 +73,22 @@ pub struct DriverConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Drivers {
-    /// `[drivers.claude-code]`.
+    /// `[drivers.claude-code]`; without it the driver is not set up.
     #[serde(default, rename = "claude-code")]
-    pub claude_code: DriverConfig,
-    /// `[drivers.codex]`.
+    pub claude_code: Option<DriverConfig>,
+    /// `[drivers.codex]`; without it the driver is not set up.
     #[serde(default)]
-    pub codex: DriverConfig,
+    pub codex: Option<DriverConfig>,
 }
 
 impl Drivers {
-    /// The settings of `driver` (`None` for `command`).
+    /// The settings of `driver` (`None` for `command`, or a driver the
+    /// config has no table for).
     pub fn get(&self, driver: Driver) -> Option<&DriverConfig> {
         match driver {
             Driver::Command => None,
-            Driver::ClaudeCode => Some(&self.claude_code),
-            Driver::Codex => Some(&self.codex),
+            Driver::ClaudeCode => self.claude_code.as_ref(),
+            Driver::Codex => self.codex.as_ref(),
         }
     }
 }
@@ -111,6 +112,20 @@ pub enum DriverError {
         /// The name as configured.
         name: String,
     },
+    /// The program is not an executable file the daemon can find.
+    #[error("drivers.{driver}.command: {program:?} is not an executable file in the daemon's PATH; give its absolute path")]
+    Program {
+        /// The driver.
+        driver: &'static str,
+        /// The program as configured (or the default name).
+        program: String,
+    },
+    /// A model name the agent's argv cannot carry safely.
+    #[error("model {model:?} is not a model name (1 to {MODEL_MAX} of A-Z a-z 0-9 . _ : / -, not starting with -)")]
+    Model {
+        /// The name as given (by the definition or the config).
+        model: String,
+    },
     /// system.md is too large to pass to Codex as an argument.
     #[error(
         "system.md is {bytes} bytes; the codex driver passes it as one argument of at most {max}"
@@ -123,6 +138,12 @@ pub enum DriverError {
     },
 }
 
+/// Claude Code's endpoint when the config names none.
+pub const ANTHROPIC_URL: &str = "https://api.anthropic.com";
+
+/// Codex's endpoint when the config names none.
+pub const OPENAI_URL: &str = "https://api.openai.com/v1";
+
 /// The largest argument Linux passes (MAX_ARG_STRLEN is 128 KiB), less room
 /// for the option's own name.
 pub const MAX_ARG_BYTES: usize = 128 * 1024 - 64;
@@ -132,6 +153,8 @@ pub const MAX_ARG_BYTES: usize = 128 * 1024 - 64;
 pub struct DriverInputs<'a> {
     /// The driver's settings.
     pub config: &'a DriverConfig,
+    /// The program, resolved by the daemon (an absolute path).
+    pub program: &'a str,
     /// system.md as the child sees it (its path).
     pub system_path: &'a str,
     /// system.md's text (Codex takes it as a setting).
@@ -221,6 +244,30 @@ pub fn endpoint_of(url: &str) -> Option<String> {
     Some(format!("{}:{port}", host.to_ascii_lowercase()))
 }
 
+/// The longest model name passed on.
+pub const MODEL_MAX: usize = 128;
+
+/// Whether `m` is a model name: short, of plain characters, and never
+/// readable as an option.
+pub fn valid_model(m: &str) -> bool {
+    !m.is_empty()
+        && m.len() <= MODEL_MAX
+        && !m.starts_with('-')
+        && m.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._:/-".contains(c))
+}
+
+/// The `--model=` argument for `m`, refused unless it is a model name.
+fn model_arg(m: &str) -> Result<String, DriverError> {
+    if valid_model(m) {
+        Ok(format!("--model={m}"))
+    } else {
+        Err(DriverError::Model {
+            model: m.to_owned(),
+        })
+    }
+}
+
 fn valid_var(name: &str) -> bool {
     let mut chars = name.chars();
     chars
@@ -239,6 +286,9 @@ impl DriverConfig {
                     url: url.clone(),
                 });
             }
+        }
+        if let Some(m) = self.model.as_deref() {
+            model_arg(m)?;
         }
         if let Some(name) = self.api_key_env.as_ref().filter(|n| !valid_var(n)) {
             return Err(DriverError::KeyName {
@@ -270,7 +320,7 @@ pub fn invocation(driver: Driver, i: &DriverInputs) -> Result<Option<Invocation>
     i.config.check(driver)?;
     let mut inv = match driver {
         Driver::Command => return Ok(None),
-        Driver::ClaudeCode => claude_code(i),
+        Driver::ClaudeCode => claude_code(i)?,
         Driver::Codex => codex(i)?,
     };
     if i.proxied {
@@ -281,17 +331,19 @@ pub fn invocation(driver: Driver, i: &DriverInputs) -> Result<Option<Invocation>
     Ok(Some(inv))
 }
 
-fn claude_code(i: &DriverInputs) -> Invocation {
+fn claude_code(i: &DriverInputs) -> Result<Invocation, DriverError> {
     let c = i.config;
-    let mut argv = vec![c.command.clone().unwrap_or_else(|| "claude".into())];
+    let mut argv = vec![i.program.to_owned()];
     let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
     argv.extend(s(&["-p", "--output-format", "stream-json", "--verbose"]));
     argv.extend(s(&["--append-system-prompt-file", i.system_path]));
     argv.extend(s(&["--tools", &claude_tool_list(i.tools)]));
     argv.extend(s(&["--permission-mode", "bypassPermissions"]));
+    // The project's settings and MCP servers are child-writable.
+    argv.extend(s(&["--setting-sources", "user", "--strict-mcp-config"]));
     let model = i.model.filter(|m| *m != "inherit").or(c.model.as_deref());
     if let Some(m) = model {
-        argv.extend(s(&["--model", m]));
+        argv.push(model_arg(m)?);
     }
     if let Some(n) = i.max_turns {
         argv.extend(["--max-turns".to_owned(), n.to_string()]);
@@ -310,20 +362,17 @@ fn claude_code(i: &DriverInputs) -> Invocation {
     if i.uid0 {
         env.insert("IS_SANDBOX".into(), "1".into());
     }
-    let endpoint = match &c.base_url {
-        Some(url) => {
-            env.insert("ANTHROPIC_BASE_URL".into(), url.clone());
-            endpoint_of(url).unwrap_or_default()
-        }
-        None => "api.anthropic.com:443".into(),
-    };
+    // Always set: the endpoint is the config's, never the child's.
+    let url = c.base_url.as_deref().unwrap_or(ANTHROPIC_URL);
+    env.insert("ANTHROPIC_BASE_URL".into(), url.to_owned());
+    let endpoint = endpoint_of(url).unwrap_or_default();
     let key = key_var(Driver::ClaudeCode, c);
-    Invocation {
+    Ok(Invocation {
         argv,
         env,
         key,
         endpoint,
-    }
+    })
 }
 
 /// A TOML basic string holding `s`.
@@ -352,11 +401,13 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
             max: MAX_ARG_BYTES,
         });
     }
-    let mut argv = vec![c.command.clone().unwrap_or_else(|| "codex".into())];
+    let mut argv = vec![i.program.to_owned()];
     for a in ["exec", "--json", "--skip-git-repo-check", "--ephemeral"] {
         argv.push(a.into());
     }
-    argv.extend(["--ignore-user-config".into(), "-s".into()]);
+    // Project execpolicy rules are child-writable.
+    argv.extend(["--ignore-user-config".into(), "--ignore-rules".into()]);
+    argv.push("-s".into());
     argv.push("danger-full-access".into());
     let mut settings = vec![
         "approval_policy=\"never\"".to_owned(),
@@ -385,18 +436,21 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
             ));
             endpoint_of(url).unwrap_or_default()
         }
-        None => "api.openai.com:443".into(),
+        None => endpoint_of(OPENAI_URL).unwrap_or_default(),
     };
     for s in settings {
         argv.extend(["-c".to_owned(), s]);
     }
     if let Some(m) = c.model.as_deref().or(i.model.filter(|m| *m != "inherit")) {
-        argv.extend(["-m".to_owned(), m.to_owned()]);
+        argv.push(model_arg(m)?);
     }
     argv.extend(c.args.iter().cloned());
     // The prompt is read from stdin (first_message.md).
     argv.push("-".into());
-    let env = BTreeMap::from([("CODEX_HOME".to_owned(), i.temp_dir.to_owned())]);
+    let mut env = BTreeMap::from([("CODEX_HOME".to_owned(), i.temp_dir.to_owned())]);
+    // The built-in provider's endpoint, set so the child's cannot be used.
+    let url = c.base_url.as_deref().unwrap_or(OPENAI_URL);
+    env.insert("OPENAI_BASE_URL".into(), url.to_owned());
     let key = key_var(Driver::Codex, c);
     Ok(Invocation {
         argv,
@@ -404,6 +458,32 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
         key,
         endpoint,
     })
+}
+
+/// Whether a request's variable named `name` would steer a driver's agent
+/// (its program, endpoint, config, certificates, proxy or loader).
+pub fn steers_agent(name: &str) -> bool {
+    const EXACT: &[&str] = &[
+        "PATH",
+        "HOME",
+        "NODE_EXTRA_CA_CERTS",
+        "REQUESTS_CA_BUNDLE",
+        "IS_SANDBOX",
+    ];
+    const PREFIXES: &[&str] = &[
+        "ANTHROPIC_",
+        "OPENAI_",
+        "CLAUDE_",
+        "CODEX_",
+        "NODE_",
+        "SSL_CERT_",
+        "LD_",
+        "DISABLE_",
+    ];
+    EXACT.contains(&name)
+        || PREFIXES.iter().any(|p| name.starts_with(p))
+        || name.ends_with("_PROXY")
+        || name.ends_with("_proxy")
 }
 
 /// The placeholders a plain command's argv may hold.
@@ -473,6 +553,7 @@ mod tests {
     fn inputs<'a>(config: &'a DriverConfig, tools: Option<&'a [String]>) -> DriverInputs<'a> {
         DriverInputs {
             config,
+            program: "/bin/claude",
             system_path: "/ctx/system.md",
             system_text: "SYSTEM \"rules\"\n",
             tools,
@@ -505,7 +586,7 @@ mod tests {
         let inv = invocation(Driver::ClaudeCode, &inputs(&config, Some(&tools)))
             .unwrap()
             .unwrap();
-        assert_eq!(inv.argv[0], "claude");
+        assert_eq!(inv.argv[0], "/bin/claude");
         assert_eq!(
             after(&inv.argv, "--tools"),
             Some("Glob,Grep,LS,Read,Write,mcp__gh__pr")
@@ -519,7 +600,9 @@ mod tests {
             Some("/ctx/system.md")
         );
         assert_eq!(after(&inv.argv, "--output-format"), Some("stream-json"));
-        assert_eq!(after(&inv.argv, "--model"), Some("sonnet"));
+        assert_eq!(after(&inv.argv, "--setting-sources"), Some("user"));
+        assert!(inv.argv.iter().any(|a| a == "--strict-mcp-config"));
+        assert!(inv.argv.iter().any(|a| a == "--model=sonnet"));
         assert_eq!(after(&inv.argv, "--max-turns"), Some("7"));
         assert_eq!(inv.argv.last().map(String::as_str), Some("--extra"));
         assert!(!inv.argv.iter().any(|a| a == "Bash"));
@@ -541,10 +624,11 @@ mod tests {
         i.proxied = false;
         let inv = invocation(Driver::ClaudeCode, &i).unwrap().unwrap();
         assert_eq!(after(&inv.argv, "--tools"), Some(""));
-        assert_eq!(after(&inv.argv, "--model"), None);
+        assert!(!inv.argv.iter().any(|a| a.starts_with("--model")));
         assert!(!inv.env.contains_key("IS_SANDBOX"));
         assert!(!inv.env.contains_key("NO_PROXY"));
         assert_eq!(inv.endpoint, "api.anthropic.com:443");
+        assert_eq!(inv.env["ANTHROPIC_BASE_URL"], ANTHROPIC_URL);
         assert_eq!(inv.key, None);
         assert_eq!(invocation(Driver::Command, &i).unwrap(), None);
     }
@@ -558,9 +642,9 @@ mod tests {
             model: Some("mock-model".into()),
             ..Default::default()
         };
-        let inv = invocation(Driver::Codex, &inputs(&config, None))
-            .unwrap()
-            .unwrap();
+        let mut i = inputs(&config, None);
+        i.program = "/opt/codex";
+        let inv = invocation(Driver::Codex, &i).unwrap().unwrap();
         let a = &inv.argv;
         assert_eq!(
             &a[..5],
@@ -573,7 +657,8 @@ mod tests {
             ]
         );
         assert_eq!(after(a, "-s"), Some("danger-full-access"));
-        assert_eq!(after(a, "-m"), Some("mock-model"));
+        assert!(a.iter().any(|x| x == "--ignore-rules"));
+        assert!(a.iter().any(|x| x == "--model=mock-model"));
         assert_eq!(a.last().map(String::as_str), Some("-"));
         let settings: Vec<&str> = a
             .iter()
@@ -601,6 +686,7 @@ mod tests {
             Some("SYSTEM \"rules\"\n")
         );
         assert_eq!(inv.env["CODEX_HOME"], "/tmp/t/");
+        assert_eq!(inv.env["OPENAI_BASE_URL"], "http://127.0.0.1:9/v1");
         assert_eq!(inv.key, Some(("OPENAI_API_KEY".into(), "K".into())));
         assert_eq!(inv.endpoint, "127.0.0.1:9");
         let big = "x".repeat(MAX_ARG_BYTES + 1);
@@ -610,6 +696,64 @@ mod tests {
             invocation(Driver::Codex, &i),
             Err(DriverError::SystemTooLarge { .. })
         ));
+        let plain = DriverConfig::default();
+        let inv = invocation(Driver::Codex, &inputs(&plain, None))
+            .unwrap()
+            .unwrap();
+        assert_eq!(inv.env["OPENAI_BASE_URL"], OPENAI_URL);
+        assert_eq!(inv.endpoint, "api.openai.com:443");
+    }
+
+    #[test]
+    fn variables_that_steer_an_agent() {
+        for n in [
+            "PATH",
+            "HOME",
+            "ANTHROPIC_BASE_URL",
+            "OPENAI_BASE_URL",
+            "CLAUDE_CONFIG_DIR",
+            "CODEX_HOME",
+            "NODE_OPTIONS",
+            "NODE_EXTRA_CA_CERTS",
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "HTTPS_PROXY",
+            "all_proxy",
+            "LD_PRELOAD",
+            "DISABLE_AUTOUPDATER",
+            "IS_SANDBOX",
+        ] {
+            assert!(steers_agent(n), "{n}");
+        }
+        for n in ["RUST_LOG", "MY_VAR", "PATHS", "LANG"] {
+            assert!(!steers_agent(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_model_name_is_never_read_as_an_option() {
+        let config = DriverConfig::default();
+        for bad in ["--dangerously-skip-permissions", "-x", "a b", "a\nb", ""] {
+            let mut i = inputs(&config, None);
+            i.model = Some(bad);
+            assert!(
+                matches!(
+                    invocation(Driver::ClaudeCode, &i),
+                    Err(DriverError::Model { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        let long = "m".repeat(MODEL_MAX + 1);
+        assert!(!valid_model(&long));
+        for good in ["claude-sonnet-4-5", "openai/gpt-5.5", "us.anthropic:v1_0"] {
+            assert!(valid_model(good), "{good}");
+        }
+        let bad_config = DriverConfig {
+            model: Some("-m".into()),
+            ..Default::default()
+        };
+        assert!(bad_config.check(Driver::Codex).is_err());
     }
 
     #[test]

@@ -971,6 +971,7 @@ mod tests {
         rec.driver_run = Some(crate::engine::driving::DriverRun {
             driver: policy::driver::Driver::ClaudeCode,
             delivered: crate::engine::driving::Delivery::default(),
+            writes_project: None,
             report: Some(policy::agentstream::AgentReport::default()),
             reported_files: Some(crate::engine::driving::ReportedFiles {
                 accepted: (0..names.len())
@@ -1115,6 +1116,7 @@ mod tests {
             delivered: Delivery::default(),
             report: Some(report),
             reported_files: None,
+            writes_project: None,
         });
         let md = render(&rec);
         assert!(!md.contains('\x1b'), "{md}");

@@ -221,6 +221,40 @@ fn claude_code_writes_a_file_through_the_proxy_with_only_its_tools() {
     assert_nowhere(&d, &secret);
 }
 
+/// Claude Code reads no settings or MCP servers from the project (which a
+/// child can write): a project `.claude/settings.json` that redirects its
+/// endpoint changes nothing.
+#[test]
+fn claude_code_ignores_the_projects_settings() {
+    let Some(claude) = agents::require(agents::claude, "claude-code") else {
+        return;
+    };
+    let p = project();
+    let dot = p.path().join(".claude");
+    std::fs::create_dir(&dot).unwrap();
+    let redirect = r#"{"env": {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}}"#;
+    std::fs::write(dot.join("settings.json"), redirect).unwrap();
+    std::fs::write(dot.join("settings.local.json"), redirect).unwrap();
+    let mcp = r#"{"mcpServers": {"planted": {"command": "/bin/false"}}}"#;
+    std::fs::write(p.path().join(".mcp.json"), mcp).unwrap();
+    let server = ModelServer::start(vec![Turn::text("Done.")]).unwrap();
+    let secret = key();
+    let (d, _home) = daemon("claude-code", &claude, &server.base_url(), "", &secret);
+    let st = spawn(
+        &d,
+        &session("cfg"),
+        p.path(),
+        &["file_read"],
+        json!({"driver": "claude-code"}),
+    );
+    assert_eq!(st["state"], "succeeded", "{st}\n{}", result_md(&st));
+    assert!(
+        !server.model_requests().is_empty(),
+        "the configured endpoint still gets the requests"
+    );
+    assert_eq!(st["driver"]["report"]["final_text"], "Done.", "{st}");
+}
+
 /// An agent that reports an error makes the run `failed` with its
 /// message; with file_read alone it is offered no write tool.
 #[test]
@@ -264,9 +298,13 @@ fn an_agent_error_fails_the_run_and_a_denied_tool_is_never_offered() {
 /// A driver whose key variable is unset in the daemon is refused at spawn.
 #[test]
 fn a_driver_without_its_key_is_refused() {
+    let Some(claude) = agents::require(agents::claude, "claude-code") else {
+        return;
+    };
     let home = tempfile::tempdir_in("/tmp").unwrap();
     let cfg = home.path().join("config.toml");
-    std::fs::write(&cfg, "[drivers.claude-code]\nbase_url = \"http://127.0.0.1:9\"\napi_key_env = \"SUBAGENT_TEST_UNSET_KEY\"\n").unwrap();
+    let text = format!("[drivers.claude-code]\ncommand = {:?}\nbase_url = \"http://127.0.0.1:9\"\napi_key_env = \"SUBAGENT_TEST_UNSET_KEY\"\n", claude.display().to_string());
+    std::fs::write(&cfg, text).unwrap();
     let d = Daemon::start_with(DaemonOpts {
         args: vec!["--config".into(), cfg.display().to_string()],
         ..Default::default()
@@ -297,6 +335,108 @@ fn a_driver_without_its_key_is_refused() {
         )
         .unwrap_err();
     assert_eq!(e["code"], -32602, "a driver takes no command: {e}");
+}
+
+/// A driver run's request may not name a variable that steers its agent
+/// (its program's PATH, its endpoint, its config, its loader), and its
+/// program is the daemon's: one the daemon cannot find refuses the spawn.
+#[test]
+fn a_request_never_steers_a_drivers_program_or_endpoint() {
+    let p = project();
+    let secret = key();
+    let (d, _home) = daemon(
+        "claude-code",
+        Path::new("/bin/sh"),
+        "http://127.0.0.1:9",
+        "",
+        &secret,
+    );
+    let call = |env: Value| {
+        d.conn()
+            .call(
+                "spawn_agent",
+                json!({"session": {"id": session("steer"), "audience": "personal", "project_dir": p.path(), "tools": ["file_read"]},
+                       "task": "t", "driver": "claude-code", "env": env}),
+            )
+            .unwrap_err()
+    };
+    for name in [
+        "PATH",
+        "ANTHROPIC_BASE_URL",
+        "NODE_OPTIONS",
+        "CLAUDE_CONFIG_DIR",
+        "OPENAI_BASE_URL",
+        "HTTPS_PROXY",
+    ] {
+        let e = call(json!({ name: "/proj/bin:/usr/bin:/bin" }));
+        assert_eq!(e["code"], -32602, "{name}: {e}");
+        let m = e["message"].as_str().unwrap();
+        assert!(m.contains(&format!("env.{name}")), "{name}: {e}");
+    }
+    let (d, _home) = daemon(
+        "claude-code",
+        Path::new("no-such-agent-program"),
+        "http://127.0.0.1:9",
+        "",
+        &secret,
+    );
+    let e = d
+        .conn()
+        .call(
+            "spawn_agent",
+            json!({"session": {"id": session("steer"), "audience": "personal", "project_dir": p.path(), "tools": ["file_read"]},
+                   "task": "t", "driver": "claude-code"}),
+        )
+        .unwrap_err();
+    assert_eq!(e["code"], -32602, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"no-such-agent-program\" is not an executable file in the daemon's PATH"),
+        "{e}"
+    );
+}
+
+/// A driver runs only once the config sets it up, and its endpoint stays
+/// within the audience's network cap when the config sets one.
+#[test]
+fn a_drivers_endpoint_needs_its_table_and_fits_the_audience_cap() {
+    let p = project();
+    let secret = key();
+    let (d, _home) = daemon(
+        "claude-code",
+        Path::new("/bin/sh"),
+        "https://api.anthropic.com",
+        "[audiences.team]\nnetwork_allow = []\n[audiences.personal]\nnetwork_allow = [\"api.anthropic.com:443\"]\n\n[]\n",
+        &secret,
+    );
+    let call = |audience: &str, driver: &str| {
+        d.conn().call(
+            "spawn_agent",
+            json!({"session": {"id": session("cap"), "audience": audience, "project_dir": p.path(), "tools": ["file_read"]},
+                   "task": "t", "driver": driver}),
+        )
+    };
+    let e = call("team", "claude-code").unwrap_err();
+    assert_eq!(e["code"], -32602, "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.contains("api.anthropic.com:443") && m.contains("[audiences.team] network_allow"),
+        "{e}"
+    );
+    let e = call("personal", "codex").unwrap_err();
+    assert_eq!(e["code"], -32602, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("the config has no [drivers.codex] table"),
+        "{e}"
+    );
+    let r = call("personal", "claude-code").unwrap();
+    let st = d.conn().wait(r["run_id"].as_str().unwrap());
+    assert!(st["state"].is_string(), "within the cap it runs: {st}");
 }
 
 /// Codex runs a command the model asks for and writes a file; it gets
@@ -505,6 +645,48 @@ fn an_agent_whose_every_write_failed_fails_the_run() {
         .call("working_context", json!({"session_id": st["session_id"]}))
         .unwrap();
     assert_eq!(wc["recent_files"], json!([]), "a failed run merges nothing");
+}
+
+/// An agent whose every Write failed but which then wrote its file another
+/// way (Bash) is not failed: the supervisor saw the project change.
+#[test]
+fn an_agent_that_recovered_from_failed_writes_succeeds_with_a_note() {
+    let Some(claude) = agents::require(agents::claude, "claude-code") else {
+        return;
+    };
+    let p = project();
+    let target = p.path().canonicalize().unwrap().join("rescued.txt");
+    let server = ModelServer::start(vec![
+        Turn::tool(
+            "Write",
+            json!({"file_path": "/etc/subagent-driver-test.txt", "content": "x"}),
+        ),
+        Turn::tool(
+            "Bash",
+            json!({"command": format!("printf hi > {}", target.display()), "description": "write"}),
+        ),
+        Turn::text("Wrote it with the shell."),
+    ])
+    .unwrap();
+    let secret = key();
+    let (d, _home) = daemon("claude-code", &claude, &server.base_url(), "", &secret);
+    let st = spawn(
+        &d,
+        &session("wrescue"),
+        p.path(),
+        &["file_read", "file_write", "shell"],
+        json!({"driver": "claude-code"}),
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "hi", "{st}");
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(st["driver"]["report"]["writes_failed"], 1);
+    assert_eq!(st["observed"]["created"], json!(["rescued.txt"]), "{st}");
+    let notes = st["notes"].to_string();
+    assert!(
+        notes.contains("every write the agent tried failed")
+            && notes.contains("saw the project change"),
+        "{st}"
+    );
 }
 
 /// Codex's `turn.failed` (the provider answers 400) makes the run

@@ -96,6 +96,27 @@ fn check_cap(cap: Option<&[AllowEntry]>, list: &[String], field: &str) -> Result
     Ok(())
 }
 
+/// Refuses a driver's endpoint outside the audience's cap: the operator
+/// chose it, so it passes the request's limits, but never the audience's.
+fn check_endpoint(
+    cap: Option<&[AllowEntry]>,
+    endpoint: Option<&str>,
+    audience: policy::Audience,
+) -> Result<(), EngineError> {
+    let (Some(cap), Some(ep)) = (cap, endpoint) else {
+        return Ok(());
+    };
+    let within = network::parse_entry(ep).is_ok_and(|e| cap.iter().any(|c| e.within(c)));
+    if within {
+        return Ok(());
+    }
+    let a = audience.as_str();
+    Err(EngineError::invalid(
+        "driver",
+        format!("the driver's endpoint {ep} is outside the audience's network cap ([audiences.{a}] network_allow in the config); add it there or use another audience"),
+    ))
+}
+
 /// The entries of the definition's `network_allow` the run may add: a
 /// project definition's only under an audience cap (which they must then
 /// fall within), else none, said in `notes`.
@@ -139,6 +160,7 @@ fn network_plan(
         "sandbox.network_allow",
     )?;
     check_cap(cap.as_deref(), from_def, "agent network_allow")?;
+    check_endpoint(cap.as_deref(), endpoint.as_deref(), audience)?;
     let mut list: Vec<String> = Vec::new();
     for e in settings
         .network_allow
@@ -295,6 +317,13 @@ pub fn plan(
     let classes = child_tools.as_ref().map(|t| tools.classes(t));
     let mut grants = policy::sandbox::grants(classes.as_ref(), &switches);
     let driver = super::driving::pick(settings, p.driver, agent.as_ref(), &mut notes);
+    if driver != policy::driver::Driver::Command && settings.drivers.get(driver).is_none() {
+        let name = driver.as_str();
+        return Err(EngineError::invalid(
+            "driver",
+            format!("the driver {name} is not set up: the config has no [drivers.{name}] table"),
+        ));
+    }
     let (network, network_allow) = network_plan(
         settings,
         p,
@@ -357,12 +386,17 @@ fn driver_command(
             ),
         ));
     }
-    let program = settings
-        .drivers
-        .get(driver)
-        .and_then(|c| c.command.clone())
-        .unwrap_or_else(|| name.split('-').next().unwrap_or(name).to_owned());
-    Ok(vec![program])
+    if let Some(n) = p.env.keys().find(|n| policy::driver::steers_agent(n)) {
+        return Err(EngineError::invalid(
+            &format!("env.{n}"),
+            format!("not with the driver {name}: it would steer the agent (its program, endpoint, config or loader)"),
+        ));
+    }
+    let config = settings.drivers.get(driver).cloned().unwrap_or_default();
+    let path = std::env::var_os("PATH");
+    let program = super::driving::resolve_program(driver, &config, path.as_deref())
+        .map_err(|e| EngineError::invalid("driver", e.to_string()))?;
+    Ok(vec![program.display().to_string()])
 }
 
 /// Checks that session.project_dir is an absolute path to a directory.
@@ -969,10 +1003,11 @@ pub(crate) fn create_run(
         worktree,
     };
     let mut work = working_context(inner, p, &place.workdir)?;
+    let writable = writes_into(plan, p, &place.workdir);
     let before = super::workctx::observe_before(
         inner,
         &place.workdir,
-        writes_into(plan, p, &place.workdir),
+        writable,
         (&work.git, std::mem::take(&mut work.status)),
     );
     let tools_json = inner
@@ -986,7 +1021,8 @@ pub(crate) fn create_run(
         .map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
     draft.write(&staged.observed_before(), &before, Sync::Derived)?;
     let max_attempts = input.max_attempts;
-    let (plan, delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
+    let (plan, mut delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
+    delivered.run.writes_project = Some(writable);
     let plan = &plan;
     let spec = runner_spec(inner, p, plan, &place, input, draft.uid(), &delivered)?;
     // Compact: only the runner reads it (about 15 KB pretty-printed).

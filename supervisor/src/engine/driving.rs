@@ -29,6 +29,10 @@ pub struct DriverRun {
     /// The files the stream reported written or edited, checked on disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reported_files: Option<ReportedFiles>,
+    /// Whether the run could write its project (what its observation
+    /// needs too); `None` in records made before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writes_project: Option<bool>,
 }
 
 /// How the context reached the agent, besides the files in its context
@@ -107,6 +111,7 @@ pub(crate) fn pick(
 pub(crate) fn endpoint(settings: &policy::config::Config, driver: Driver) -> Option<String> {
     let inputs = DriverInputs {
         config: settings.drivers.get(driver)?,
+        program: "",
         system_path: "",
         system_text: "",
         tools: None,
@@ -139,6 +144,41 @@ pub(crate) fn key_env(
             driver.as_str()
         )),
     }
+}
+
+/// The absolute path of `driver`'s program: the configured `command` if
+/// absolute, else that name (or the default) looked up in `path` (the
+/// daemon's own PATH), never in the child's.
+pub(crate) fn resolve_program(
+    driver: Driver,
+    config: &policy::driver::DriverConfig,
+    path: Option<&std::ffi::OsStr>,
+) -> Result<PathBuf, policy::driver::DriverError> {
+    let default = match driver {
+        Driver::ClaudeCode => "claude",
+        _ => "codex",
+    };
+    let name = config.command.as_deref().unwrap_or(default);
+    let executable = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let candidate = std::path::Path::new(name);
+    let found = if candidate.is_absolute() {
+        Some(candidate.to_path_buf()).filter(|p| executable(p))
+    } else if name.contains('/') || name.is_empty() {
+        None
+    } else {
+        path.into_iter()
+            .flat_map(std::env::split_paths)
+            .filter(|d| d.is_absolute())
+            .map(|d| d.join(name))
+            .find(|p| executable(p))
+    };
+    found.ok_or_else(|| policy::driver::DriverError::Program {
+        driver: driver.as_str(),
+        program: name.to_owned(),
+    })
 }
 
 /// What [`deliver`] decided: the argv, the variables over the child's
@@ -200,6 +240,7 @@ fn deliver_command(plan: &super::accept::Plan, stdin: bool, f: &RunFacts) -> Del
             delivered,
             report: None,
             reported_files: None,
+            writes_project: None,
         },
     }
 }
@@ -218,8 +259,10 @@ fn deliver_driver(
     };
     let def = plan.agent.as_ref().map(|a| &a.definition);
     let (system, temp) = (show(&f.context_dir.join("system.md")), show(f.temp_dir));
+    let program = plan.command.first().map_or("", String::as_str);
     let inputs = DriverInputs {
         config,
+        program,
         system_path: &system,
         system_text: f.system_text,
         tools: plan.tools.as_deref(),
@@ -248,6 +291,7 @@ fn deliver_driver(
             },
             report: None,
             reported_files: None,
+            writes_project: None,
         },
     })
 }
@@ -286,6 +330,30 @@ pub(crate) fn apply_report(rec: &mut RunRecord, report: Option<AgentReport>) {
     run.report = Some(report);
 }
 
+/// Whether the run failed only because every write its agent tried failed:
+/// it exited 0 and reported no error of its own.
+pub(crate) fn failed_only_by_writes(rec: &RunRecord) -> bool {
+    let Some(report) = rec.driver_run.as_ref().and_then(|d| d.report.as_ref()) else {
+        return false;
+    };
+    rec.state == RunState::Failed
+        && rec.exit_code == Some(0)
+        && rec.signal.is_none()
+        && !report.is_error
+        && report.writes_failed > 0
+        && report.writes_ok == 0
+}
+
+/// Makes a run [`failed_only_by_writes`] whose project the supervisor saw
+/// change `succeeded`: the agent wrote its files another way.
+pub(crate) fn rescue(rec: &mut RunRecord) {
+    rec.state = RunState::Succeeded;
+    let why = rec.reason.take().unwrap_or_default();
+    rec.notes.push(format!(
+        "{why}, yet the supervisor saw the project change (the agent wrote another way): the run succeeded"
+    ));
+}
+
 /// Checks the files the agent reported written or edited (inside the
 /// project, a regular file, changed during the run) and merges those that
 /// hold into the session's recent files, for a run that succeeded.
@@ -293,8 +361,8 @@ pub(crate) fn apply_report(rec: &mut RunRecord, report: Option<AgentReport>) {
 pub(crate) fn merge_reported(inner: &Inner, rec: &RunRecord) -> Option<ReportedFiles> {
     let report = rec.driver_run.as_ref()?.report.as_ref()?;
     let mut out = ReportedFiles::default();
-    if rec.state != RunState::Succeeded {
-        out.note = Some(format!("nothing merged: the run {}", rec.state.as_str()));
+    if let Some(why) = not_merged(rec) {
+        out.note = Some(why);
         return Some(out);
     }
     let claimed = report.changed();
@@ -335,6 +403,17 @@ pub(crate) fn merge_reported(inner: &Inner, rec: &RunRecord) -> Option<ReportedF
         }
     }
     Some(out)
+}
+
+/// Why a run's reported files are not merged at all: it did not succeed,
+/// or it could not write its project (a claim then names another's
+/// change).
+fn not_merged(rec: &RunRecord) -> Option<String> {
+    if rec.state != RunState::Succeeded {
+        return Some(format!("nothing merged: the run {}", rec.state.as_str()));
+    }
+    let writes = rec.driver_run.as_ref().and_then(|d| d.writes_project);
+    (writes == Some(false)).then(|| "not merged: the run could not write its project".into())
 }
 
 #[cfg(test)]
@@ -383,10 +462,46 @@ mod tests {
     }
 
     #[test]
+    fn the_program_is_found_in_the_daemons_path_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let prog = dir.path().join("claude");
+        std::fs::write(&prog, "#!/bin/sh\n").unwrap();
+        let path = std::ffi::OsString::from(format!("/nonexistent:{}", dir.path().display()));
+        let none = policy::driver::DriverConfig::default();
+        let found = resolve_program(Driver::ClaudeCode, &none, Some(&path));
+        assert!(
+            matches!(found, Err(policy::driver::DriverError::Program { .. })),
+            "not executable: {found:?}"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            resolve_program(Driver::ClaudeCode, &none, Some(&path)).unwrap(),
+            prog
+        );
+        assert!(resolve_program(Driver::Codex, &none, Some(&path)).is_err());
+        assert!(resolve_program(Driver::ClaudeCode, &none, None).is_err());
+        let rel = policy::driver::DriverConfig {
+            command: Some("bin/claude".into()),
+            ..Default::default()
+        };
+        assert!(resolve_program(Driver::ClaudeCode, &rel, Some(&path)).is_err());
+        let abs = policy::driver::DriverConfig {
+            command: Some(prog.display().to_string()),
+            ..Default::default()
+        };
+        assert_eq!(resolve_program(Driver::Codex, &abs, None).unwrap(), prog);
+    }
+
+    #[test]
     fn keys_come_from_the_daemons_environment_only() {
         let mut settings = policy::config::Config::default();
         assert_eq!(key_env(&settings, &[], Driver::ClaudeCode), Ok(None));
-        settings.drivers.claude_code.api_key_env = Some("K".into());
+        assert_eq!(endpoint(&settings, Driver::ClaudeCode), None);
+        settings.drivers.claude_code = Some(policy::driver::DriverConfig {
+            api_key_env: Some("K".into()),
+            ..Default::default()
+        });
         let env = vec![("K".to_owned(), "v".to_owned())];
         assert_eq!(
             key_env(&settings, &env, Driver::ClaudeCode),
@@ -424,6 +539,7 @@ mod tests {
             delivered: Delivery::default(),
             report: None,
             reported_files: None,
+            writes_project: None,
         });
         r
     }
@@ -459,6 +575,54 @@ mod tests {
             "a clean report never makes a run succeed"
         );
         assert!(failed.driver_run.unwrap().report.is_some());
+    }
+
+    #[test]
+    fn reported_files_merge_only_for_a_run_that_could_write() {
+        let mut r = rec(RunState::Succeeded, Some(0));
+        assert_eq!(not_merged(&r), None, "an older record merges as before");
+        if let Some(d) = r.driver_run.as_mut() {
+            d.writes_project = Some(false);
+        }
+        assert_eq!(
+            not_merged(&r).as_deref(),
+            Some("not merged: the run could not write its project")
+        );
+        if let Some(d) = r.driver_run.as_mut() {
+            d.writes_project = Some(true);
+        }
+        assert_eq!(not_merged(&r), None);
+        r.state = RunState::Failed;
+        assert_eq!(
+            not_merged(&r).as_deref(),
+            Some("nothing merged: the run failed")
+        );
+    }
+
+    #[test]
+    fn only_a_run_failed_by_its_writes_alone_can_be_rescued() {
+        let writes = AgentReport {
+            writes_failed: 2,
+            ..Default::default()
+        };
+        let mut r = rec(RunState::Succeeded, Some(0));
+        apply_report(&mut r, Some(writes.clone()));
+        assert!(failed_only_by_writes(&r));
+        rescue(&mut r);
+        assert_eq!(r.state, RunState::Succeeded);
+        assert_eq!(r.reason, None);
+        assert!(r.notes[0].starts_with("every write the agent tried failed"));
+        let mut exited = rec(RunState::Failed, Some(1));
+        apply_report(&mut exited, Some(writes));
+        assert!(!failed_only_by_writes(&exited), "its exit code failed it");
+        let mut error = rec(RunState::Succeeded, Some(0));
+        let report = AgentReport {
+            is_error: true,
+            writes_failed: 1,
+            ..Default::default()
+        };
+        apply_report(&mut error, Some(report));
+        assert!(!failed_only_by_writes(&error));
     }
 
     #[test]

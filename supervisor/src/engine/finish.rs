@@ -315,8 +315,8 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
     if rec.delta.is_none() {
         // Exactly once: the reports are recorded before anything else of
         // the end is done, and never computed again.
+        let observed = observe_end(sup, &mut rec);
         let succeeded = rec.state == RunState::Succeeded;
-        let observed = super::workctx::observe_and_merge(&sup.inner, &rec, succeeded);
         let report = if succeeded {
             super::workctx::merge_delta(&sup.inner, &rec)
         } else {
@@ -363,6 +363,20 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
         saved,
         notice,
     }
+}
+
+/// What the supervisor saw the run change, merged on success. A run failed
+/// only by its agent's failed writes succeeds when the project changed
+/// anyway (the agent recovered): both are known only here. Blocking.
+fn observe_end(sup: &Supervisor, rec: &mut RunRecord) -> policy::observed::ObservedReport {
+    let succeeded = rec.state == RunState::Succeeded;
+    let observed = super::workctx::observe_and_merge(&sup.inner, rec, succeeded);
+    let changed = !observed.created.is_empty() || !observed.modified.is_empty();
+    if !(changed && super::driving::failed_only_by_writes(rec)) {
+        return observed;
+    }
+    super::driving::rescue(rec);
+    super::workctx::observe_and_merge(&sup.inner, rec, true)
 }
 
 /// The files the agent's event stream reported, checked and merged once
