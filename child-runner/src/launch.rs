@@ -151,17 +151,28 @@ fn defaults_for_all_signals() {
 /// The agent's stdin: the spec's file (written by the daemon or the runner
 /// into the context dir; opened without following a link, as a regular
 /// file), else /dev/null.
-fn open_stdin(spec: &RunnerSpec) -> Result<OwnedFd, String> {
+fn open_stdin(spec: &RunnerSpec) -> Result<OwnedFd, StdinError> {
     let Some(path) = &spec.stdin else {
         return nix::fcntl::open(
             "/dev/null",
             nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
         )
-        .map_err(|e| e.to_string());
+        .map_err(StdinError::DevNull);
     };
-    let opened = crate::safefile::open(path).map_err(|e| e.to_string())?;
+    let opened = crate::safefile::open(path)?;
     Ok(OwnedFd::from(opened.into_file()))
+}
+
+/// Why the agent's stdin could not be opened.
+#[derive(Debug, thiserror::Error)]
+enum StdinError {
+    /// /dev/null could not be opened.
+    #[error("/dev/null: {0}")]
+    DevNull(#[source] nix::Error),
+    /// The context file could not be opened safely.
+    #[error(transparent)]
+    File(#[from] crate::safefile::SafeFileError),
 }
 
 /// Starts an attempt: clones the run's init, which starts the agent with

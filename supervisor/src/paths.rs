@@ -92,25 +92,51 @@ pub enum ConfigFileError {
     },
 }
 
+/// A read or write path of the config that a run cannot be given.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigRootError {
+    /// It does not exist.
+    #[error("config {}: {} does not exist", .config.display(), .path.display())]
+    Missing {
+        /// The config file.
+        config: PathBuf,
+        /// The path.
+        path: PathBuf,
+    },
+    /// It passes through a symbolic link.
+    #[error("config {}: {} passes through the symbolic link {} -> {}; name the directory it leads to", .config.display(), .path.display(), .at.display(), .to.display())]
+    Link {
+        /// The config file.
+        config: PathBuf,
+        /// The path.
+        path: PathBuf,
+        /// The link.
+        at: PathBuf,
+        /// Where it leads.
+        to: PathBuf,
+    },
+}
+
 /// Checks the config's read and write paths: each must exist and pass
 /// through no symbolic link (a run's roots are bound only as named).
-pub fn check_config_roots(config: &Path, file: &policy::config::Config) -> Result<(), String> {
+pub fn check_config_roots(
+    config: &Path,
+    file: &policy::config::Config,
+) -> Result<(), ConfigRootError> {
     for p in file.read_paths.iter().chain(&file.write_paths) {
         if !p.exists() {
-            return Err(format!(
-                "config {}: {} does not exist",
-                config.display(),
-                p.display()
-            ));
+            return Err(ConfigRootError::Missing {
+                config: config.to_path_buf(),
+                path: p.clone(),
+            });
         }
         if let Some((at, to)) = crate::securedir::link_on_the_way(p) {
-            return Err(format!(
-                "config {}: {} passes through the symbolic link {} -> {}; name the directory it leads to",
-                config.display(),
-                p.display(),
-                at.display(),
-                to.display()
-            ));
+            return Err(ConfigRootError::Link {
+                config: config.to_path_buf(),
+                path: p.clone(),
+                at,
+                to,
+            });
         }
     }
     Ok(())

@@ -172,7 +172,7 @@ async fn run(args: Args) -> Result<()> {
         .unwrap_or_else(subagentd::paths::default_state_dir);
     let (config_path, file) =
         subagentd::paths::load_config(args.config.as_deref()).map_err(anyhow::Error::msg)?;
-    subagentd::paths::check_config_roots(&config_path, &file).map_err(anyhow::Error::msg)?;
+    subagentd::paths::check_config_roots(&config_path, &file)?;
     let mut cfg = Config::new(state_dir.clone());
     cfg.settings = file.clone();
     cfg.socket_dir = std::path::absolute(&socket_path)

@@ -115,7 +115,7 @@ async fn backend(ctx: &Ctx) -> Result<Backend> {
     let explicit = std::env::var_os("SUBAGENTD_CONFIG").map(PathBuf::from);
     let (path, file) =
         crate::paths::load_config(explicit.as_deref()).map_err(anyhow::Error::msg)?;
-    crate::paths::check_config_roots(&path, &file).map_err(anyhow::Error::msg)?;
+    crate::paths::check_config_roots(&path, &file)?;
     let mut cfg = Config::new(state_dir);
     if let Some(user) = &file.run_as {
         cfg.run_as = Some(crate::runas::parse(user).map_err(anyhow::Error::msg)?);

@@ -224,6 +224,9 @@ enum HeadError {
     Malformed(httparse::Error),
     #[error("the client closed the connection before a whole request head")]
     Closed,
+    /// The request line names no target the proxy serves.
+    #[error("{0}")]
+    Target(&'static str),
     #[error("reading the request: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -348,13 +351,12 @@ struct Parsed {
     upstream_head: Vec<u8>,
 }
 
-fn parse_head(head: &[u8]) -> Result<Parsed, String> {
+fn parse_head(head: &[u8]) -> Result<Parsed, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
-    req.parse(head)
-        .map_err(|e| format!("malformed request: {e}"))?;
+    req.parse(head).map_err(HeadError::Malformed)?;
     let method = req.method.unwrap_or_default().to_owned();
-    let target = target(&method, req.path.unwrap_or_default()).map_err(str::to_owned)?;
+    let target = target(&method, req.path.unwrap_or_default()).map_err(HeadError::Target)?;
     let mut upstream_head = Vec::new();
     if let Target::Forward {
         authority, path, ..
@@ -414,7 +416,8 @@ async fn handle(run: &RunProxy, client: &mut TcpStream, entry: &mut Entry, cance
     };
     let parsed = match parse_head(&buf[..head_len]) {
         Ok(p) => p,
-        Err(why) => {
+        Err(e) => {
+            let why = e.to_string();
             let _ = reply(client, 400, "Bad Request", &why).await;
             entry.reason = Some(why);
             return;

@@ -124,13 +124,23 @@ pub(crate) fn endpoint(settings: &policy::config::Config, driver: Driver) -> Opt
     Some(policy::driver::invocation(driver, &inputs).ok()??.endpoint)
 }
 
+/// A driver's key is named by the config and not set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("drivers.{driver}.api_key_env names {var}, which is not set in the daemon's environment")]
+pub struct KeyUnset {
+    /// The driver's name.
+    pub driver: &'static str,
+    /// The daemon's variable the config names.
+    pub var: String,
+}
+
 /// The API key's variable for the child, with its value from the daemon's
 /// environment; `Ok(None)` when the driver's config names no key.
 pub(crate) fn key_env(
     settings: &policy::config::Config,
     daemon_env: &[(String, String)],
     driver: Driver,
-) -> Result<Option<(String, String)>, String> {
+) -> Result<Option<(String, String)>, KeyUnset> {
     let Some(config) = settings.drivers.get(driver) else {
         return Ok(None);
     };
@@ -139,10 +149,10 @@ pub(crate) fn key_env(
     };
     match daemon_env.iter().find(|(k, _)| *k == daemon) {
         Some((_, v)) if !v.is_empty() => Ok(Some((child, v.clone()))),
-        _ => Err(format!(
-            "drivers.{}.api_key_env names {daemon}, which is not set in the daemon's environment",
-            driver.as_str()
-        )),
+        _ => Err(KeyUnset {
+            driver: driver.as_str(),
+            var: daemon,
+        }),
     }
 }
 
@@ -513,7 +523,7 @@ mod tests {
             Driver::ClaudeCode,
         )
         .unwrap_err();
-        assert!(e.contains("names K"), "{e}");
+        assert!(e.to_string().contains("names K"), "{e}");
         assert_eq!(key_env(&settings, &env, Driver::Command), Ok(None));
         assert_eq!(
             endpoint(&settings, Driver::ClaudeCode).as_deref(),

@@ -53,8 +53,8 @@ pub enum LaunchError {
     #[error("pipe for the agent's key: {0}")]
     Key(#[source] nix::Error),
     /// The driver's key is not in the daemon's environment.
-    #[error("{0}")]
-    NoKey(String),
+    #[error(transparent)]
+    NoKey(#[from] super::driving::KeyUnset),
     /// The socket pair to the egress proxy could not be made.
     #[error("socket pair for the runner's egress proxy: {0}")]
     Channel(#[source] nix::Error),

@@ -237,12 +237,12 @@ async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
             if let (Some(pool), Some(uid)) = (&sup.inner.uids, rec.uid) {
                 let lease = match pool.relock(uid) {
                     Err(crate::uids::UidError::Taken(_)) => reassign_uid(sup, &slot).await,
-                    other => other.map_err(|e| e.to_string()),
+                    other => other.map_err(ReuidError::from),
                 };
                 match lease {
                     Ok(lease) => sup.hold_lease(&id, lease),
                     Err(why) => {
-                        fail_queued(sup, &slot, why).await;
+                        fail_queued(sup, &slot, why.to_string()).await;
                         return Recovered::Ended;
                     }
                 }
@@ -332,35 +332,50 @@ fn finish_later(sup: &Supervisor, slot: &Arc<super::Slot>) {
     tokio::spawn(async move { finish::finish_run(&sup, &slot, pidfd::RunnerExit::Unknown).await });
 }
 
+/// Why a queued run could not get its uid back, or another.
+#[derive(Debug, thiserror::Error)]
+enum ReuidError {
+    /// The daemon hands out no per-run uids.
+    #[error("no per-run uids")]
+    NoPool,
+    /// Leasing or relocking a uid failed.
+    #[error(transparent)]
+    Lease(#[from] crate::uids::UidError),
+    /// runner.json could not be read, parsed or rewritten.
+    #[error("rewriting runner.json: {0}")]
+    Spec(String),
+    /// The blocking task did not finish.
+    #[error("rewriting runner.json: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// run.json could not be saved.
+    #[error(transparent)]
+    Record(#[from] EngineError),
+}
+
 /// Gives a queued run, which never started and so owns nothing, a new uid
 /// of its own: leased, written into its runner.json and its record.
 async fn reassign_uid(
     sup: &Supervisor,
     slot: &Arc<super::Slot>,
-) -> Result<crate::uids::UidLease, String> {
-    let Some(pool) = &sup.inner.uids else {
-        return Err("no per-run uids".into());
-    };
-    let lease = pool.lease().map_err(|e| e.to_string())?;
+) -> Result<crate::uids::UidLease, ReuidError> {
+    let pool = sup.inner.uids.as_ref().ok_or(ReuidError::NoPool)?;
+    let lease = pool.lease()?;
     let mut r = slot.rec.lock().await;
     let spec_path = r.files().runner_spec();
     let uid = lease.uid;
-    let rewrite = move || -> Result<(), String> {
-        let bytes = std::fs::read(&spec_path).map_err(|e| format!("read runner.json: {e}"))?;
+    let rewrite = move || -> Result<(), ReuidError> {
+        let spec_err = |e: &dyn std::fmt::Display| ReuidError::Spec(e.to_string());
+        let bytes = std::fs::read(&spec_path).map_err(|e| spec_err(&e))?;
         let mut spec =
-            subagent_runner::spec::RunnerSpec::parse(&bytes).map_err(|e| e.to_string())?;
+            subagent_runner::spec::RunnerSpec::parse(&bytes).map_err(|e| spec_err(&e))?;
         spec.run_as = Some((uid, uid));
-        let bytes = serde_json::to_vec(&spec).map_err(|e| e.to_string())?;
-        subagent_runner::atomic::write_atomic(&spec_path, &bytes).map_err(|e| e.to_string())
+        let bytes = serde_json::to_vec(&spec).map_err(|e| spec_err(&e))?;
+        subagent_runner::atomic::write_atomic(&spec_path, &bytes).map_err(|e| spec_err(&e))
     };
-    tokio::task::spawn_blocking(rewrite)
-        .await
-        .map_err(|e| e.to_string())??;
+    tokio::task::spawn_blocking(rewrite).await??;
     let mut next = r.clone();
     next.uid = Some(uid);
-    sup.persist(slot, &mut r, next)
-        .await
-        .map_err(|e| e.to_string())?;
+    sup.persist(slot, &mut r, next).await?;
     tracing::info!(run_id = %r.run_id, uid, "its uid was taken while it was queued; it has another");
     Ok(lease)
 }
