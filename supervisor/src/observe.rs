@@ -166,7 +166,7 @@ fn is_dir(st: &Stamp) -> bool {
     st.mode & libc::S_IFMT == libc::S_IFDIR
 }
 
-/// Every file beneath `root` (not `.git`, not `skip`), within `deadline`.
+/// Every file beneath `root` (not `.git`, not `skip`), within `budget`.
 fn scan(root: BorrowedFd<'_>, skip: &Skip, budget: Duration) -> Result<Picture, ObserveError> {
     let deadline = Instant::now() + budget;
     let mut paths = BTreeMap::new();
