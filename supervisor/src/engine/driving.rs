@@ -8,7 +8,6 @@ use super::{EngineError, Inner};
 use crate::record::{RunRecord, RunState};
 use policy::agentstream::AgentReport;
 use policy::driver::{Driver, DriverInputs};
-use policy::workctx::{judge, Outcome, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -70,16 +69,7 @@ impl Delivery {
 }
 
 /// The reported files, judged as a delta's claims are.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReportedFiles {
-    /// Merged into the session's recent files, in merge order.
-    pub accepted: Vec<Verdict>,
-    /// Not merged, each with the reason.
-    pub rejected: Vec<Verdict>,
-    /// Why nothing was merged, when nothing was.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
+pub type ReportedFiles = super::workctx::DeltaReport;
 
 /// The run's driver: the request's, else a user-level definition's, else
 /// the config's, else `command`. A project definition (child-writable) may
@@ -370,49 +360,23 @@ pub(crate) fn rescue(rec: &mut RunRecord) {
 /// Blocking.
 pub(crate) fn merge_reported(inner: &Inner, rec: &RunRecord) -> Option<ReportedFiles> {
     let report = rec.driver_run.as_ref()?.report.as_ref()?;
-    let mut out = ReportedFiles::default();
+    let note = |why: String| ReportedFiles {
+        note: Some(why),
+        ..Default::default()
+    };
     if let Some(why) = not_merged(rec) {
-        out.note = Some(why);
-        return Some(out);
+        return Some(note(why));
     }
     let claimed = report.changed();
     if claimed.is_empty() {
-        out.note = Some("the agent reported no file written or edited".into());
-        return Some(out);
+        return Some(note("the agent reported no file written or edited".into()));
     }
-    let base = rec
-        .worktree
-        .as_ref()
-        .map_or(rec.project_dir.clone(), |w| w.dir.clone());
-    let root = base.canonicalize().unwrap_or(base.clone());
-    let since = rec.started_at_ms.unwrap_or(rec.created_at_ms);
-    for c in claimed.iter().rev() {
-        let v = judge(
-            &super::workctx::facts(c, &base),
-            std::slice::from_ref(&root),
-            since,
-        );
-        match v.outcome {
-            Outcome::Accepted(_) => out.accepted.push(v),
-            Outcome::Rejected(_) => out.rejected.push(v),
-        }
-    }
-    let accepted: Vec<PathBuf> = out
-        .accepted
-        .iter()
-        .filter_map(|v| match &v.outcome {
-            Outcome::Accepted(p) => Some(p.clone()),
-            Outcome::Rejected(_) => None,
-        })
-        .collect();
-    if !accepted.is_empty() {
-        if let Err(e) = inner.sessions.update(&rec.session_id, |s| {
-            s.recent_files = policy::workctx::touch(&s.recent_files, &accepted);
-        }) {
-            out.note = Some(format!("merging failed: {e}"));
-        }
-    }
-    Some(out)
+    // The stream lists them oldest first; recent files want the newest.
+    Some(super::workctx::judge_and_merge(
+        inner,
+        rec,
+        claimed.iter().rev().cloned(),
+    ))
 }
 
 /// Why a run's reported files are not merged at all: it did not succeed,

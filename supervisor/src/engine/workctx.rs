@@ -250,7 +250,7 @@ pub struct DeltaReport {
     pub note: Option<String>,
 }
 
-pub(crate) fn facts(claimed: &str, base: &Path) -> FileFacts {
+fn facts(claimed: &str, base: &Path) -> FileFacts {
     let p = Path::new(claimed);
     let full = if p.is_absolute() {
         p.to_path_buf()
@@ -316,35 +316,53 @@ pub(crate) fn merge_delta(inner: &Inner, rec: &RunRecord) -> DeltaReport {
             return report;
         }
     };
+    judge_and_merge(inner, rec, claims(&delta))
+}
+
+/// Judges each of `claimed` (in merge order) on disk against the run's
+/// work dir (inside it, a regular file, changed during the run) and merges
+/// those that hold into its session's recent files. Blocking.
+pub(crate) fn judge_and_merge(
+    inner: &Inner,
+    rec: &RunRecord,
+    claimed: impl IntoIterator<Item = String>,
+) -> DeltaReport {
+    let mut report = DeltaReport::default();
     let base = rec
         .worktree
         .as_ref()
         .map_or(rec.project_dir.clone(), |w| w.dir.clone());
     let root = base.canonicalize().unwrap_or(base.clone());
     let since = rec.started_at_ms.unwrap_or(rec.created_at_ms);
-    for claimed in claims(&delta) {
-        let v = judge(&facts(&claimed, &base), std::slice::from_ref(&root), since);
-        match v.outcome {
-            Outcome::Accepted(_) => report.accepted.push(v),
+    let mut accepted = Vec::new();
+    for c in claimed {
+        let v = judge(&facts(&c, &base), std::slice::from_ref(&root), since);
+        match &v.outcome {
+            Outcome::Accepted(p) => {
+                accepted.push(p.clone());
+                report.accepted.push(v);
+            }
             Outcome::Rejected(_) => report.rejected.push(v),
         }
     }
-    let accepted: Vec<PathBuf> = report
-        .accepted
-        .iter()
-        .filter_map(|v| match &v.outcome {
-            Outcome::Accepted(p) => Some(p.clone()),
-            Outcome::Rejected(_) => None,
-        })
-        .collect();
-    if !accepted.is_empty() {
-        if let Err(e) = inner.sessions.update(&rec.session_id, |s| {
-            s.recent_files = policy::workctx::touch(&s.recent_files, &accepted);
-        }) {
-            report.note = Some(format!("merging failed: {e}"));
-        }
+    if let Err(e) = merge_into_recent(inner, &rec.session_id, &accepted) {
+        report.note = Some(format!("merging failed: {e}"));
     }
     report
+}
+
+/// Puts `files` at the front of the session's recent files.
+fn merge_into_recent(
+    inner: &Inner,
+    session: &str,
+    files: &[PathBuf],
+) -> Result<(), crate::sessions::SessionError> {
+    if !files.is_empty() {
+        inner.sessions.update(session, |s| {
+            s.recent_files = policy::workctx::touch(&s.recent_files, files);
+        })?;
+    }
+    Ok(())
 }
 
 /// The first picture of what a run's `workdir` holds (see
@@ -436,13 +454,8 @@ pub(crate) fn observe_and_merge(inner: &Inner, rec: &RunRecord, merge: bool) -> 
         })
         .take(policy::workctx::RECENT_CAP)
         .collect();
-    if merged.is_empty() {
-        return report;
-    }
-    match inner.sessions.update(&rec.session_id, |s| {
-        s.recent_files = policy::workctx::touch(&s.recent_files, &merged);
-    }) {
-        Ok(_) => report.merged = merged,
+    match merge_into_recent(inner, &rec.session_id, &merged) {
+        Ok(()) => report.merged = merged,
         Err(e) => report.note = Some(format!("merging failed: {e}")),
     }
     report
