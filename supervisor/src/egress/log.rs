@@ -50,6 +50,26 @@ pub struct Entry {
     pub count: u64,
 }
 
+impl Entry {
+    /// A refusal starting now, of nothing named yet: the proxy fills in what
+    /// it learns.
+    pub fn refused_now() -> Entry {
+        Entry {
+            time: crate::timefmt::rfc3339_ms(crate::timefmt::now_ms()),
+            method: String::new(),
+            host: String::new(),
+            port: 0,
+            address: None,
+            verdict: Verdict::Refused,
+            reason: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            count: 1,
+        }
+    }
+}
+
 fn one() -> u64 {
     1
 }
@@ -175,21 +195,13 @@ impl EgressLog {
             return Ok(());
         }
         let entry = Entry {
-            time: crate::timefmt::rfc3339_ms(crate::timefmt::now_ms()),
-            method: String::new(),
-            host: String::new(),
-            port: 0,
-            address: None,
-            verdict: Verdict::Refused,
             reason: Some(format!(
                 "{} more refused (over {REFUSED_LINES_PER_S} lines a second), the last: {}",
                 st.held,
                 clip(&st.held_reason, 200)
             )),
-            bytes_up: 0,
-            bytes_down: 0,
-            duration_ms: 0,
             count: st.held,
+            ..Entry::refused_now()
         };
         st.held = 0;
         self.write(st, &entry)

@@ -124,7 +124,7 @@ fn over_cap(
     full: Full,
     conns: &mut tokio::task::JoinSet<()>,
 ) {
-    let mut entry = new_entry();
+    let mut entry = Entry::refused_now();
     let why = match full {
         Full::Run => format!(
             "the run's connection cap ({}) is reached",
@@ -150,22 +150,6 @@ fn over_cap(
     });
 }
 
-fn new_entry() -> Entry {
-    Entry {
-        time: crate::timefmt::rfc3339_ms(crate::timefmt::now_ms()),
-        method: String::new(),
-        host: String::new(),
-        port: 0,
-        address: None,
-        verdict: Verdict::Refused,
-        reason: None,
-        bytes_up: 0,
-        bytes_down: 0,
-        duration_ms: 0,
-        count: 1,
-    }
-}
-
 fn write_entry(run: &RunProxy, entry: &Entry) {
     if let Err(e) = run.log.append(entry) {
         tracing::warn!(run_id = %run.run_id, "egress.log: {e}");
@@ -176,7 +160,7 @@ fn write_entry(run: &RunProxy, entry: &Entry) {
 /// logs it.
 pub async fn serve_connection(run: &RunProxy, mut client: TcpStream, mut cancel: Cancel) {
     let started = Instant::now();
-    let mut entry = new_entry();
+    let mut entry = Entry::refused_now();
     let _ = client.set_nodelay(true);
     keepalive(&client);
     if !run.log.has_room() {
@@ -729,16 +713,16 @@ mod tests {
             ("rebind.test", "loopback or private"),
             ("mixed.test", "loopback or private"),
         ] {
-            let mut e = new_entry();
+            let mut e = Entry::refused_now();
             assert!(connect(&r, host, 80, &mut e).await.is_none());
             assert_eq!(e.verdict, Verdict::Refused, "{host}");
             assert!(e.reason.as_deref().unwrap().contains(why), "{host}: {e:?}");
             assert!(e.address.is_some());
         }
-        let mut e = new_entry();
+        let mut e = Entry::refused_now();
         assert!(connect(&r, "other.test", 80, &mut e).await.is_none());
         assert_eq!(e.reason.as_deref(), Some("not on the run's list"));
-        let mut e = new_entry();
+        let mut e = Entry::refused_now();
         assert!(connect(&r, "meta.test", 81, &mut e).await.is_none());
         assert_eq!(e.reason.as_deref(), Some("not on the run's list"));
     }
@@ -784,10 +768,10 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let entry = format!("127.0.0.1:{port}");
         let r = run(&[&entry], Vec::new());
-        let mut e = new_entry();
+        let mut e = Entry::refused_now();
         assert!(connect(&r, "127.0.0.1", port, &mut e).await.is_some());
         assert_eq!(e.address.as_deref(), Some("127.0.0.1"));
-        let mut e = new_entry();
+        let mut e = Entry::refused_now();
         assert!(connect(&r, "localhost", port, &mut e).await.is_none());
     }
 }
