@@ -198,7 +198,7 @@ fn header(s: &mut String, rec: &RunRecord) {
     if let Some(reason) = &rec.reason {
         let _ = writeln!(s, "- reason: {}", md::text(reason));
     }
-    let _ = writeln!(s, "- command: {}", md::code(&rec.command.join(" ")));
+    let _ = writeln!(s, "- command: {}", md::code(rec.command.join(" ")));
     let _ = writeln!(s, "- project dir: {}", md::code(&rec.project_dir));
     let _ = writeln!(s, "- created: {}", rfc3339_ms(rec.created_at_ms));
     if let Some(st) = rec.started_at_ms {
@@ -227,7 +227,7 @@ fn tools_and_rights(s: &mut String, rec: &RunRecord) {
             let _ = writeln!(s, "- tools: (none)");
         }
         Some(t) => {
-            let _ = writeln!(s, "- tools: {}", md::text(&t.join(", ")));
+            let _ = writeln!(s, "- tools: {}", md::text(t.join(", ")));
         }
         None => {
             let _ = writeln!(s, "- tools: (no tool policy given)");
@@ -251,7 +251,7 @@ fn tools_and_rights(s: &mut String, rec: &RunRecord) {
 fn working_context(s: &mut String, rec: &RunRecord) {
     let _ = writeln!(s, "\n## Working context\n");
     if let Some(g) = &rec.git {
-        let _ = writeln!(s, "- {}", md::text(&policy::workctx::git_line(g)));
+        let _ = writeln!(s, "- {}", md::text(policy::workctx::git_line(g)));
     }
     if let Some(w) = &rec.worktree {
         let _ = writeln!(
@@ -419,7 +419,7 @@ fn agent(s: &mut String, rec: &RunRecord) {
     };
     let _ = writeln!(s, "\n## Agent\n");
     let _ = writeln!(s, "- driver: {}", d.driver.as_str());
-    let delivered = md::text(&d.delivered.describe());
+    let delivered = md::text(d.delivered.describe());
     let _ = writeln!(s, "- context delivered: {delivered}");
     let Some(r) = &d.report else {
         return;
@@ -518,7 +518,7 @@ fn isolation(s: &mut String, rec: &RunRecord) {
     }
     let _ = writeln!(s, "- user: {}", md::text(&iso.user));
     let _ = writeln!(s, "- no_new_privs: {}", iso.no_new_privs);
-    let _ = writeln!(s, "- rlimits: {}", md::text(&iso.rlimits.join(", ")));
+    let _ = writeln!(s, "- rlimits: {}", md::text(iso.rlimits.join(", ")));
     for n in &iso.notes {
         let _ = writeln!(s, "- note: {}", md::text(n));
     }
@@ -531,7 +531,7 @@ fn egress(s: &mut String, rec: &RunRecord) {
         return;
     }
     let _ = writeln!(s, "\n## Egress\n");
-    let listed: Vec<String> = rec.network_allow.iter().map(|e| md::code(e)).collect();
+    let listed: Vec<String> = rec.network_allow.iter().map(md::code).collect();
     let _ = writeln!(s, "- network: allowlist: {}", listed.join(", "));
     let log = rec.files().egress_log();
     let _ = writeln!(s, "- log: {}", md::code(&log));
@@ -544,7 +544,7 @@ fn egress(s: &mut String, rec: &RunRecord) {
         e.allowed, e.refused, e.failed, e.bytes_up, e.bytes_down
     );
     if !e.refused_hosts.is_empty() {
-        let hosts: Vec<String> = e.refused_hosts.iter().map(|h| md::code(h)).collect();
+        let hosts: Vec<String> = e.refused_hosts.iter().map(md::code).collect();
         let _ = writeln!(s, "- refused: {}", hosts.join(", "));
     }
 }
