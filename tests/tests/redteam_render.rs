@@ -220,7 +220,7 @@ fn driver_run(d: &Daemon, project: &Path) -> Value {
 /// An agent's error with newlines, fake supervisor lines and escapes,
 /// seen through MCP `wait_agent_run` and `check_agent_run`: one line,
 /// escaped, quoted as the agent's words; the raw lines it printed only as
-/// indented log.
+/// indented log, there and in `read_agent_log`.
 #[test]
 fn an_agents_error_cannot_forge_lines_in_mcp_status_texts() {
     if !host_ok() {
@@ -256,6 +256,13 @@ fn an_agents_error_cannot_forge_lines_in_mcp_status_texts() {
             "{tool}:\n{text}"
         );
     }
+    // read_agent_log: the header, then only indented lines.
+    let log = m.tool_text("read_agent_log", json!({ "run_id": run }));
+    assert_no_forged_line(&log, "read_agent_log");
+    let (head, body) = log.split_once('\n').unwrap();
+    assert!(head.starts_with(&format!("log of run {run} ")), "{log}");
+    assert!(body.lines().all(|l| l.starts_with("    ")), "{log}");
+    assert!(body.contains(&format!("    {FORGED_RUN_LINE}\n")), "{log}");
     // The status a program reads holds the reason on one line too.
     let reason = st["reason"].as_str().unwrap();
     assert!(!reason.contains('\n'), "the reason is one line: {reason:?}");

@@ -232,38 +232,34 @@ async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
 }
 
 async fn read_log(inner: &Inner, a: LogArgs) -> ToolResult {
-    let status = clean(
-        inner
-            .link
-            .call("check_agent_run", json!({ "run_id": a.run_id }))
-            .await?,
-    );
+    let status = inner
+        .link
+        .call("check_agent_run", json!({ "run_id": a.run_id }))
+        .await?;
     let path = Path::new(status["log_path"].as_str().unwrap_or("")).to_path_buf();
+    let (run, state) = (one_line(&a.run_id), line_of(&status, "state"));
+    let status = clean(status);
     let tail = a.tail.unwrap_or(DEFAULT_TAIL_LINES).min(MAX_TAIL_LINES);
     let offset = a.offset;
     let read = tokio::task::spawn_blocking(move || read_log_file(&path, offset, tail))
         .await
         .map_err(|e| ToolError::Refused(format!("reading the log failed: {e}")))??;
     let Some((from, text, next, size)) = read else {
-        let text = format!(
-            "run {} has written no output yet ({}).",
-            a.run_id,
-            status["state"].as_str().unwrap_or("?")
-        );
+        let text = format!("run {run} has written no output yet ({state}).");
         return Ok(render::ok(
             text,
             json!({"run_id": a.run_id, "text": "", "offset": 0, "next_offset": 0, "size": 0, "state": status["state"]}),
         ));
     };
     let more = if next < size {
-        format!("\n[{} more bytes: read on from offset {next}]", size - next)
+        format!("[{} more bytes: read on from offset {next}]", size - next)
     } else {
         String::new()
     };
+    // Indented: no line of the child's can pass for one of these.
     let body = format!(
-        "log of run {} (bytes {from}..{next} of {size}, {}):\n{text}{more}",
-        a.run_id,
-        status["state"].as_str().unwrap_or("?")
+        "log of run {run} (bytes {from}..{next} of {size}, {state}; the child's output, each line indented):\n{}{more}",
+        render::indent(&text)
     );
     let data = json!({"run_id": a.run_id, "text": text, "offset": from, "next_offset": next, "size": size, "state": status["state"]});
     Ok(render::ok(body, data))

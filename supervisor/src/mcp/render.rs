@@ -235,7 +235,7 @@ pub async fn status_result(status: Value, lead: Option<&str>) -> CallToolResult 
 }
 
 /// `text` with each line indented, so log lines read as quoted.
-fn indent(text: &str) -> String {
+pub fn indent(text: &str) -> String {
     let mut out = String::new();
     for line in text.lines() {
         out.push_str("    ");
