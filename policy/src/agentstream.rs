@@ -238,8 +238,14 @@ impl AgentReport {
     /// flag, or every write it tried failed.
     pub fn failure(&self) -> Option<String> {
         if self.is_error {
-            let why = self.error.as_deref().unwrap_or("no message");
-            return Some(format!("the agent reported an error: {why}"));
+            // Its words quoted: one line that cannot pass for the supervisor's.
+            return Some(match self.error.as_deref() {
+                Some(why) => format!(
+                    "the agent reported an error: {}",
+                    crate::visible::quoted(why)
+                ),
+                None => "the agent reported an error (no message)".to_owned(),
+            });
         }
         if self.writes_failed > 0 && self.writes_ok == 0 {
             return Some(format!(
@@ -303,7 +309,7 @@ not json at all
         let r = parse(Driver::ClaudeCode, err.as_bytes());
         assert_eq!(
             r.failure().as_deref(),
-            Some("the agent reported an error: API Error: 400 nope")
+            Some("the agent reported an error: \"API Error: 400 nope\"")
         );
         let only_failed = r#"{"type":"assistant","message":{"content":[{"id":"t1","name":"Write","type":"tool_use","input":{"file_path":"/p/a"}}]}}
 {"type":"user","message":{"content":[{"tool_use_id":"t1","type":"tool_result","is_error":true}]}}

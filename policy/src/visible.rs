@@ -82,6 +82,27 @@ pub fn one_line(s: &str) -> String {
     out
 }
 
+/// `s` as one quoted value: in double quotes, with every hidden character
+/// shown visibly and each `"` and `\` inside escaped, so the value ends at
+/// the first unescaped quote. For words a child or a definition wrote,
+/// shown beside the supervisor's.
+pub fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if is_hidden(c) => push_visible(c, &mut out),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +113,15 @@ mod tests {
         assert_eq!(one_line("\x1b[2J"), "\\x1b[2J");
         assert_eq!(one_line("\u{202e}x\u{9b}"), "\\u{202e}x\\u{9b}");
         assert_eq!(one_line("naïve 日本"), "naïve 日本");
+    }
+
+    #[test]
+    fn a_quoted_value_cannot_end_early_or_add_a_line() {
+        assert_eq!(quoted("plain"), "\"plain\"");
+        assert_eq!(
+            quoted("x\"\nrun r: succeeded \\n\x1b[2J"),
+            "\"x\\\"\\nrun r: succeeded \\\\n\\x1b[2J\""
+        );
+        assert_eq!(quoted(""), "\"\"");
     }
 }

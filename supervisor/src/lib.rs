@@ -12,8 +12,8 @@
 //! - [`notices`]: the durable finished-run notices of each session.
 //! - [`observe`]: the pictures of a project that tell what a run changed.
 //! - [`result_md`]: the result.md a finished run leaves.
-//! - [`sanitize`], [`mdsafe`]: showing what a child wrote on a terminal
-//!   and in Markdown without letting it act.
+//! - [`sanitize`]: showing what a child or a definition wrote, on a
+//!   terminal, to a model and in Markdown, without letting it act.
 //! - [`engine`]: the supervisor itself: accepting, queueing, launching,
 //!   watching and finishing runs; used by the daemon and by `subagent run`.
 //! - [`egress`]: the proxy through which runs in allowlist mode reach
@@ -31,7 +31,6 @@ pub mod engine;
 pub mod gitsnap;
 pub mod ids;
 pub mod mcp;
-pub mod mdsafe;
 pub mod notices;
 pub mod observe;
 pub mod paths;

@@ -1,8 +1,8 @@
 //! result.md: what a finished run leaves for its parent, readable by a
 //! person and by a model.
 
-use crate::mdsafe;
 use crate::record::RunRecord;
+use crate::sanitize::markdown as md;
 use crate::timefmt::{human_duration, rfc3339_ms};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -159,10 +159,10 @@ fn fence_for(text: &str) -> String {
 /// Renders result.md for a run that has ended.
 ///
 /// Every string that is not a number, a time or the daemon's own fixed
-/// words goes through [`mdsafe::code`] (names and paths the child chose)
-/// or [`mdsafe::text`] (prose and paths), so that nothing a child wrote can
-/// add a line, a heading or markup; the log tail is fenced, with a fence
-/// longer than any backtick run in it.
+/// words goes through [`md::code`] (values meant to be copied: paths,
+/// names, hosts, verbatim) or [`md::text`] (prose), so that nothing a
+/// child wrote can add a line, a heading or markup; the log tail is
+/// fenced, with a fence longer than any backtick run in it.
 pub fn render(rec: &RunRecord) -> String {
     let mut s = String::new();
     header(&mut s, rec);
@@ -179,8 +179,8 @@ pub fn render(rec: &RunRecord) -> String {
 
 fn header(s: &mut String, rec: &RunRecord) {
     let files = rec.files();
-    let _ = writeln!(s, "# Subagent run {}\n", mdsafe::text(&rec.run_id));
-    let _ = writeln!(s, "- session: {}", mdsafe::text(&rec.session_id));
+    let _ = writeln!(s, "# Subagent run {}\n", md::text(&rec.run_id));
+    let _ = writeln!(s, "- session: {}", md::text(&rec.session_id));
     let _ = writeln!(s, "- state: **{}**", rec.state.as_str());
     match (rec.exit_code, rec.signal) {
         (Some(c), _) => {
@@ -196,14 +196,10 @@ fn header(s: &mut String, rec: &RunRecord) {
         (None, None) => {}
     }
     if let Some(reason) = &rec.reason {
-        let _ = writeln!(s, "- reason: {}", mdsafe::text(reason));
+        let _ = writeln!(s, "- reason: {}", md::text(reason));
     }
-    let _ = writeln!(s, "- command: {}", mdsafe::code(&rec.command.join(" ")));
-    let _ = writeln!(
-        s,
-        "- project dir: {}",
-        mdsafe::text_os(rec.project_dir.as_os_str())
-    );
+    let _ = writeln!(s, "- command: {}", md::code(rec.command.join(" ")));
+    let _ = writeln!(s, "- project dir: {}", md::code(&rec.project_dir));
     let _ = writeln!(s, "- created: {}", rfc3339_ms(rec.created_at_ms));
     if let Some(st) = rec.started_at_ms {
         let _ = writeln!(s, "- started: {}", rfc3339_ms(st));
@@ -214,28 +210,24 @@ fn header(s: &mut String, rec: &RunRecord) {
             let _ = writeln!(s, "- duration: {}", human_duration(end.saturating_sub(st)));
         }
     }
-    let _ = writeln!(s, "- log: {}", mdsafe::text_os(files.log().as_os_str()));
-    let _ = writeln!(
-        s,
-        "- artifacts: {}",
-        mdsafe::text_os(files.artifacts().as_os_str())
-    );
+    let _ = writeln!(s, "- log: {}", md::code(files.log()));
+    let _ = writeln!(s, "- artifacts: {}", md::code(files.artifacts()));
 }
 
 fn tools_and_rights(s: &mut String, rec: &RunRecord) {
     let _ = writeln!(s, "\n## Tools and rights\n");
     if let Some(a) = &rec.agent {
-        let _ = writeln!(s, "- agent: {}", mdsafe::text(a));
+        let _ = writeln!(s, "- agent: {}", md::text(a));
     }
     for n in &rec.notes {
-        let _ = writeln!(s, "- note: {}", mdsafe::text(n));
+        let _ = writeln!(s, "- note: {}", md::text(n));
     }
     match &rec.tools {
         Some(t) if t.is_empty() => {
             let _ = writeln!(s, "- tools: (none)");
         }
         Some(t) => {
-            let _ = writeln!(s, "- tools: {}", mdsafe::text(&t.join(", ")));
+            let _ = writeln!(s, "- tools: {}", md::text(t.join(", ")));
         }
         None => {
             let _ = writeln!(s, "- tools: (no tool policy given)");
@@ -259,37 +251,28 @@ fn tools_and_rights(s: &mut String, rec: &RunRecord) {
 fn working_context(s: &mut String, rec: &RunRecord) {
     let _ = writeln!(s, "\n## Working context\n");
     if let Some(g) = &rec.git {
-        let _ = writeln!(s, "- {}", mdsafe::text(&policy::workctx::git_line(g)));
+        let _ = writeln!(s, "- {}", md::text(policy::workctx::git_line(g)));
     }
     if let Some(w) = &rec.worktree {
         let _ = writeln!(
             s,
             "- worktree: {} (branch {})",
-            mdsafe::text_os(w.dir.as_os_str()),
-            mdsafe::text(&w.branch)
+            md::code(&w.dir),
+            md::code(&w.branch)
         );
     }
     if let Some(d) = &rec.delta {
         if let Some(n) = &d.note {
-            let _ = writeln!(s, "- delta: {}", mdsafe::text(n));
+            let _ = writeln!(s, "- delta: {}", md::text(n));
         }
         for v in &d.accepted {
             if let policy::workctx::Outcome::Accepted(p) = &v.outcome {
-                let _ = writeln!(
-                    s,
-                    "- merged into recent files: {}",
-                    mdsafe::code_os(p.as_os_str())
-                );
+                let _ = writeln!(s, "- merged into recent files: {}", md::code(p.as_os_str()));
             }
         }
         for v in &d.rejected {
             if let policy::workctx::Outcome::Rejected(why) = &v.outcome {
-                let _ = writeln!(
-                    s,
-                    "- rejected: {} ({})",
-                    mdsafe::code(&v.path),
-                    mdsafe::text(why)
-                );
+                let _ = writeln!(s, "- rejected: {} ({})", md::code(&v.path), md::text(why));
             }
         }
     }
@@ -324,13 +307,13 @@ fn observed_line(s: &mut String, o: &policy::observed::ObservedReport) {
         );
     }
     if let Some(n) = &o.note {
-        let _ = writeln!(s, "- observed: {}", mdsafe::text(n));
+        let _ = writeln!(s, "- observed: {}", md::text(n));
     }
     for p in &o.merged {
         let _ = writeln!(
             s,
             "- merged into recent files (observed): {}",
-            mdsafe::code_os(p.as_os_str())
+            md::code(p.as_os_str())
         );
     }
 }
@@ -406,7 +389,7 @@ fn files_table(s: &mut String, rec: &RunRecord) {
         let shown = if c.is_empty() {
             "-".to_owned()
         } else {
-            mdsafe::text(c)
+            md::text(c)
         };
         shown.replace('|', "\\|")
     };
@@ -414,7 +397,7 @@ fn files_table(s: &mut String, rec: &RunRecord) {
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} |",
-            mdsafe::code(path).replace('|', "\\|"),
+            md::code(path).replace('|', "\\|"),
             cell(claimed),
             cell(reported),
             cell(observed)
@@ -436,7 +419,7 @@ fn agent(s: &mut String, rec: &RunRecord) {
     };
     let _ = writeln!(s, "\n## Agent\n");
     let _ = writeln!(s, "- driver: {}", d.driver.as_str());
-    let delivered = mdsafe::text(&d.delivered.describe());
+    let delivered = md::text(d.delivered.describe());
     let _ = writeln!(s, "- context delivered: {delivered}");
     let Some(r) = &d.report else {
         return;
@@ -466,7 +449,7 @@ fn agent_report(s: &mut String, r: &policy::agentstream::AgentReport) {
         yes(r.is_error)
     );
     if let Some(e) = &r.error {
-        let _ = writeln!(s, "- error: {}", mdsafe::text(e));
+        let _ = writeln!(s, "- error: {}", md::text(e));
     }
     let num = |n: Option<u64>| n.map_or("?".to_owned(), |n| n.to_string());
     let (turns, tin, tout) = (num(r.turns), num(r.input_tokens), num(r.output_tokens));
@@ -482,7 +465,7 @@ fn agent_report(s: &mut String, r: &policy::agentstream::AgentReport) {
     ];
     for (what, list) in lists {
         for item in list {
-            let _ = writeln!(s, "- {what}: {}", mdsafe::code(item));
+            let _ = writeln!(s, "- {what}: {}", md::code(item));
         }
     }
     if r.writes_failed > 0 {
@@ -493,17 +476,17 @@ fn agent_report(s: &mut String, r: &policy::agentstream::AgentReport) {
 
 fn reported_files(s: &mut String, f: &crate::engine::driving::ReportedFiles) {
     if let Some(n) = &f.note {
-        let _ = writeln!(s, "- reported files: {}", mdsafe::text(n));
+        let _ = writeln!(s, "- reported files: {}", md::text(n));
     }
     for v in &f.accepted {
         if let policy::workctx::Outcome::Accepted(p) = &v.outcome {
-            let p = mdsafe::code_os(p.as_os_str());
+            let p = md::code(p.as_os_str());
             let _ = writeln!(s, "- reported file merged into recent files: {p}");
         }
     }
     for v in &f.rejected {
         if let policy::workctx::Outcome::Rejected(why) = &v.outcome {
-            let (path, why) = (mdsafe::code(&v.path), mdsafe::text(why));
+            let (path, why) = (md::code(&v.path), md::text(why));
             let _ = writeln!(s, "- reported file rejected: {path} ({why})");
         }
     }
@@ -531,13 +514,13 @@ fn isolation(s: &mut String, rec: &RunRecord) {
         } else {
             "NOT enforced"
         };
-        let _ = writeln!(s, "- {name}: {mark}: {}", mdsafe::text(&e.detail));
+        let _ = writeln!(s, "- {name}: {mark}: {}", md::text(&e.detail));
     }
-    let _ = writeln!(s, "- user: {}", mdsafe::text(&iso.user));
+    let _ = writeln!(s, "- user: {}", md::text(&iso.user));
     let _ = writeln!(s, "- no_new_privs: {}", iso.no_new_privs);
-    let _ = writeln!(s, "- rlimits: {}", mdsafe::text(&iso.rlimits.join(", ")));
+    let _ = writeln!(s, "- rlimits: {}", md::text(iso.rlimits.join(", ")));
     for n in &iso.notes {
-        let _ = writeln!(s, "- note: {}", mdsafe::text(n));
+        let _ = writeln!(s, "- note: {}", md::text(n));
     }
 }
 
@@ -548,10 +531,10 @@ fn egress(s: &mut String, rec: &RunRecord) {
         return;
     }
     let _ = writeln!(s, "\n## Egress\n");
-    let listed: Vec<String> = rec.network_allow.iter().map(|e| mdsafe::code(e)).collect();
+    let listed: Vec<String> = rec.network_allow.iter().map(md::code).collect();
     let _ = writeln!(s, "- network: allowlist: {}", listed.join(", "));
     let log = rec.files().egress_log();
-    let _ = writeln!(s, "- log: {}", mdsafe::text_os(log.as_os_str()));
+    let _ = writeln!(s, "- log: {}", md::code(&log));
     let Some(e) = &rec.egress else {
         return;
     };
@@ -561,7 +544,7 @@ fn egress(s: &mut String, rec: &RunRecord) {
         e.allowed, e.refused, e.failed, e.bytes_up, e.bytes_down
     );
     if !e.refused_hosts.is_empty() {
-        let hosts: Vec<String> = e.refused_hosts.iter().map(|h| mdsafe::code(h)).collect();
+        let hosts: Vec<String> = e.refused_hosts.iter().map(md::code).collect();
         let _ = writeln!(s, "- refused: {}", hosts.join(", "));
     }
 }
@@ -599,15 +582,11 @@ fn artifacts(s: &mut String, rec: &RunRecord) {
         let _ = writeln!(s, "(none)");
     }
     for a in &arts {
-        let name = mdsafe::code_os(a.rel.as_os_str());
+        let name = md::code(a.rel.as_os_str());
         let _ = match &a.what {
             What::Bytes(n) => writeln!(s, "- {name} ({n} bytes)"),
             What::Symlink(t) => {
-                writeln!(
-                    s,
-                    "- {name} (symlink to {})",
-                    mdsafe::code_os(t.as_os_str())
-                )
+                writeln!(s, "- {name} (symlink to {})", md::code(t.as_os_str()))
             }
         };
     }
@@ -622,8 +601,8 @@ fn artifacts(s: &mut String, rec: &RunRecord) {
         let _ = writeln!(
             s,
             "- {} ({}, not kept)",
-            mdsafe::code(&k.path),
-            mdsafe::text(&k.why)
+            md::code(&k.path),
+            md::text(&k.why)
         );
     }
     let unnamed = kept.skipped_count.saturating_sub(kept.skipped.len() as u64);
@@ -631,7 +610,7 @@ fn artifacts(s: &mut String, rec: &RunRecord) {
         let _ = writeln!(s, "- … and {unnamed} more entries not kept");
     }
     if let Some(e) = &kept.error {
-        let _ = writeln!(s, "- keeping the artifacts failed: {}", mdsafe::text(e));
+        let _ = writeln!(s, "- keeping the artifacts failed: {}", md::text(e));
     }
 }
 
@@ -890,9 +869,16 @@ mod tests {
         out
     }
 
-    /// The visible form a name must have in a code span, built
-    /// independently of `mdsafe`.
+    /// What a name's code span must hold, built independently of
+    /// `markdown`: the name itself when it is UTF-8 without a hidden
+    /// character; else its escaped form (and the span is marked so).
     fn expected_visible(name: &[u8]) -> String {
+        let hidden = |c: char| c.is_control() || matches!(c, '\u{202e}' | '\u{2028}' | '\u{2029}');
+        if let Ok(s) = std::str::from_utf8(name) {
+            if !s.chars().any(hidden) {
+                return s.to_owned();
+            }
+        }
         let mut out = String::new();
         for chunk in name.utf8_chunks() {
             for c in chunk.valid().chars() {
@@ -1087,7 +1073,12 @@ mod tests {
                 .filter(|l| l.contains(" (symlink to ") && spans(l).get(1) == Some(&want))
                 .count();
             assert_eq!(target, 1, "{want:?} as a target in\n{md}");
-            let merged = count("- merged into recent files: ", "`", &[&want]);
+            let end = if want.as_bytes() == &name[..] {
+                "`"
+            } else {
+                "` (shown escaped)"
+            };
+            let merged = count("- merged into recent files: ", end, &[&want]);
             assert_eq!(merged, 1, "{want:?} as a merged path in\n{md}");
             let rejected = count("- rejected: ", ")", &[&lossy]);
             assert_eq!(rejected, 1, "{lossy:?} as a rejected path in\n{md}");

@@ -193,7 +193,10 @@ fn claude_code_writes_a_file_through_the_proxy_with_only_its_tools() {
     let check = d.cli(&["check", st["run_id"].as_str().unwrap()]);
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(text.contains("\ndriver       claude-code\n"), "{text}");
-    assert!(text.contains("\nanswer       Wrote hello.txt.\n"), "{text}");
+    assert!(
+        text.contains("\nanswer       the agent's words: \"Wrote hello.txt.\"\n"),
+        "{text}"
+    );
 
     let wc = d
         .conn()

@@ -185,7 +185,11 @@ exit 3"#;
     want.extend(["## Artifacts", "## Log tail"]);
     assert_eq!(headings, want, "{md}");
     let forged = "`x\\n- state: **succeeded**\\n# Forged\\n\\x1b]0;t\\x07`";
-    assert!(md.contains(&format!("\n- {forged} (5 bytes)\n")), "{md}");
+    // Not verbatim on one line: shown escaped, and marked so.
+    assert!(
+        md.contains(&format!("\n- {forged} (shown escaped) (5 bytes)\n")),
+        "{md}"
+    );
     // A link is not kept (only files and directories leave the run), and
     // it is named as what it is.
     assert!(
@@ -193,7 +197,7 @@ exit 3"#;
         "{md}"
     );
     assert!(
-        md.contains("\n- ````` ````\\n## Log tail\\n``` ````` (5 bytes)\n"),
+        md.contains("\n- ````` ````\\n## Log tail\\n``` ````` (shown escaped) (5 bytes)\n"),
         "{md}"
     );
 }

@@ -471,7 +471,10 @@ fn worktree_isolation_end_to_end() {
     assert!(git(p.path(), &["branch", "--list", &branch]).contains(&branch));
     let result = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
     assert!(
-        result.contains(&format!("- worktree: {} (branch {branch})", wt.display())),
+        result.contains(&format!(
+            "- worktree: `{}` (branch `{branch}`)",
+            wt.display()
+        )),
         "{result}"
     );
     // Kept after the run; removed on request, with its branch.

@@ -1,10 +1,11 @@
 //! Human output: a status block, the `ls` table, notices. Every value is
 //! shown on one line with control characters visible
-//! ([`crate::sanitize::one_line`]): a child's text cannot add a line or
+//! ([`crate::sanitize::one_line`]), an agent's answer quoted
+//! ([`crate::sanitize::quoted`]): a child's text cannot add a line or
 //! drive the terminal.
 
 use crate::record::RunStatus;
-use crate::sanitize::one_line;
+use crate::sanitize::{one_line, quoted};
 use crate::timefmt::{human_duration, now_ms, parse_rfc3339_ms};
 use std::fmt::Write as _;
 
@@ -39,9 +40,9 @@ pub fn status_block(s: &RunStatus) -> String {
     if let Some(d) = s.driver.as_ref().filter(|d| d.driver.streams()) {
         let _ = writeln!(out, "{:<13}{}", "driver", d.driver.as_str());
         if let Some(text) = d.report.as_ref().and_then(|r| r.final_text.as_deref()) {
-            // The agent's words: one line, and only its start.
+            // The agent's words: quoted on one line, and only its start.
             let start: String = text.chars().take(200).collect();
-            let _ = writeln!(out, "{:<13}{}", "answer", one_line(&start));
+            let _ = writeln!(out, "{:<13}the agent's words: {}", "answer", quoted(&start));
         }
     }
     out

@@ -530,13 +530,13 @@ mod tests {
         assert_eq!(ok.state, RunState::Failed);
         assert_eq!(
             ok.reason.as_deref(),
-            Some("the agent reported an error: API Error: 400")
+            Some("the agent reported an error: \"API Error: 400\"")
         );
         let mut exited = rec(RunState::Failed, Some(1));
         apply_report(&mut exited, Some(error.clone()));
         assert_eq!(
             exited.reason.as_deref(),
-            Some("the agent reported an error: API Error: 400 (exited with code 1)")
+            Some("the agent reported an error: \"API Error: 400\" (exited with code 1)")
         );
         let mut cancelled = rec(RunState::Cancelled, None);
         apply_report(&mut cancelled, Some(error));

@@ -1,10 +1,11 @@
 //! What each MCP tool does: the socket calls it makes and the result it
 //! gives back.
 
-use super::render::{self, clean, status_result};
+use super::render::{self, clean, line_of, status_result};
 use super::server::{args, Inner, ToolError, ToolResult};
 use super::tools::{ListArgs, LogArgs, NoArgs, RunArgs, SpawnArgs, WaitArgs};
 use super::tools::{DEFAULT_TAIL_LINES, DEFAULT_WAIT_S, MAX_TAIL_LINES, MAX_WAIT_S};
+use crate::sanitize::{one_line, quoted};
 use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
@@ -109,7 +110,7 @@ fn spawn_params(inner: &Inner, a: SpawnArgs) -> Result<Value, ToolError> {
 
 async fn spawn(inner: &Inner, a: SpawnArgs) -> ToolResult {
     let params = spawn_params(inner, a)?;
-    let r = clean(inner.link.call("spawn_agent", params).await?);
+    let r = inner.link.call("spawn_agent", params).await?;
     let run_id = r["run_id"].as_str().unwrap_or_default().to_owned();
     // The run exists now: a failing look at it must not read as a failed
     // spawn, which the model would retry.
@@ -118,12 +119,22 @@ async fn spawn(inner: &Inner, a: SpawnArgs) -> ToolResult {
         .call("check_agent_run", json!({ "run_id": run_id }))
         .await
     {
-        Ok(s) => clean(s),
+        Ok(s) => s,
         Err(e) => {
-            tracing::warn!("run {run_id} was spawned, but its status could not be read: {e}");
+            let id = one_line(&run_id);
+            tracing::warn!("run {id} was spawned, but its status could not be read: {e}");
             r.clone()
         }
     };
+    let text = format!(
+        "spawned run {} ({}).\nlog: {}\nresult (written when it ends): {}\n\
+         Call wait_agent_run with this run_id to wait for it.",
+        one_line(&run_id),
+        line_of(&status, "state"),
+        line_of(&status, "log_path"),
+        line_of(&status, "result_path"),
+    );
+    let (run_id, status) = (clean(json!(run_id)), clean(status));
     let data = json!({
         "run_id": run_id,
         "state": status["state"],
@@ -133,13 +144,6 @@ async fn spawn(inner: &Inner, a: SpawnArgs) -> ToolResult {
         "artifact_dir": status["artifact_dir"],
         "message": "spawned; call wait_agent_run with this run_id to wait for it",
     });
-    let text = format!(
-        "spawned run {run_id} ({}).\nlog: {}\nresult (written when it ends): {}\n\
-         Call wait_agent_run with this run_id to wait for it.",
-        status["state"].as_str().unwrap_or("?"),
-        status["log_path"].as_str().unwrap_or("?"),
-        status["result_path"].as_str().unwrap_or("?"),
-    );
     Ok(render::ok(text, data))
 }
 
@@ -169,7 +173,7 @@ async fn wait(inner: &Inner, a: WaitArgs, ctx: &RequestContext<RoleServer>) -> T
             return Ok(status_result(status, Some(&lead)).await);
         }
         if let Some(t) = &token {
-            let msg = progress_message(&clean(status)).await;
+            let msg = progress_message(&status).await;
             let p = ProgressNotificationParam::new(t.clone(), begun.elapsed().as_secs_f64())
                 .with_total(limit.as_secs_f64())
                 .with_message(msg);
@@ -185,7 +189,7 @@ async fn progress_message(status: &Value) -> String {
     let last = render::log_tail_off_runtime(status["log_path"].as_str().unwrap_or(""), 1).await;
     let last = match last.trim_end() {
         "" => "no output yet".to_owned(),
-        l => format!("last output: {l}"),
+        l => format!("last output (the child's): {}", quoted(l)),
     };
     let head = render::status_text(status);
     format!("{}; {last}", head.lines().next().unwrap_or(""))
@@ -205,15 +209,13 @@ async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
         Some("*") => None,
         Some(s) => Some(s.to_owned()),
     };
-    let v = clean(
-        inner
-            .link
-            .call(
-                "list_agent_runs",
-                json!({"session_id": session, "state": a.state}),
-            )
-            .await?,
-    );
+    let v = inner
+        .link
+        .call(
+            "list_agent_runs",
+            json!({"session_id": session, "state": a.state}),
+        )
+        .await?;
     let runs: Vec<Value> = v["runs"]
         .as_array()
         .into_iter()
@@ -225,42 +227,39 @@ async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
         text.push_str(render::status_text(r).lines().next().unwrap_or(""));
         text.push('\n');
     }
+    let runs: Vec<Value> = runs.into_iter().map(clean).collect();
     Ok(render::ok(text, json!({ "runs": runs })))
 }
 
 async fn read_log(inner: &Inner, a: LogArgs) -> ToolResult {
-    let status = clean(
-        inner
-            .link
-            .call("check_agent_run", json!({ "run_id": a.run_id }))
-            .await?,
-    );
+    let status = inner
+        .link
+        .call("check_agent_run", json!({ "run_id": a.run_id }))
+        .await?;
     let path = Path::new(status["log_path"].as_str().unwrap_or("")).to_path_buf();
+    let (run, state) = (one_line(&a.run_id), line_of(&status, "state"));
+    let status = clean(status);
     let tail = a.tail.unwrap_or(DEFAULT_TAIL_LINES).min(MAX_TAIL_LINES);
     let offset = a.offset;
     let read = tokio::task::spawn_blocking(move || read_log_file(&path, offset, tail))
         .await
         .map_err(|e| ToolError::Refused(format!("reading the log failed: {e}")))??;
     let Some((from, text, next, size)) = read else {
-        let text = format!(
-            "run {} has written no output yet ({}).",
-            a.run_id,
-            status["state"].as_str().unwrap_or("?")
-        );
+        let text = format!("run {run} has written no output yet ({state}).");
         return Ok(render::ok(
             text,
             json!({"run_id": a.run_id, "text": "", "offset": 0, "next_offset": 0, "size": 0, "state": status["state"]}),
         ));
     };
     let more = if next < size {
-        format!("\n[{} more bytes: read on from offset {next}]", size - next)
+        format!("[{} more bytes: read on from offset {next}]", size - next)
     } else {
         String::new()
     };
+    // Indented: no line of the child's can pass for one of these.
     let body = format!(
-        "log of run {} (bytes {from}..{next} of {size}, {}):\n{text}{more}",
-        a.run_id,
-        status["state"].as_str().unwrap_or("?")
+        "log of run {run} (bytes {from}..{next} of {size}, {state}; the child's output, each line indented):\n{}{more}",
+        render::indent(&text)
     );
     let data = json!({"run_id": a.run_id, "text": text, "offset": from, "next_offset": next, "size": size, "state": status["state"]});
     Ok(render::ok(body, data))
@@ -286,23 +285,21 @@ fn read_log_file(
 
 async fn notices(inner: &Inner, _a: NoArgs) -> ToolResult {
     let session = inner.session(None).to_owned();
-    let v = clean(
-        inner
-            .link
-            .call("take_notices", json!({ "session_id": session }))
-            .await?,
-    );
+    let v = inner
+        .link
+        .call("take_notices", json!({ "session_id": session }))
+        .await?;
     let list = v["notices"].as_array().cloned().unwrap_or_default();
     let mut text = format!("{} run(s) ended since the last call\n", list.len());
     for n in &list {
         text.push_str(&format!(
             "run {} {}: {}\n",
-            n["run_id"].as_str().unwrap_or("?"),
-            n["state"].as_str().unwrap_or("?"),
-            n["result_path"].as_str().unwrap_or("?")
+            line_of(n, "run_id"),
+            line_of(n, "state"),
+            line_of(n, "result_path")
         ));
     }
-    Ok(render::ok(text, json!({ "notices": list })))
+    Ok(render::ok(text, clean(json!({ "notices": list }))))
 }
 
 async fn agents(inner: &Inner, _a: NoArgs) -> ToolResult {
@@ -310,20 +307,22 @@ async fn agents(inner: &Inner, _a: NoArgs) -> ToolResult {
     let found = tokio::task::spawn_blocking(move || definitions(&dir))
         .await
         .map_err(|e| ToolError::Agents(e.to_string()))??;
-    let found = clean(found);
     let list = found["agents"].as_array().cloned().unwrap_or_default();
-    let mut text = format!("{} subagent definition(s)\n", list.len());
+    let mut text = format!(
+        "{} subagent definition(s), each name and description quoted from its file:\n",
+        list.len()
+    );
     for a in &list {
         text.push_str(&format!(
             "- {}: {}\n",
-            a["name"].as_str().unwrap_or("?"),
-            a["description"].as_str().unwrap_or("")
+            quoted(a["name"].as_str().unwrap_or("")),
+            quoted(a["description"].as_str().unwrap_or(""))
         ));
     }
     for e in found["errors"].as_array().into_iter().flatten() {
-        text.push_str(&format!("error: {}\n", e.as_str().unwrap_or("")));
+        text.push_str(&format!("error: {}\n", one_line(e.as_str().unwrap_or(""))));
     }
-    Ok(render::ok(text, found))
+    Ok(render::ok(text, clean(found)))
 }
 
 /// The definitions found for `dir`, as `subagent agents --json` lists them.

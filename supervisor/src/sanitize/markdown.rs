@@ -1,24 +1,30 @@
-//! Putting text a child controls into Markdown (result.md) so that it
-//! stays one inert value on its line: it cannot start a line, a heading or
-//! a list item, open emphasis, a link, an HTML tag or comment, or close a
-//! fence.
+//! Putting text the supervisor did not write into Markdown (result.md) so
+//! that it stays one inert value on its line: it cannot start a line, a
+//! heading or a list item, open emphasis, a link, an HTML tag or comment,
+//! or close a fence.
 //!
 //! Every value goes through one of two functions:
 //!
-//! - [`code`] for names and paths: a code span whose backtick delimiter is
-//!   longer than any backtick run inside, so the name reads exactly;
-//! - [`text`] for prose that may quote a child (reasons, notes): the
-//!   Markdown-significant characters are backslash-escaped, so ordinary
-//!   text keeps its look.
+//! - [`code`] for values meant to be copied (paths, names, hosts): a code
+//!   span whose backtick delimiter is longer than any backtick run inside,
+//!   holding the value exactly, byte for byte. A value with a newline, a
+//!   control character, a bidi control, a separator or bytes that are not
+//!   UTF-8 cannot be shown so on one line: it is shown escaped (below) in
+//!   the span, and [`ESCAPED`] after it says so;
+//! - [`text`] for prose that may quote a child (reasons, notes): escaped
+//!   (below), then the Markdown-significant characters backslash-escaped,
+//!   so ordinary text keeps its look.
 //!
-//! Both first make the value visible on one line: newlines, control
-//! characters, bidi controls and separators are shown as in
-//! [`crate::sanitize`] (`\n`, `\x1b`, `\u{202e}`), a backslash as `\\`,
-//! and each byte of a name that is not valid UTF-8 as `\xNN`.
+//! Escaped means: newlines, control characters, bidi controls and
+//! separators shown as in [`crate::sanitize`] (`\n`, `\x1b`, `\u{202e}`),
+//! a backslash as `\\`, and each byte that is not valid UTF-8 as `\xNN`.
 
 use crate::sanitize::{is_hidden, push_invalid_byte, push_visible};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+
+/// What follows a code span that holds a value escaped, not verbatim.
+pub const ESCAPED: &str = "(shown escaped)";
 
 /// How an empty value is shown (an empty code span does not exist).
 pub const EMPTY: &str = "(empty)";
@@ -67,24 +73,19 @@ fn span(v: &str) -> String {
     }
 }
 
-/// A name or path as a code span.
-pub fn code(s: &str) -> String {
-    span(&visible(s.as_bytes()))
+/// A value meant to be copied (a path, a name) as a code span: exactly its
+/// bytes when they fit on one line, else escaped and followed by [`ESCAPED`].
+pub fn code(v: impl AsRef<OsStr>) -> String {
+    let bytes = v.as_ref().as_bytes();
+    match std::str::from_utf8(bytes) {
+        Ok(s) if !s.chars().any(is_hidden) => span(s),
+        _ => format!("{} {ESCAPED}", span(&visible(bytes))),
+    }
 }
 
-/// A file name or path as a code span; bytes that are not UTF-8 as `\xNN`.
-pub fn code_os(s: &OsStr) -> String {
-    span(&visible(s.as_bytes()))
-}
-
-/// Prose as inline text: Markdown-significant characters escaped.
-pub fn text(s: &str) -> String {
-    escape_inline(&visible(s.as_bytes()))
-}
-
-/// A path as inline text; bytes that are not UTF-8 as `\xNN`.
-pub fn text_os(s: &OsStr) -> String {
-    escape_inline(&visible(s.as_bytes()))
+/// Prose as inline text: escaped, Markdown-significant characters too.
+pub fn text(v: impl AsRef<OsStr>) -> String {
+    escape_inline(&visible(v.as_ref().as_bytes()))
 }
 
 /// Backslash-escapes what could start inline markup: code, emphasis,
@@ -163,15 +164,24 @@ mod tests {
     fn lines_controls_and_invalid_bytes_are_visible() {
         assert_eq!(
             code("x\n- state: **succeeded**\n# h"),
-            "`x\\n- state: **succeeded**\\n# h`"
+            "`x\\n- state: **succeeded**\\n# h` (shown escaped)"
         );
         assert_eq!(
             code("a\rb\x1bc\u{202e}d\u{2028}e\\n"),
-            "`a\\rb\\x1bc\\u{202e}d\\u{2028}e\\\\n`"
+            "`a\\rb\\x1bc\\u{202e}d\\u{2028}e\\\\n` (shown escaped)"
         );
         let raw = OsStr::from_bytes(b"bad\xff\xfename");
-        assert_eq!(code_os(raw), "`bad\\xff\\xfename`");
-        assert_eq!(text_os(raw), "bad\\xff\\xfename");
+        assert_eq!(code(raw), "`bad\\xff\\xfename` (shown escaped)");
+        assert_eq!(text(raw), "bad\\xff\\xfename");
+    }
+
+    #[test]
+    fn values_that_fit_on_a_line_are_verbatim_in_their_span() {
+        // Backslashes and markup are not escaped inside a code span.
+        assert_eq!(code("/tmp/a__b*c\\n"), "`/tmp/a__b*c\\n`");
+        assert_eq!(code("/tmp/x`y/z"), "``/tmp/x`y/z``");
+        assert_eq!(code("`lead"), "`` `lead ``");
+        assert_eq!(code("é <b> [l](x)"), "`é <b> [l](x)`");
     }
 
     #[test]

@@ -1,13 +1,26 @@
-//! Making text a child controls harmless to show on a terminal.
+//! Text the supervisor did not write (a child's output, names, paths and
+//! messages; a definition's fields) made harmless wherever it reaches a
+//! person or a model. One function per kind of output, and every caller
+//! uses one of them:
 //!
-//! A child's log, file names and messages may hold bytes a terminal acts
-//! on (ESC and CSI/OSC sequences that retitle the window, write the
-//! clipboard or clear the screen; CR that overwrites a line) or that make
-//! a reader see something else (bidi overrides). These are shown visibly
-//! instead, one character at a time, in one scheme:
+//! - a value on a line of plain text (the CLI, the MCP server's texts):
+//!   [`one_line`]; a child's or a definition's words shown beside the
+//!   supervisor's: [`quoted`] (in double quotes, `"` and `\` escaped);
+//! - many lines for a terminal or a model (a log, its tail): [`for_terminal`],
+//!   [`terminal_text`], or streamed through [`Sanitizer`] / [`TerminalWriter`];
+//! - Markdown (result.md): [`markdown::code`] for values meant to be
+//!   copied (paths, names: verbatim in a code span), [`markdown::text`]
+//!   for prose;
+//! - JSON printed on a terminal: [`json_text`].
 //!
-//! - `\r`, `\n`, `\t` for CR, LF and TAB (LF and TAB pass unchanged in a
-//!   log: see [`Sanitizer`]);
+//! A byte a terminal acts on (ESC and CSI/OSC sequences that retitle the
+//! window, write the clipboard or clear the screen; CR that overwrites a
+//! line) or that makes a reader see something else (bidi overrides) is
+//! shown visibly instead, one character at a time, in one scheme
+//! ([`policy::visible`]):
+//!
+//! - `\r`, `\n`, `\t` for CR, LF and TAB (LF and TAB pass unchanged in
+//!   many lines: see [`Sanitizer`]);
 //! - `\xNN` for every other C0 control and DEL (ESC is `\x1b`), and for
 //!   each byte that is not part of valid UTF-8 (`\xff`);
 //! - `\u{NN}` for the C1 controls U+0080–U+009F (CSI is `\u{9b}`), the
@@ -19,10 +32,12 @@
 //! split across two reads cannot leak; only an incomplete UTF-8 sequence
 //! at the end of a read is held back (at most 3 bytes) until the next.
 
+pub mod markdown;
+
 use std::io::Write;
 
 use policy::visible::{byte_form, visible_form};
-pub use policy::visible::{is_hidden, one_line, push_invalid_byte, push_visible};
+pub use policy::visible::{is_hidden, one_line, push_invalid_byte, push_visible, quoted};
 
 /// JSON text with every hidden character a serializer leaves raw inside
 /// strings (DEL, C1, bidi controls, separators) written as a `\uXXXX`
