@@ -12,6 +12,7 @@
 pub mod budget;
 pub mod log;
 pub mod proxy;
+pub mod resolve;
 
 use policy::sandbox::network::AllowEntry;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -36,7 +37,7 @@ pub struct RunProxy {
     /// The connections of every run together ([`budget::global`]).
     pub global: Arc<tokio::sync::Semaphore>,
     /// How names are resolved.
-    pub resolver: proxy::Resolver,
+    pub resolver: resolve::Resolver,
 }
 
 impl RunProxy {
@@ -54,7 +55,7 @@ impl RunProxy {
             log: log::EgressLog::new(log_path, log_cap),
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             global: budget::global(),
-            resolver: proxy::Resolver::System,
+            resolver: resolve::Resolver::system(),
         }
     }
 }
