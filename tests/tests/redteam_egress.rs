@@ -1,11 +1,15 @@
 //! Attacks on the egress proxy's share of the daemon: runs that make the
 //! proxy resolve names a resolver never answers must not slow the control
-//! socket (ping, spawn_agent) nor pile up the daemon's threads.
+//! socket (ping, spawn_agent) nor pile up the daemon's threads; and a run
+//! listed for a host loopback server reaches it through the proxy with
+//! the proxy variables it is given (its NO_PROXY never names a listed
+//! host), by plain HTTP and by CONNECT.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{json, Value};
-use std::net::UdpSocket;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use subagentd_e2e::{is_root, runnable, session, wait_until, Conn, Daemon, DaemonOpts};
@@ -18,6 +22,39 @@ fn host_ok() -> bool {
         }
     }
     true
+}
+
+/// An HTTP server on 127.0.0.1 that answers every request with
+/// `hello <path>`.
+fn http_server() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || answer(s));
+        }
+    });
+    port
+}
+
+fn answer(mut s: TcpStream) {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&b[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&head);
+    let path = text.split(' ').nth(1).unwrap_or("?").to_owned();
+    let body = format!("hello {path}\n");
+    let _ = write!(
+        s,
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
 }
 
 /// The lines of a run's egress.log, once `n` are there.
@@ -34,6 +71,51 @@ fn egress_log(st: &Value, n: usize) -> Vec<Value> {
         read().len() >= n
     });
     read()
+}
+
+#[test]
+fn a_listed_loopback_server_is_reached_through_the_proxy_as_the_run_is_set_up() {
+    if !host_ok() {
+        return;
+    }
+    let p = http_server();
+    let d = Daemon::start();
+    // NO_PROXY stays as the run gets it: a listed host is never in it.
+    let script = format!(
+        "echo \"NO_PROXY=$NO_PROXY\"\n\
+         curl -s -m 20 http://127.0.0.1:{p}/curl-plain; echo\n\
+         curl -s -m 20 -p http://127.0.0.1:{p}/curl-tunnel; echo\n\
+         python3 -c \"import urllib.request as u\n\
+         try: print('URLLIB', u.urlopen('http://127.0.0.1:{p}/py-plain', timeout=20).read().decode().strip())\n\
+         except Exception as e: print('URLLIB-ERR', e)\"\n"
+    );
+    let allow = json!([format!("127.0.0.1:{p}")]);
+    let mut c = d.conn();
+    let run = c.spawn(
+        &session("loopback"),
+        &["sh", "-c", &script],
+        json!({"sandbox": {"network_allow": allow}}),
+    );
+    let st = c.wait(&run);
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}\n{log}");
+    assert!(log.contains("NO_PROXY=localhost,::1\n"), "{log}");
+    for want in [
+        "hello /curl-plain",
+        "hello /curl-tunnel",
+        "URLLIB hello /py-plain",
+    ] {
+        assert!(log.contains(want), "{want} missing:\n{log}");
+    }
+    let lines = egress_log(&st, 3);
+    let allowed = |method: &str| {
+        lines
+            .iter()
+            .filter(|l| l["verdict"] == "allowed" && l["method"] == method && l["port"] == p)
+            .count()
+    };
+    assert_eq!(allowed("GET"), 2, "{lines:?}");
+    assert_eq!(allowed("CONNECT"), 1, "{lines:?}");
 }
 
 /// Python that keeps `n` requests for random names beneath
