@@ -5,6 +5,7 @@
 //! agent's own, and its model endpoint (from the daemon's config only)
 //! reached through the run's egress allowlist.
 
+use crate::sandbox::network::{self, AllowEntry};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -172,6 +173,9 @@ pub struct DriverInputs<'a> {
     pub temp_dir: &'a str,
     /// Whether the run reaches the network through the egress proxy.
     pub proxied: bool,
+    /// The run's allowlist, when proxied: none of its hosts is left in
+    /// `NO_PROXY`.
+    pub allow: &'a [AllowEntry],
 }
 
 /// How the agent is started: its argv, the variables set over the child's
@@ -300,19 +304,13 @@ impl DriverConfig {
     }
 }
 
-/// The loopback names a proxied run reaches directly, less the endpoint's
-/// host, so that a loopback endpoint goes through the proxy too.
-fn no_proxy(endpoint: &str) -> String {
-    let host = endpoint
-        .rsplit_once(':')
-        .map_or(endpoint, |(h, _)| h)
-        .trim_start_matches('[')
-        .trim_end_matches(']');
-    ["localhost", "127.0.0.1", "::1"]
-        .into_iter()
-        .filter(|h| *h != host)
-        .collect::<Vec<_>>()
-        .join(",")
+/// `NO_PROXY` of a proxied driver run ([`network::no_proxy`]), its
+/// endpoint counted as listed, so that a loopback endpoint goes through
+/// the proxy too.
+fn no_proxy(endpoint: &str, allow: &[AllowEntry]) -> String {
+    let mut listed = allow.to_vec();
+    listed.extend(network::parse_entry(endpoint).ok());
+    network::no_proxy(&listed, &[])
 }
 
 /// The invocation of `driver` (`None` for `command`).
@@ -324,7 +322,7 @@ pub fn invocation(driver: Driver, i: &DriverInputs) -> Result<Option<Invocation>
         Driver::Codex => codex(i)?,
     };
     if i.proxied {
-        let list = no_proxy(&inv.endpoint);
+        let list = no_proxy(&inv.endpoint, i.allow);
         inv.env.insert("NO_PROXY".into(), list.clone());
         inv.env.insert("no_proxy".into(), list);
     }
@@ -562,6 +560,7 @@ mod tests {
             uid0: true,
             temp_dir: "/tmp/t/",
             proxied: true,
+            allow: &[],
         }
     }
 
@@ -613,6 +612,18 @@ mod tests {
         assert_eq!(inv.env["NO_PROXY"], "localhost,::1");
         assert_eq!(inv.endpoint, "127.0.0.1:4567");
         assert_eq!(inv.key, Some(("ANTHROPIC_API_KEY".into(), "MY_KEY".into())));
+    }
+
+    #[test]
+    fn a_driver_runs_no_proxy_leaves_out_every_listed_host() {
+        let config = DriverConfig::default();
+        let allow = [network::parse_entry("127.0.0.1:8080").unwrap()];
+        let mut i = inputs(&config, None);
+        i.allow = &allow;
+        let inv = invocation(Driver::ClaudeCode, &i).unwrap().unwrap();
+        assert_eq!(inv.endpoint, "api.anthropic.com:443");
+        assert_eq!(inv.env["NO_PROXY"], "localhost,::1");
+        assert_eq!(inv.env["no_proxy"], "localhost,::1");
     }
 
     #[test]

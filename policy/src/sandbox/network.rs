@@ -348,16 +348,50 @@ pub fn judge(entry: &AllowEntry, ip: IpAddr) -> Result<(), Refusal> {
     }
 }
 
+/// The run's own loopback names, reached directly unless listed.
+const RUN_LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// Whether `no_proxy`, a host in `NO_PROXY`, would send a request for a
+/// host of `entry` around the proxy: clients match it as the host or a
+/// domain suffix of it, by name (no port: `NO_PROXY` is host-based).
+fn hides(no_proxy: &str, entry: &AllowEntry) -> bool {
+    let suffix = format!(".{no_proxy}");
+    match &entry.host {
+        HostPattern::Name(n) => n == no_proxy || n.ends_with(&suffix),
+        HostPattern::Beneath(d) => d.ends_with(&suffix),
+        HostPattern::Ip(ip) => no_proxy
+            .parse::<IpAddr>()
+            .is_ok_and(|n| same_address(n, *ip)),
+    }
+}
+
+/// `NO_PROXY` of a run in allowlist mode: its own loopback names and
+/// `local` (services inside the run, such as a driver's gateway), less
+/// every one that names a host on `allow`, so that a listed destination
+/// (a host's model server at 127.0.0.1:PORT, say) is always reached
+/// through the proxy and never on the run's own loopback. A listed host
+/// wins over a run-local one: `NO_PROXY` cannot tell ports apart.
+pub fn no_proxy(allow: &[AllowEntry], local: &[&str]) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    for h in RUN_LOOPBACK.iter().copied().chain(local.iter().copied()) {
+        if !out.contains(&h) && !allow.iter().any(|e| hides(h, e)) {
+            out.push(h);
+        }
+    }
+    out.join(",")
+}
+
 /// The proxy variables a run in allowlist mode gets (upper and lower
-/// case), and `NO_PROXY` for the run's own loopback.
-pub fn proxy_env(port: u16) -> Vec<(String, String)> {
+/// case), and `NO_PROXY` for the run's own loopback less what `allow`
+/// lists ([`no_proxy`]).
+pub fn proxy_env(port: u16, allow: &[AllowEntry]) -> Vec<(String, String)> {
     let url = format!("http://127.0.0.1:{port}");
     let mut out = Vec::new();
     for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
         out.push((name.to_owned(), url.clone()));
         out.push((name.to_ascii_lowercase(), url.clone()));
     }
-    let local = "localhost,127.0.0.1,::1".to_owned();
+    let local = no_proxy(allow, &[]);
     out.push(("NO_PROXY".to_owned(), local.clone()));
     out.push(("no_proxy".to_owned(), local));
     out
@@ -548,7 +582,7 @@ mod tests {
 
     #[test]
     fn the_child_gets_every_proxy_variable() {
-        let env = proxy_env(3128);
+        let env = proxy_env(3128, &[]);
         for name in ["HTTP_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"] {
             assert!(env
                 .iter()
@@ -557,5 +591,38 @@ mod tests {
         assert!(env
             .iter()
             .any(|(k, v)| k == "no_proxy" && v.contains("localhost")));
+    }
+
+    #[test]
+    fn no_proxy_never_names_a_listed_host() {
+        let list = |v: &[&str]| v.iter().map(|e| entry(e)).collect::<Vec<_>>();
+        assert_eq!(no_proxy(&[], &[]), "localhost,127.0.0.1,::1");
+        assert_eq!(no_proxy(&list(&["127.0.0.1:8080"]), &[]), "localhost,::1");
+        assert_eq!(
+            no_proxy(&list(&["[::ffff:127.0.0.1]:80", "[::1]:80"]), &[]),
+            "localhost"
+        );
+        assert_eq!(no_proxy(&list(&["localhost:11434"]), &[]), "127.0.0.1,::1");
+        // Clients match NO_PROXY as a domain suffix.
+        assert_eq!(
+            no_proxy(&list(&["api.localhost:80", "*.example.com:443"]), &[]),
+            "127.0.0.1,::1"
+        );
+        assert_eq!(
+            no_proxy(
+                &list(&["api.example.com:443", "10.0.0.1:80"]),
+                &["127.0.0.2"]
+            ),
+            "localhost,127.0.0.1,::1,127.0.0.2"
+        );
+        // A listed host wins over a run-local service on it.
+        assert_eq!(
+            no_proxy(&list(&["127.0.0.2:9000"]), &["127.0.0.2", "::1"]),
+            "localhost,127.0.0.1,::1"
+        );
+        let env = proxy_env(3128, &list(&["127.0.0.1:8080"]));
+        for name in ["NO_PROXY", "no_proxy"] {
+            assert!(env.iter().any(|(k, v)| k == name && v == "localhost,::1"));
+        }
     }
 }

@@ -252,6 +252,7 @@ fn main() -> std::process::ExitCode {
         Ok(n) => tracing::info!(nofile = n, "descriptor limit"),
         Err(e) => tracing::warn!("raising the descriptor limit: {e}"),
     }
+    subagentd::egress::start_runtime();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -12,6 +12,7 @@
 pub mod budget;
 pub mod log;
 pub mod proxy;
+pub mod resolve;
 
 use policy::sandbox::network::AllowEntry;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -36,7 +37,7 @@ pub struct RunProxy {
     /// The connections of every run together ([`budget::global`]).
     pub global: Arc<tokio::sync::Semaphore>,
     /// How names are resolved.
-    pub resolver: proxy::Resolver,
+    pub resolver: resolve::Resolver,
 }
 
 impl RunProxy {
@@ -54,7 +55,7 @@ impl RunProxy {
             log: log::EgressLog::new(log_path, log_cap),
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             global: budget::global(),
-            resolver: proxy::Resolver::System,
+            resolver: resolve::Resolver::system(),
         }
     }
 }
@@ -146,11 +147,49 @@ impl Handle {
     }
 }
 
-/// Serves run `run`'s channel on a task of its own until its runner is
-/// gone or [`Handle::stop`].
+/// Worker threads of the proxy's own runtime.
+const WORKERS: usize = 2;
+
+/// The proxy's own runtime: every run's connections, lookups and log lines
+/// run on threads of their own, so that however busy egress is, the
+/// control socket's tasks never queue behind it. `None` when it cannot be
+/// made (the proxy then shares the daemon's, said once in its log).
+fn runtime() -> Option<&'static tokio::runtime::Runtime> {
+    static RUNTIME: std::sync::OnceLock<Option<tokio::runtime::Runtime>> =
+        std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(WORKERS)
+                // The proxy blocks on nothing: a pool of one is for tokio.
+                .max_blocking_threads(1)
+                .thread_name("egress")
+                .enable_all()
+                .build()
+                .map_err(|e| {
+                    tracing::error!("egress runtime: {e}; the proxy shares the daemon's threads")
+                })
+                .ok()
+        })
+        .as_ref()
+}
+
+/// Makes the proxy's runtime now (the daemon's start), so that its
+/// threads and descriptors are there before any run and a failure is
+/// logged at once.
+pub fn start_runtime() {
+    let _ = runtime();
+}
+
+/// Serves run `run`'s channel on a task of its own, on the proxy's
+/// runtime, until its runner is gone or [`Handle::stop`].
 pub fn start(channel: OwnedFd, run: Arc<RunProxy>) -> Handle {
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let done = tokio::spawn(serve(channel, run, stopped));
+    let task = serve(channel, run, stopped);
+    let done = match runtime() {
+        Some(rt) => rt.spawn(task),
+        None => tokio::spawn(task),
+    };
     Handle { stop, done }
 }
 

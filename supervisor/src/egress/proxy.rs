@@ -17,8 +17,6 @@ use tokio::net::TcpStream;
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// The time a client has to send its whole request head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
-/// The time a name has to resolve.
-pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The time a destination has to accept the connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A relayed connection with no byte either way for this long is closed.
@@ -42,32 +40,6 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
     "host",
 ];
-
-/// How the proxy resolves names.
-pub enum Resolver {
-    /// The host's resolver (getaddrinfo).
-    System,
-    /// Fixed answers (tests).
-    #[cfg(test)]
-    Fixed(Vec<(String, Vec<IpAddr>)>),
-}
-
-impl Resolver {
-    async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
-        match self {
-            Resolver::System => Ok(tokio::net::lookup_host((host, port))
-                .await?
-                .map(|a| a.ip())
-                .collect()),
-            #[cfg(test)]
-            Resolver::Fixed(table) => Ok(table
-                .iter()
-                .find(|(n, _)| n == host)
-                .map(|(_, ips)| ips.clone())
-                .unwrap_or_default()),
-        }
-    }
-}
 
 /// Serves a connection the run's listener accepted on a task of `conns`,
 /// within the run's connection cap and the daemon's budget, until it ends
@@ -438,7 +410,7 @@ async fn connect(run: &RunProxy, host: &str, port: u16, entry: &mut Entry) -> Op
         entry.reason = Some(Refusal::NotListed.to_string());
         return None;
     };
-    let addrs = match addresses(run, pattern.as_ref(), host, port).await {
+    let addrs = match addresses(run, pattern.as_ref(), host).await {
         Ok(a) => a,
         Err(why) => {
             entry.verdict = Verdict::Failed;
@@ -486,25 +458,16 @@ async fn connect(run: &RunProxy, host: &str, port: u16, entry: &mut Entry) -> Op
 }
 
 /// The addresses of the request's host: itself when it is an address,
-/// else what the resolver says (within its time bound).
+/// else what the run's resolver says (within its bounds, [`resolve`]).
 async fn addresses(
     run: &RunProxy,
     pattern: Option<&HostPattern>,
     host: &str,
-    port: u16,
 ) -> Result<Vec<IpAddr>, String> {
     if let Some(HostPattern::Ip(ip)) = pattern {
         return Ok(vec![*ip]);
     }
-    match tokio::time::timeout(RESOLVE_TIMEOUT, run.resolver.resolve(host, port)).await {
-        Ok(Ok(a)) if !a.is_empty() => Ok(a),
-        Ok(Ok(_)) => Err(format!("{host} has no address")),
-        Ok(Err(e)) => Err(format!("cannot resolve {host}: {e}")),
-        Err(_) => Err(format!(
-            "cannot resolve {host} in {} s",
-            RESOLVE_TIMEOUT.as_secs()
-        )),
-    }
+    run.resolver.resolve(host).await.map_err(|e| e.to_string())
 }
 
 /// Relays a tunnel (after its 200) or a plain request (its rewritten head
@@ -690,7 +653,7 @@ mod tests {
             dir.join("egress.log"),
             1 << 20,
         );
-        r.resolver = Resolver::Fixed(table);
+        r.resolver = crate::egress::resolve::Resolver::fixed(table, 16);
         r
     }
 

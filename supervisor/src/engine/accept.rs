@@ -843,7 +843,9 @@ fn runner_spec(
     let files = &place.files;
     let mut env = child_env(inner, p, place)?;
     if plan.network == NetworkMode::Allowlist {
-        env.extend(network::proxy_env(network::PROXY_PORT));
+        // Checked when the run was planned.
+        let allow = network::parse_list(&plan.network_allow).unwrap_or_default();
+        env.extend(network::proxy_env(network::PROXY_PORT, &allow));
     }
     // The driver's variables win over the request's and the proxy's.
     env.extend(delivered.env.clone());

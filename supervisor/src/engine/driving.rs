@@ -110,6 +110,7 @@ pub(crate) fn endpoint(settings: &policy::config::Config, driver: Driver) -> Opt
         uid0: false,
         temp_dir: "",
         proxied: false,
+        allow: &[],
     };
     Some(policy::driver::invocation(driver, &inputs).ok()??.endpoint)
 }
@@ -260,6 +261,8 @@ fn deliver_driver(
     let def = plan.agent.as_ref().map(|a| &a.definition);
     let (system, temp) = (show(&f.context_dir.join("system.md")), show(f.temp_dir));
     let program = plan.command.first().map_or("", String::as_str);
+    // Checked when the run was planned.
+    let allow = policy::sandbox::network::parse_list(&plan.network_allow).unwrap_or_default();
     let inputs = DriverInputs {
         config,
         program,
@@ -271,6 +274,7 @@ fn deliver_driver(
         uid0: f.uid0,
         temp_dir: &temp,
         proxied: plan.network == policy::sandbox::network::NetworkMode::Allowlist,
+        allow: &allow,
     };
     let inv = policy::driver::invocation(driver, &inputs)
         .map_err(|e| EngineError::invalid("driver", e.to_string()))?

@@ -74,6 +74,7 @@ pub async fn serve(
     let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
     let limit = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
     let cfg = Arc::new(cfg);
+    let judge = peer::Judge::start()?;
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -87,53 +88,16 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let (sup, stop, done, limit, cfg) = (
+        let (sup, stop, done, limit, cfg, judge) = (
             sup.clone(),
             stop_tx.subscribe(),
             done_tx.clone(),
             limit.clone(),
             cfg.clone(),
+            judge.clone(),
         );
         tokio::spawn(async move {
-            // Who is calling is settled before the connection may take a
-            // slot: a process inside a run is answered and dropped, and can
-            // never fill the connection cap.
-            let cred = stream.peer_cred().ok();
-            let peer_uid = cred.map(|c| c.uid());
-            if !peer_uid.is_some_and(|u| cfg.uid_allowed(u)) {
-                tracing::warn!(
-                    ?peer_uid,
-                    "refusing a connection from a uid that is not allowed"
-                );
-                connection::refuse_uid(stream, peer_uid).await;
-                drop(done);
-                return;
-            }
-            let peer_pid = cred.and_then(|c| c.pid());
-            let from_run = tokio::task::spawn_blocking(move || peer::inside_run(peer_pid))
-                .await
-                .unwrap_or(Ok(true));
-            let from_run = match from_run {
-                Ok(inside) => inside,
-                Err(e) => {
-                    // Out of descriptors or memory: nothing is granted, and
-                    // the caller is not told it is a subagent.
-                    tracing::warn!(peer_pid, "cannot tell who is calling: {e}");
-                    connection::refuse_busy(stream, &e).await;
-                    drop(done);
-                    return;
-                }
-            };
-            if from_run {
-                tracing::warn!(
-                    peer_pid,
-                    "refusing control requests from a process inside a run"
-                );
-                connection::refuse(stream).await;
-            } else if let Ok(permit) = limit.acquire_owned().await {
-                connection::serve(sup, stream, stop, cfg.idle_timeout).await;
-                drop(permit);
-            }
+            admit(sup, stream, stop, limit, &cfg, &judge).await;
             drop(done);
         });
     }
@@ -148,4 +112,52 @@ pub async fn serve(
         tracing::warn!("some connections did not close within {SHUTDOWN_GRACE:?}");
     }
     Ok(())
+}
+
+/// Serves one accepted connection: who is calling is settled first, then
+/// it waits for a slot under the cap.
+async fn admit(
+    sup: Supervisor,
+    stream: tokio::net::UnixStream,
+    stop: watch::Receiver<bool>,
+    limit: Arc<Semaphore>,
+    cfg: &ServerConfig,
+    judge: &peer::Judge,
+) {
+    // Who is calling is settled before the connection may take a
+    // slot: a process inside a run is answered and dropped, and can
+    // never fill the connection cap.
+    let cred = stream.peer_cred().ok();
+    let peer_uid = cred.map(|c| c.uid());
+    if !peer_uid.is_some_and(|u| cfg.uid_allowed(u)) {
+        tracing::warn!(
+            ?peer_uid,
+            "refusing a connection from a uid that is not allowed"
+        );
+        connection::refuse_uid(stream, peer_uid).await;
+        return;
+    }
+    let peer_pid = cred.and_then(|c| c.pid());
+    // The judge's own thread: never the blocking pool, which a
+    // busy daemon may have filled.
+    let from_run = match judge.inside_run(peer_pid).await {
+        Ok(inside) => inside,
+        Err(e) => {
+            // Out of descriptors or memory: nothing is granted, and
+            // the caller is not told it is a subagent.
+            tracing::warn!(peer_pid, "cannot tell who is calling: {e}");
+            connection::refuse_busy(stream, &e).await;
+            return;
+        }
+    };
+    if from_run {
+        tracing::warn!(
+            peer_pid,
+            "refusing control requests from a process inside a run"
+        );
+        connection::refuse(stream).await;
+    } else if let Ok(permit) = limit.acquire_owned().await {
+        connection::serve(sup, stream, stop, cfg.idle_timeout).await;
+        drop(permit);
+    }
 }

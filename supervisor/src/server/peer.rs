@@ -80,6 +80,48 @@ pub fn inside_run(pid: Option<i32>) -> Result<bool, PeerError> {
     Ok(false)
 }
 
+/// Callers waiting for the judge at once; more wait to be queued.
+const JUDGE_QUEUE: usize = 64;
+
+/// One question to the judge: a caller's pid, and where to answer.
+type Ask = (
+    Option<i32>,
+    tokio::sync::oneshot::Sender<Result<bool, PeerError>>,
+);
+
+/// Judges callers ([`inside_run`]) on a thread of its own: the accept path
+/// needs nothing from the runtime's blocking pool, which egress work or
+/// many runs at once may fill.
+#[derive(Clone)]
+pub struct Judge {
+    asks: tokio::sync::mpsc::Sender<Ask>,
+}
+
+impl Judge {
+    /// Starts the judge's thread; it ends when every handle is dropped.
+    pub fn start() -> std::io::Result<Judge> {
+        let (asks, mut rx) = tokio::sync::mpsc::channel::<Ask>(JUDGE_QUEUE);
+        std::thread::Builder::new()
+            .name("peer-judge".into())
+            .spawn(move || {
+                while let Some((pid, answer)) = rx.blocking_recv() {
+                    let _ = answer.send(inside_run(pid));
+                }
+            })?;
+        Ok(Judge { asks })
+    }
+
+    /// [`inside_run`], answered by the judge's thread; a judge that is
+    /// gone answers "inside" (fail closed).
+    pub async fn inside_run(&self, pid: Option<i32>) -> Result<bool, PeerError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.asks.send((pid, tx)).await.is_err() {
+            return Ok(true);
+        }
+        rx.await.unwrap_or(Ok(true))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +149,14 @@ mod tests {
         let pid = child.id() as i32;
         child.wait().unwrap();
         assert!(inside_run(Some(pid)).unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_judge_answers_on_its_own_thread() {
+        let judge = Judge::start().unwrap();
+        let me = Some(std::process::id() as i32);
+        assert!(!judge.inside_run(me).await.unwrap());
+        assert!(judge.inside_run(None).await.unwrap());
     }
 
     #[test]
