@@ -3,7 +3,8 @@
 //! -uall --no-renames` lists it, one path once per kind; and the paths
 //! themselves, for the pictures of what a run changes (`crate::observe`).
 
-use git2::{IndexEntryExtendedFlag, Repository, Status, StatusOptions};
+use git2::{IndexEntryExtendedFlag, IndexEntryFlag, Repository, Status, StatusOptions};
+use policy::observed::IndexStat;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -78,6 +79,18 @@ pub struct StatusPath {
 /// [`policy::observed::MAX_PATHS`].
 pub type Paths = Option<Vec<StatusPath>>;
 
+/// An index entry git is told not to compare with the work tree
+/// (`git update-index --assume-unchanged` or `--skip-worktree`): its
+/// status never shows, so the pictures compare it on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flagged {
+    /// As in [`StatusPath::path`].
+    pub path: Vec<u8>,
+    /// What the index recorded of the file.
+    pub recorded: IndexStat,
+    pub skip_worktree: bool,
+}
+
 /// What the pictures of a repository take from it: the status's paths and
 /// HEAD's commit.
 #[derive(Debug, Clone, Default)]
@@ -85,6 +98,9 @@ pub struct Listing {
     /// The paths; with a HEAD to compare with, also every path that
     /// differs from that commit's tree (changes the run committed).
     pub paths: Paths,
+    /// The index entries with assume-unchanged or skip-worktree set (at
+    /// most [`policy::observed::MAX_PATHS`]: past it `paths` is `None`).
+    pub flagged: Vec<Flagged>,
     /// HEAD's full commit id (none before the first commit).
     pub head: Option<String>,
 }
@@ -120,6 +136,36 @@ pub fn add_since(repo: &Repository, since: &str, paths: &mut Paths) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The index entries of `repo` that git's status does not look at;
+/// `None` when there are more than [`policy::observed::MAX_PATHS`].
+pub fn flagged(repo: &Repository) -> Result<Option<Vec<Flagged>>, git2::Error> {
+    let index = repo.index()?;
+    let mut out = Vec::new();
+    for e in index.iter() {
+        let assumed = IndexEntryFlag::from_bits_truncate(e.flags).contains(IndexEntryFlag::VALID);
+        let skip_worktree = IndexEntryExtendedFlag::from_bits_truncate(e.flags_extended)
+            .contains(IndexEntryExtendedFlag::SKIP_WORKTREE);
+        if !assumed && !skip_worktree {
+            continue;
+        }
+        if out.len() == policy::observed::MAX_PATHS {
+            return Ok(None);
+        }
+        let recorded = IndexStat {
+            size: e.file_size,
+            ino: e.ino,
+            mtime: (e.mtime.seconds(), e.mtime.nanoseconds()),
+            ctime: (e.ctime.seconds(), e.ctime.nanoseconds()),
+        };
+        out.push(Flagged {
+            path: e.path,
+            recorded,
+            skip_worktree,
+        });
+    }
+    Ok(Some(out))
 }
 
 /// The counts of `repo`'s status, and its paths.
