@@ -372,11 +372,12 @@ pub fn before(
     }
 }
 
-/// Says that `n` index entries are flagged for git to leave alone.
+/// Says that `n` files flagged for git to leave alone differ from their
+/// index entries.
 fn flagged_note(n: usize) -> Option<String> {
     (n > 0).then(|| {
         format!(
-            "{n} tracked file(s) are marked assume-unchanged or skip-worktree in the index: compared on disk, not by git status"
+            "{n} tracked file(s) marked assume-unchanged or skip-worktree in the index differ from it: compared on disk, not by git status"
         )
     })
 }
@@ -570,7 +571,7 @@ mod tests {
         let c = policy::observed::diff(&one, &two);
         assert_eq!(c.modified, [".git/index", "a", "b", "c"], "{c:?}");
         assert!(c.created.is_empty() && c.deleted.is_empty(), "{c:?}");
-        assert!(note.is_some_and(|n| n.contains("4 tracked file(s)")));
+        assert!(note.is_some_and(|n| n.contains("3 tracked file(s)")));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! themselves, for the pictures of what a run changes (`crate::observe`).
 
 use git2::{IndexEntryExtendedFlag, IndexEntryFlag, Repository, Status, StatusOptions};
-use policy::observed::IndexStat;
+use policy::observed::{differs_from_index, IndexStat};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -98,8 +98,9 @@ pub struct Listing {
     /// The paths; with a HEAD to compare with, also every path that
     /// differs from that commit's tree (changes the run committed).
     pub paths: Paths,
-    /// The index entries with assume-unchanged or skip-worktree set (at
-    /// most [`policy::observed::MAX_PATHS`]: past it `paths` is `None`).
+    /// The index entries with assume-unchanged or skip-worktree set whose
+    /// file may have changed (at most [`policy::observed::MAX_PATHS`]:
+    /// past it `paths` is `None`).
     pub flagged: Vec<Flagged>,
     /// HEAD's full commit id (none before the first commit).
     pub head: Option<String>,
@@ -138,10 +139,28 @@ pub fn add_since(repo: &Repository, since: &str, paths: &mut Paths) -> Result<()
     Ok(())
 }
 
-/// The index entries of `repo` that git's status does not look at;
-/// `None` when there are more than [`policy::observed::MAX_PATHS`].
+/// What `lstat` says of `path` as a stamp (`None`: nothing there).
+fn lstat_stamp(path: &Path) -> Option<policy::observed::Stamp> {
+    let st = nix::sys::stat::lstat(path).ok()?;
+    Some(policy::observed::Stamp {
+        ino: st.st_ino,
+        size: st.st_size as u64,
+        ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
+        mtime_ns: st.st_mtime * 1_000_000_000 + st.st_mtime_nsec,
+        mode: st.st_mode,
+    })
+}
+
+/// The index entries of `repo` that git's status does not look at and
+/// whose file may differ from what the entry recorded (a sparse
+/// checkout's absent files are left out here, within the snapshot's
+/// budget; the pictures look again without following links); `None` when
+/// there are more than [`policy::observed::MAX_PATHS`].
 pub fn flagged(repo: &Repository) -> Result<Option<Vec<Flagged>>, git2::Error> {
     let index = repo.index()?;
+    let Some(workdir) = repo.workdir() else {
+        return Ok(Some(Vec::new()));
+    };
     let mut out = Vec::new();
     for e in index.iter() {
         let assumed = IndexEntryFlag::from_bits_truncate(e.flags).contains(IndexEntryFlag::VALID);
@@ -150,15 +169,19 @@ pub fn flagged(repo: &Repository) -> Result<Option<Vec<Flagged>>, git2::Error> {
         if !assumed && !skip_worktree {
             continue;
         }
-        if out.len() == policy::observed::MAX_PATHS {
-            return Ok(None);
-        }
         let recorded = IndexStat {
             size: e.file_size,
             ino: e.ino,
             mtime: (e.mtime.seconds(), e.mtime.nanoseconds()),
             ctime: (e.ctime.seconds(), e.ctime.nanoseconds()),
         };
+        let file = workdir.join(std::ffi::OsStr::from_bytes(&e.path));
+        if !differs_from_index(lstat_stamp(&file).as_ref(), &recorded, skip_worktree) {
+            continue;
+        }
+        if out.len() == policy::observed::MAX_PATHS {
+            return Ok(None);
+        }
         out.push(Flagged {
             path: e.path,
             recorded,
