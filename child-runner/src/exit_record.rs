@@ -3,16 +3,19 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// The largest exit.json read back (it holds a few hundred bytes).
+pub const EXIT_MAX_BYTES: u64 = 1 << 20;
+
 /// exit.json could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ExitRecordError {
-    /// Reading the file failed.
+    /// Reading the file failed (a link, not a regular file, too large).
     #[error("read {}: {source}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        source: crate::safefile::SafeFileError,
     },
     /// It is not an exit record.
     #[error("parse {}: {source}", path.display())]
@@ -160,9 +163,10 @@ impl ExitRecord {
         reserve.commit(&self.to_bytes())
     }
 
-    /// Reads exit.json; `Ok(None)` when it does not exist.
+    /// Reads exit.json (a regular file, no link, at most
+    /// [`EXIT_MAX_BYTES`]); `Ok(None)` when it does not exist.
     pub fn load(path: &Path) -> Result<Option<Self>, ExitRecordError> {
-        match std::fs::read(path) {
+        match crate::safefile::read(path, EXIT_MAX_BYTES) {
             Ok(bytes) => {
                 serde_json::from_slice(&bytes)
                     .map(Some)
@@ -171,7 +175,7 @@ impl ExitRecord {
                         source,
                     })
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) if e.is_missing() => Ok(None),
             Err(source) => Err(ExitRecordError::Read {
                 path: path.to_path_buf(),
                 source,

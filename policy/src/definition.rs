@@ -5,8 +5,9 @@
 //! resolved against the catalog by [`crate::agenttools`].
 
 mod frontmatter;
+pub mod yaml;
 
-use serde_yaml::Value;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -177,8 +178,8 @@ pub fn parse(file: &Path, text: &str) -> Result<Definition, DefinitionError> {
         driver: fields.driver(&mut warnings),
         color: fields.text("color", &mut warnings),
         skills: fields.skills(&mut warnings),
-        mcp_servers: fields.json("mcpServers", Value::is_sequence, "a list", &mut warnings),
-        hooks: fields.json("hooks", Value::is_mapping, "a mapping", &mut warnings),
+        mcp_servers: fields.json("mcpServers", Value::is_array, "a list", &mut warnings),
+        hooks: fields.json("hooks", Value::is_object, "a mapping", &mut warnings),
         body: front.body,
         source: file.to_path_buf(),
         lines: front.lines.clone(),
@@ -210,7 +211,7 @@ impl DefinitionError {
 /// The front matter's fields, and where each is, to name it in errors.
 struct Fields<'a> {
     file: &'a Path,
-    map: &'a serde_yaml::Mapping,
+    map: &'a serde_json::Map<String, Value>,
     lines: &'a BTreeMap<String, usize>,
 }
 
@@ -241,7 +242,7 @@ impl Fields<'_> {
 
     /// The value of `key`, null included.
     fn raw(&self, key: &str) -> Option<&Value> {
-        self.map.get(Value::String(key.to_owned()))
+        self.map.get(key)
     }
 
     /// The value of `key`; a null value is treated as absent.
@@ -289,7 +290,7 @@ impl Fields<'_> {
             None => return Ok(None),
             Some(Value::Null) => Vec::new(),
             Some(Value::String(s)) => split_tools(s),
-            Some(Value::Sequence(seq)) => {
+            Some(Value::Array(seq)) => {
                 let mut out = Vec::new();
                 let mut ignored = 0;
                 for v in seq {
@@ -373,7 +374,7 @@ impl Fields<'_> {
         let names: Option<Vec<String>> = match self.get(key) {
             None => return Vec::new(),
             Some(Value::String(s)) => Some(s.split(',').map(|s| s.trim().to_owned()).collect()),
-            Some(Value::Sequence(seq)) => strings(seq),
+            Some(Value::Array(seq)) => strings(seq),
             Some(_) => None,
         };
         match names {
@@ -395,7 +396,7 @@ impl Fields<'_> {
         warnings: &mut Vec<String>,
     ) -> Option<serde_json::Value> {
         let v = self.get(key)?;
-        match serde_json::to_value(v).ok().filter(|_| shape(v)) {
+        match Some(v.clone()).filter(shape) {
             Some(j) => Some(j),
             None => {
                 warnings.push(self.warning(key, &format!("expected {what}; ignored")));
@@ -407,7 +408,7 @@ impl Fields<'_> {
     fn command(&self) -> Result<Option<Vec<String>>, DefinitionError> {
         match self.get("command") {
             None => Ok(None),
-            Some(Value::Sequence(seq)) if !seq.is_empty() => strings(seq)
+            Some(Value::Array(seq)) if !seq.is_empty() => strings(seq)
                 .map(Some)
                 .ok_or_else(|| self.invalid("command", "expected a list of strings")),
             Some(_) => Err(self.invalid("command", "expected a non-empty list of strings")),
@@ -418,7 +419,7 @@ impl Fields<'_> {
     fn limits(&self) -> Result<crate::Limits, DefinitionError> {
         let limits = match self.get("limits") {
             None => crate::Limits::default(),
-            Some(v) => serde_yaml::from_value::<crate::Limits>(v.clone())
+            Some(v) => serde_json::from_value::<crate::Limits>(v.clone())
                 .map_err(|e| self.invalid("limits", e.to_string()))?,
         };
         if limits.output_mb.is_some() {
@@ -442,7 +443,7 @@ impl Fields<'_> {
     fn network_allow(&self) -> Result<Vec<String>, DefinitionError> {
         let list = match self.get("network_allow") {
             None => return Ok(Vec::new()),
-            Some(Value::Sequence(seq)) => strings(seq),
+            Some(Value::Array(seq)) => strings(seq),
             Some(_) => None,
         }
         .ok_or_else(|| self.invalid("network_allow", "expected a list of \"host:port\""))?;
@@ -451,11 +452,12 @@ impl Fields<'_> {
         Ok(list)
     }
 
-    /// A warning for each field this version does not know.
+    /// A warning for each field this version does not know, in file
+    /// order.
     fn unknown(&self) -> Vec<String> {
-        self.map
-            .keys()
-            .map(|k| k.as_str().unwrap_or("?"))
+        let mut keys: Vec<&str> = self.map.keys().map(String::as_str).collect();
+        keys.sort_by_key(|k| self.line_of(k));
+        keys.into_iter()
             .filter(|k| !KNOWN.contains(k))
             .map(|k| {
                 format!(
@@ -635,6 +637,21 @@ mod tests {
             "{:?}",
             d.warnings
         );
+    }
+
+    #[test]
+    fn an_anchor_refuses_the_file_for_its_name_and_line() {
+        let bomb = "---\nname: bomb\ndescription: d\nx: &x [a, b]\ny: [*x, *x]\n---\n";
+        let e = parse(Path::new("/p/bomb.md"), bomb).unwrap_err();
+        assert!(e.message.contains("aliases"), "{e}");
+        assert_eq!((e.line, e.name.as_deref()), (4, Some("bomb")), "{e}");
+        // Also when another field sends the reading line by line.
+        let text = "---\nname: bomb\ndescription: a: b\nx: &x [a]\ny: [*x]\n---\n";
+        let e = parse(Path::new("/p/bomb.md"), text).unwrap_err();
+        assert!(e.message.contains("aliases"), "{e}");
+        assert_eq!((e.line, e.name.as_deref()), (4, Some("bomb")), "{e}");
+        let d = parsed("---\nname: a\ndescription: *bold* helper\n---\n");
+        assert_eq!(d.description, "*bold* helper");
     }
 
     #[test]

@@ -44,6 +44,37 @@ pub struct Seen {
     pub new_to_git: bool,
 }
 
+/// What git's index recorded of a file when it last looked at it, as
+/// the index holds it (32 bits each; seconds and nanoseconds apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexStat {
+    pub size: u32,
+    pub ino: u32,
+    pub mtime: (i32, u32),
+    pub ctime: (i32, u32),
+}
+
+/// Whether the file `now` at a path git is told to leave alone
+/// (assume-unchanged, skip-worktree) may differ from its index entry:
+/// gone, or its size, times or inode not those recorded. Nothing on disk
+/// for a skip-worktree entry is a sparse checkout's: no change.
+pub fn differs_from_index(now: Option<&Stamp>, recorded: &IndexStat, skip_worktree: bool) -> bool {
+    let Some(st) = now else {
+        return !skip_worktree;
+    };
+    // The index keeps the low 32 bits, as git does.
+    let split = |ns: i64| {
+        (
+            ns.div_euclid(1_000_000_000) as i32,
+            ns.rem_euclid(1_000_000_000) as u32,
+        )
+    };
+    st.size as u32 != recorded.size
+        || st.ino as u32 != recorded.ino
+        || split(st.mtime_ns) != recorded.mtime
+        || split(st.ctime_ns) != recorded.ctime
+}
+
 /// How a picture was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -195,6 +226,40 @@ impl ObservedReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flagged_entry_differs_when_any_recorded_fact_does() {
+        let st = Stamp {
+            ino: (7 << 32) | 5,
+            size: (1 << 32) | 10,
+            ctime_ns: 3_000_000_004,
+            mtime_ns: 1_000_000_002,
+            mode: 0o100644,
+        };
+        let rec = IndexStat {
+            size: 10,
+            ino: 5,
+            mtime: (1, 2),
+            ctime: (3, 4),
+        };
+        assert!(!differs_from_index(Some(&st), &rec, false));
+        for changed in [
+            IndexStat { size: 11, ..rec },
+            IndexStat { ino: 6, ..rec },
+            IndexStat {
+                mtime: (1, 3),
+                ..rec
+            },
+            IndexStat {
+                ctime: (2, 4),
+                ..rec
+            },
+        ] {
+            assert!(differs_from_index(Some(&st), &changed, true), "{changed:?}");
+        }
+        assert!(differs_from_index(None, &rec, false), "gone");
+        assert!(!differs_from_index(None, &rec, true), "sparse");
+    }
 
     fn stamp(ino: u64, ctime_ns: i64) -> Option<Stamp> {
         Some(Stamp {

@@ -9,7 +9,7 @@
 //! with no link on the way, each entry looked at without following it and
 //! never opened. The daemon's own places inside the project are left out.
 
-use policy::observed::{Picture, Seen, Source, Stamp, MAX_PATHS};
+use policy::observed::{differs_from_index, Picture, Seen, Source, Stamp, MAX_PATHS};
 use policy::workctx::GitSnapshot;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -265,6 +265,27 @@ fn git_picture(
         };
         paths.insert(key, seen);
     }
+    // What git is told to leave alone is compared with its index entry.
+    for f in &listing.flagged {
+        let Some(rel) = f.path.strip_prefix(prefix.as_slice()) else {
+            continue;
+        };
+        let key = key_of(rel);
+        if rel.is_empty() || skip.skips(&key) || paths.contains_key(&key) {
+            continue;
+        }
+        let stamp = look_up(root_fd, &key);
+        if differs_from_index(stamp.as_ref(), &f.recorded, f.skip_worktree) {
+            let seen = Seen {
+                stamp,
+                new_to_git: false,
+            };
+            paths.insert(key, seen);
+        }
+    }
+    if paths.len() > MAX_PATHS {
+        return Err(ObserveError::TooManyChanges);
+    }
     Ok(Picture {
         source: Source::GitStatus,
         paths,
@@ -273,14 +294,15 @@ fn git_picture(
 }
 
 /// The repository's own control files at the root's `.git` (a child with
-/// the write right can plant hooks or change its config): `HEAD`,
-/// `config`, `packed-refs` and every file of `hooks/` and `info/`.
+/// the write right can plant hooks, change its config, or flag index
+/// entries so that status skips them): `HEAD`, `config`, `packed-refs`,
+/// `index` and every file of `hooks/` and `info/`.
 fn git_control(root: BorrowedFd<'_>) -> Vec<(String, Seen)> {
     let mut out = Vec::new();
     if !look_up(root, ".git").is_some_and(|st| is_dir(&st)) {
         return out;
     }
-    let mut keys: Vec<String> = ["HEAD", "config", "packed-refs"]
+    let mut keys: Vec<String> = ["HEAD", "config", "packed-refs", "index"]
         .iter()
         .map(|n| format!(".git/{n}"))
         .collect();
@@ -350,6 +372,16 @@ pub fn before(
     }
 }
 
+/// Says that `n` files flagged for git to leave alone differ from their
+/// index entries.
+fn flagged_note(n: usize) -> Option<String> {
+    (n > 0).then(|| {
+        format!(
+            "{n} tracked file(s) marked assume-unchanged or skip-worktree in the index differ from it: compared on disk, not by git status"
+        )
+    })
+}
+
 /// The second picture, of the same kind as `first` and holding every path
 /// of it; and a note when HEAD moved (what the run committed is compared
 /// with the first HEAD) or when it had to fall back to looking up the
@@ -369,6 +401,7 @@ pub fn after(
             match &snap {
                 GitSnapshot::Available { worktree, .. } => {
                     let now = git_picture(fd.as_fd(), root, worktree, &listing, skip)?;
+                    let flagged = flagged_note(listing.flagged.len());
                     let moved = (now.head != first.head).then(|| {
                         let short = |h: &Option<String>| {
                             h.as_deref().map_or("(none)".to_owned(), |h| h.chars().take(7).collect())
@@ -380,7 +413,11 @@ pub fn after(
                             short(&first.head)
                         )
                     });
-                    (now, moved)
+                    let note = match (moved, flagged) {
+                        (Some(m), Some(f)) => Some(format!("{m}; {f}")),
+                        (m, f) => m.or(f),
+                    };
+                    (now, note)
                 }
                 GitSnapshot::Unavailable { reason } => {
                     let why = format!(
@@ -487,6 +524,54 @@ mod tests {
         assert_eq!(c.modified, [".git/config"]);
         assert!(!mergeable(&c.created[1]));
         assert_eq!(raw_path(&c.created[1]), b"d\xff/payload");
+    }
+
+    fn git(dir: &Path, args: &[&str]) {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    }
+
+    fn git_first(dir: &Path) -> Picture {
+        let listing = crate::gitsnap::snapshot_with_paths(dir, Duration::from_secs(5), None);
+        match before(
+            dir,
+            (&listing.0, listing.1),
+            &Skip::default(),
+            Duration::from_secs(5),
+        ) {
+            Before::Yes { picture, .. } => picture,
+            Before::No { why } => panic!("{why}"),
+        }
+    }
+
+    #[test]
+    fn index_flags_hide_no_edit_and_a_changed_index_is_seen() {
+        let d = tempfile::tempdir().unwrap();
+        git(d.path(), &["init", "-q"]);
+        for f in ["a", "b", "c", "d"] {
+            std::fs::write(d.path().join(f), f).unwrap();
+        }
+        git(d.path(), &["add", "."]);
+        git(d.path(), &["commit", "-qm", "one"]);
+        git(d.path(), &["update-index", "--assume-unchanged", "a"]);
+        git(d.path(), &["update-index", "--skip-worktree", "b"]);
+        let one = git_first(d.path());
+        // Flagged before the run, or during it: either way edits show.
+        std::fs::write(d.path().join("a"), "edited").unwrap();
+        std::fs::write(d.path().join("b"), "edited").unwrap();
+        git(d.path(), &["update-index", "--assume-unchanged", "c"]);
+        std::fs::write(d.path().join("c"), "edited").unwrap();
+        git(d.path(), &["update-index", "--skip-worktree", "d"]);
+        let (two, note) = after(&one, d.path(), &Skip::default(), Duration::from_secs(5)).unwrap();
+        let c = policy::observed::diff(&one, &two);
+        assert_eq!(c.modified, [".git/index", "a", "b", "c"], "{c:?}");
+        assert!(c.created.is_empty() && c.deleted.is_empty(), "{c:?}");
+        assert!(note.is_some_and(|n| n.contains("3 tracked file(s)")));
     }
 
     #[test]

@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 /// The version of run.json this code writes.
 pub const RECORD_FORMAT: u32 = 1;
 
+/// The largest attempt.json read (it holds one number).
+const ATTEMPT_MAX_BYTES: u64 = 4096;
+
 /// A run's lifecycle: `accepted` → `running` → one terminal state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -311,12 +314,14 @@ impl RunRecord {
                     return None;
                 }
                 // A running run's attempt, as its runner records it from
-                // the second attempt on (no file: the first).
-                match std::fs::read_to_string(self.run_dir.join("attempt.json")) {
-                    Ok(text) => serde_json::from_str::<serde_json::Value>(&text).ok()?["attempt"]
+                // the second attempt on (no file: the first); a regular
+                // file, no link, bounded.
+                let path = self.run_dir.join("attempt.json");
+                match subagent_runner::safefile::read(&path, ATTEMPT_MAX_BYTES) {
+                    Ok(b) => serde_json::from_slice::<serde_json::Value>(&b).ok()?["attempt"]
                         .as_u64()
                         .map(|a| a as u32),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(1),
+                    Err(e) if e.is_missing() => Some(1),
                     Err(_) => None,
                 }
             }),

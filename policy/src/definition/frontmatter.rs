@@ -2,17 +2,19 @@
 //! strict YAML first; where that fails, each top-level `key: value` entry
 //! on its own, and an entry that is still not YAML (an unquoted `: `, a
 //! value starting with `*` or `@`) as the text after its key. Every such
-//! step is a warning naming the file line.
+//! step is a warning naming the file line. What [`yaml`] refuses (an
+//! alias, too many nodes) refuses the file: it is never read another way.
 
+use super::yaml::{self, YamlError};
 use super::DefinitionError;
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The front matter's fields and the body after it.
 pub(super) struct FrontMatter {
     /// The fields (of a key given twice, the first).
-    pub map: Mapping,
+    pub map: Map<String, Value>,
     /// The file line of each top-level key.
     pub lines: BTreeMap<String, usize>,
     pub body: String,
@@ -41,7 +43,12 @@ fn name_line(lines: &[String]) -> Option<String> {
 
 /// An error for the front matter as a whole, naming the name it gives.
 fn refused(file: &Path, lines: &[String], message: String) -> DefinitionError {
-    let mut e = DefinitionError::new(file, 1, None, message);
+    refused_at(file, 1, lines, message)
+}
+
+/// An error for the front matter as a whole, on file line `line`.
+fn refused_at(file: &Path, line: usize, lines: &[String], message: String) -> DefinitionError {
+    let mut e = DefinitionError::new(file, line, None, message);
     e.name = name_line(lines);
     e
 }
@@ -93,11 +100,11 @@ pub(super) fn read(file: &Path, text: &str) -> Result<FrontMatter, DefinitionErr
         let why = format!("the front matter has more than {KEYS_MAX} fields");
         return Err(refused(file, &lines, why));
     }
-    match serde_yaml::from_str::<Value>(&lines.concat()) {
-        Ok(v @ (Value::Mapping(_) | Value::Null)) => Ok(FrontMatter {
+    match yaml::parse(&lines.concat()) {
+        Ok(v @ (Value::Object(_) | Value::Null)) => Ok(FrontMatter {
             map: match v {
-                Value::Mapping(m) => m,
-                _ => Mapping::new(),
+                Value::Object(m) => m,
+                _ => Map::new(),
             },
             lines: entries
                 .iter()
@@ -108,25 +115,23 @@ pub(super) fn read(file: &Path, text: &str) -> Result<FrontMatter, DefinitionErr
             warnings: Vec::new(),
             untold: 0,
         }),
-        Ok(_) => Ok(lenient(
+        Ok(_) => lenient(
             file,
-            entries,
-            &stray,
+            (entries, &stray, &lines),
             (2, "not a mapping of fields".into()),
             body,
-        )),
+        ),
+        Err(YamlError::Refused { line, message }) => {
+            let line = line.map_or(1, |l| l + 1);
+            Err(refused_at(file, line, &lines, message))
+        }
         Err(e) => {
-            let line = e.location().map_or(2, |l| l.line() + 1);
-            Ok(lenient(file, entries, &stray, (line, reason(&e)), body))
+            // The text's lines count from the file's second.
+            let line = e.line().map_or(2, |l| l + 1);
+            let why = e.to_string();
+            lenient(file, (entries, &stray, &lines), (line, why), body)
         }
     }
-}
-
-/// A serde_yaml message without its position (which counts from the
-/// start of the text it was given, not of the file).
-fn reason(e: &serde_yaml::Error) -> String {
-    let s = e.to_string();
-    s.split(" at line ").next().unwrap_or(&s).to_owned()
 }
 
 /// One top-level entry: its key line and the indented lines after it.
@@ -203,7 +208,7 @@ fn as_written(e: &Entry) -> Value {
             .iter()
             .map(|l| Value::String(unquote(l.trim_start_matches('-').trim()).to_owned()))
             .collect();
-        return Value::Sequence(items);
+        return Value::Array(items);
     }
     let joined = std::iter::once(value)
         .chain(rest)
@@ -223,24 +228,24 @@ fn unquote(s: &str) -> &str {
 }
 
 /// Reads each entry on its own, after the whole front matter failed as
-/// YAML (`why`: the file line and the reason).
+/// YAML (`why`: the file line and the reason); an entry past a bound
+/// refuses the file. `text`: the entries, the stray lines, all lines.
 fn lenient(
     file: &Path,
-    entries: Vec<Entry>,
-    stray: &[usize],
+    text: (Vec<Entry>, &[usize], &[String]),
     why: (usize, String),
     body: String,
-) -> FrontMatter {
+) -> Result<FrontMatter, DefinitionError> {
+    let (entries, stray, lines) = text;
     let shown = file.display();
     let mut fm = FrontMatter {
-        map: Mapping::new(),
+        map: Map::new(),
         lines: BTreeMap::new(),
         body,
         warnings: Vec::new(),
         untold: 0,
     };
     for e in entries {
-        let key = Value::String(e.key.clone());
         if let Some(first) = fm.lines.get(&e.key) {
             fm.warnings.push(format!(
                 "{shown}:{}: `{}` is given again; the first (line {first}) is used",
@@ -248,12 +253,15 @@ fn lenient(
             ));
             continue;
         }
-        let value = match serde_yaml::from_str::<Value>(&e.text) {
-            Ok(Value::Mapping(m)) if m.len() == 1 => m.into_iter().next().map(|(_, v)| v),
+        let value = match yaml::parse(&e.text) {
+            Ok(Value::Object(m)) if m.len() == 1 => m.into_iter().next().map(|(_, v)| v),
+            Err(YamlError::Refused { message, .. }) => {
+                return Err(refused_at(file, e.line, lines, message));
+            }
             other => {
                 let why = other
                     .err()
-                    .map_or("not one field".into(), |err| reason(&err));
+                    .map_or("not one field".into(), |err| err.to_string());
                 fm.warnings.push(format!(
                     "{shown}:{}: `{}` is not valid YAML ({why}); read as written",
                     e.line, e.key
@@ -261,7 +269,8 @@ fn lenient(
                 None
             }
         };
-        fm.map.insert(key, value.unwrap_or_else(|| as_written(&e)));
+        let value = value.unwrap_or_else(|| as_written(&e));
+        fm.map.insert(e.key.clone(), value);
         fm.lines.insert(e.key, e.line);
     }
     // Only those kept are made (a front matter may be all stray lines).
@@ -276,5 +285,5 @@ fn lenient(
             why.0, why.1
         ));
     }
-    fm
+    Ok(fm)
 }

@@ -64,12 +64,10 @@ pub fn parsed(src: Source, tools: &ToolPolicy, budget: &mut u64) -> (Parsed, boo
         .chain_update(&bytes)
         .finalize()
         .into();
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((h, _, p)) = cache.entries.get(&path) {
-        if *h == hash {
-            return (p.clone(), false);
-        }
+    if let Some(p) = cached(&path, &hash) {
+        return (p, false);
     }
+    // Parsed without the lock: one project's file never holds up another's.
     let p = String::from_utf8(bytes)
         .map_err(|_| DefinitionError::unreadable(&path, "not UTF-8"))
         .and_then(|text| parse(&path, &text))
@@ -78,6 +76,7 @@ pub fn parsed(src: Source, tools: &ToolPolicy, budget: &mut u64) -> (Parsed, boo
             (d, t)
         });
     let weight = self::weight(&p);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if cache.entries.len() >= ENTRIES_MAX || cache.bytes + weight > BYTES_MAX {
         *cache = Cache::default();
     }
@@ -86,6 +85,15 @@ pub fn parsed(src: Source, tools: &ToolPolicy, budget: &mut u64) -> (Parsed, boo
         cache.bytes = cache.bytes.saturating_sub(old);
     }
     (p, true)
+}
+
+/// The parse kept for `path`, if it came from the bytes hashed `hash`.
+fn cached(path: &Path, hash: &Hash) -> Option<Parsed> {
+    let cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    match cache.entries.get(path) {
+        Some((h, _, p)) if h == hash => Some(p.clone()),
+        _ => None,
+    }
 }
 
 /// What a parse holds, roughly, in bytes.

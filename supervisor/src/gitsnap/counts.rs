@@ -3,7 +3,8 @@
 //! -uall --no-renames` lists it, one path once per kind; and the paths
 //! themselves, for the pictures of what a run changes (`crate::observe`).
 
-use git2::{IndexEntryExtendedFlag, Repository, Status, StatusOptions};
+use git2::{IndexEntryExtendedFlag, IndexEntryFlag, Repository, Status, StatusOptions};
+use policy::observed::{differs_from_index, IndexStat};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -78,6 +79,18 @@ pub struct StatusPath {
 /// [`policy::observed::MAX_PATHS`].
 pub type Paths = Option<Vec<StatusPath>>;
 
+/// An index entry git is told not to compare with the work tree
+/// (`git update-index --assume-unchanged` or `--skip-worktree`): its
+/// status never shows, so the pictures compare it on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flagged {
+    /// As in [`StatusPath::path`].
+    pub path: Vec<u8>,
+    /// What the index recorded of the file.
+    pub recorded: IndexStat,
+    pub skip_worktree: bool,
+}
+
 /// What the pictures of a repository take from it: the status's paths and
 /// HEAD's commit.
 #[derive(Debug, Clone, Default)]
@@ -85,6 +98,10 @@ pub struct Listing {
     /// The paths; with a HEAD to compare with, also every path that
     /// differs from that commit's tree (changes the run committed).
     pub paths: Paths,
+    /// The index entries with assume-unchanged or skip-worktree set whose
+    /// file may have changed (at most [`policy::observed::MAX_PATHS`]:
+    /// past it `paths` is `None`).
+    pub flagged: Vec<Flagged>,
     /// HEAD's full commit id (none before the first commit).
     pub head: Option<String>,
 }
@@ -120,6 +137,58 @@ pub fn add_since(repo: &Repository, since: &str, paths: &mut Paths) -> Result<()
         }
     }
     Ok(())
+}
+
+/// What `lstat` says of `path` as a stamp (`None`: nothing there).
+fn lstat_stamp(path: &Path) -> Option<policy::observed::Stamp> {
+    let st = nix::sys::stat::lstat(path).ok()?;
+    Some(policy::observed::Stamp {
+        ino: st.st_ino,
+        size: st.st_size as u64,
+        ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
+        mtime_ns: st.st_mtime * 1_000_000_000 + st.st_mtime_nsec,
+        mode: st.st_mode,
+    })
+}
+
+/// The index entries of `repo` that git's status does not look at and
+/// whose file may differ from what the entry recorded (a sparse
+/// checkout's absent files are left out here, within the snapshot's
+/// budget; the pictures look again without following links); `None` when
+/// there are more than [`policy::observed::MAX_PATHS`].
+pub fn flagged(repo: &Repository) -> Result<Option<Vec<Flagged>>, git2::Error> {
+    let index = repo.index()?;
+    let Some(workdir) = repo.workdir() else {
+        return Ok(Some(Vec::new()));
+    };
+    let mut out = Vec::new();
+    for e in index.iter() {
+        let assumed = IndexEntryFlag::from_bits_truncate(e.flags).contains(IndexEntryFlag::VALID);
+        let skip_worktree = IndexEntryExtendedFlag::from_bits_truncate(e.flags_extended)
+            .contains(IndexEntryExtendedFlag::SKIP_WORKTREE);
+        if !assumed && !skip_worktree {
+            continue;
+        }
+        let recorded = IndexStat {
+            size: e.file_size,
+            ino: e.ino,
+            mtime: (e.mtime.seconds(), e.mtime.nanoseconds()),
+            ctime: (e.ctime.seconds(), e.ctime.nanoseconds()),
+        };
+        let file = workdir.join(std::ffi::OsStr::from_bytes(&e.path));
+        if !differs_from_index(lstat_stamp(&file).as_ref(), &recorded, skip_worktree) {
+            continue;
+        }
+        if out.len() == policy::observed::MAX_PATHS {
+            return Ok(None);
+        }
+        out.push(Flagged {
+            path: e.path,
+            recorded,
+            skip_worktree,
+        });
+    }
+    Ok(Some(out))
 }
 
 /// The counts of `repo`'s status, and its paths.

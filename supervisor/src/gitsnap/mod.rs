@@ -167,6 +167,17 @@ fn compute(found: &precheck::Found, since: Option<&str>) -> (GitSnapshot, counts
             )
         }
     };
+    let flagged = match counts::flagged(&repo) {
+        Ok(Some(f)) => f,
+        Ok(None) => {
+            paths = None;
+            Vec::new()
+        }
+        Err(e) => {
+            let why = format!("reading the index failed: {}", e.message());
+            return (unavailable(why), none());
+        }
+    };
     let head_full = head_oid.map(|o| o.to_string());
     if let Some(old) = since.filter(|old| head_full.as_deref() != Some(*old)) {
         if let Err(e) = counts::add_since(&repo, old, &mut paths) {
@@ -193,6 +204,7 @@ fn compute(found: &precheck::Found, since: Option<&str>) -> (GitSnapshot, counts
     };
     let listing = counts::Listing {
         paths,
+        flagged,
         head: head_full,
     };
     (snapshot, listing)
