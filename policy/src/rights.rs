@@ -87,6 +87,16 @@ pub struct Need {
     pub right: Right,
 }
 
+/// A run asked for by a uid other than the daemon's: who, and the rights
+/// it was found to hold at spawn (checked again before a runner starts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OnBehalf {
+    /// Who asked.
+    pub requester: Requester,
+    /// What it must hold.
+    pub needs: Vec<Need>,
+}
+
 /// The paths a spawn names, and how the run will use them.
 #[derive(Debug, Clone, Default)]
 pub struct Requested<'a> {
@@ -96,6 +106,9 @@ pub struct Requested<'a> {
     pub write_project: bool,
     /// The run works in a worktree the daemon checks out of the project.
     pub worktree: bool,
+    /// The repository the worktree is checked out of, when it lies in the
+    /// project (`<project>/.git`).
+    pub git_dir: Option<&'a Path>,
     /// sandbox.read_paths.
     pub read_paths: &'a [PathBuf],
     /// sandbox.write_paths.
@@ -123,16 +136,22 @@ pub fn needs(r: &Requested<'_>) -> Vec<Need> {
         // The daemon reads it (instructions, git status, definitions)
         // whatever the run may do.
         need(&mut out, field, p, Right::Read);
-        if r.worktree {
+        if let Some(git) = r.git_dir.filter(|_| r.worktree) {
             // The checkout copies what the repository holds.
-            need(&mut out, field, &p.join(".git"), Right::Read);
-        } else if r.write_project {
+            need(&mut out, field, git, Right::Read);
+        }
+        if r.write_project && !r.worktree {
             need(&mut out, field, p, Right::Write);
             need(&mut out, field, p, Right::Own);
         }
     }
     for (i, p) in r.read_paths.iter().enumerate() {
-        need(&mut out, &format!("sandbox.read_paths[{i}]"), p, Right::Read);
+        need(
+            &mut out,
+            &format!("sandbox.read_paths[{i}]"),
+            p,
+            Right::Read,
+        );
     }
     for (i, p) in r.write_paths.iter().enumerate() {
         let field = format!("sandbox.write_paths[{i}]");
@@ -251,6 +270,7 @@ mod tests {
             project_dir: Some(p),
             write_project: true,
             worktree: true,
+            git_dir: Some(&git),
             ..Default::default()
         });
         assert_eq!(
@@ -378,7 +398,10 @@ mod tests {
             (PathBuf::from("/srv/roots"), (0, 0)),
         ]);
         let changed = limit_idmaps(&mut plan, &roots, &owners, &who());
-        assert_eq!(changed, [PathBuf::from("/srv/roots"), "/srv/unknown".into()]);
+        assert_eq!(
+            changed,
+            [PathBuf::from("/srv/roots"), "/srv/unknown".into()]
+        );
         assert_eq!(source_of(&plan, "/srv/mine"), (true, true));
         assert_eq!(source_of(&plan, "/srv/roots"), (false, false));
         assert_eq!(source_of(&plan, "/srv/unknown"), (false, false));

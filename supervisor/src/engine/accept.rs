@@ -13,6 +13,7 @@ use crate::paths::RunFiles;
 use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
 use crate::uids::UidLease;
+use policy::rights::{OnBehalf, Requested, Requester};
 use policy::sandbox::network::{self, AllowEntry, NetworkMode};
 use policy::sandbox::places::Places;
 use std::collections::BTreeMap;
@@ -524,6 +525,74 @@ fn check_roots(sandbox: &policy::sandbox::SandboxRequest) -> Result<(), EngineEr
     Ok(())
 }
 
+/// Before the daemon reads anything of the project for `who` (its
+/// definitions, instructions, git status): that `who` may read it.
+/// Blocking.
+pub(crate) fn check_project_for(who: &Requester, p: &SpawnParams) -> Result<(), EngineError> {
+    let needs = policy::rights::needs(&Requested {
+        project_dir: Some(&p.session.project_dir),
+        ..Default::default()
+    });
+    Ok(crate::rights::check(who, &needs)?)
+}
+
+/// The rights a run asked for by `who` needs `who` to hold: every path
+/// the spawn names, with the right the run gets on it, the request's or a
+/// project definition's program, and the project definition read.
+pub(crate) fn on_behalf(who: Requester, p: &SpawnParams, plan: &Plan) -> OnBehalf {
+    let project_agent = plan.agent.as_ref().filter(|a| a.project);
+    let chosen = !p.command.is_empty() || project_agent.is_some();
+    let program = chosen
+        .then(|| policy::rights::program_path(&plan.command, &p.session.project_dir))
+        .flatten();
+    let git = p.session.project_dir.join(".git");
+    let needs = policy::rights::needs(&Requested {
+        project_dir: Some(&p.session.project_dir),
+        write_project: plan.grants.write_project,
+        worktree: matches!(p.isolation, Some(crate::protocol::Isolation::Worktree)),
+        git_dir: std::fs::symlink_metadata(&git)
+            .is_ok()
+            .then_some(git.as_path()),
+        read_paths: &p.sandbox.read_paths,
+        write_paths: &p.sandbox.write_paths,
+        program: program.as_deref(),
+        definition: project_agent.map(|a| a.definition.source.as_path()),
+    });
+    OnBehalf {
+        requester: who,
+        needs,
+    }
+}
+
+/// The run's idmapped binds of what the requester named (the project in
+/// place, the read and write paths) stay idmapped only where the
+/// requester owns the path; the others become plain read-only binds.
+fn limit_for_requester(
+    spec: &mut policy::sandbox::SandboxSpec,
+    p: &SpawnParams,
+    place: &RunPlace,
+    who: &Requester,
+) {
+    use std::os::unix::fs::MetadataExt;
+    let mut roots: Vec<PathBuf> = Vec::new();
+    if place.worktree.is_none() {
+        roots.push(place.workdir.clone());
+    }
+    roots.extend(p.sandbox.read_paths.iter().cloned());
+    roots.extend(p.sandbox.write_paths.iter().cloned());
+    let owners = roots
+        .iter()
+        .filter_map(|r| {
+            let m = std::fs::symlink_metadata(r).ok()?;
+            Some((r.clone(), (m.uid(), m.gid())))
+        })
+        .collect();
+    let changed = policy::rights::limit_idmaps(&mut spec.mounts, &roots, &owners, who);
+    if !changed.is_empty() {
+        tracing::info!(run_id = %place.id, ?changed, "bound read-only, not as their owner's: the requester does not own them");
+    }
+}
+
 /// Checks a spawn's params; names the first offending field.
 pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
     check_session_id(&p.session.id).map_err(|e| EngineError::invalid("session.id", e))?;
@@ -839,6 +908,7 @@ fn runner_spec(
     input: policy::compose::ComposeInput,
     uid: Option<u32>,
     delivered: &super::driving::Delivered,
+    on_behalf: Option<&OnBehalf>,
 ) -> Result<RunnerSpec, EngineError> {
     let files = &place.files;
     let mut env = child_env(inner, p, place)?;
@@ -847,7 +917,10 @@ fn runner_spec(
     }
     // The driver's variables win over the request's and the proxy's.
     env.extend(delivered.env.clone());
-    let sandbox = sandbox_spec(inner, p, plan, place, &env, uid.is_some());
+    let mut sandbox = sandbox_spec(inner, p, plan, place, &env, uid.is_some());
+    if let Some(ob) = on_behalf {
+        limit_for_requester(&mut sandbox, p, place, &ob.requester);
+    }
     // The child's uid: its own, or the one `run_as` user. Its files
     // (project, context) are reached through idmapped mounts and its own
     // dirs live in its scratch file system: nothing on disk becomes its.
@@ -896,6 +969,7 @@ fn accepted_record(
     max_attempts: u32,
     uid: Option<u32>,
     driver_run: super::driving::DriverRun,
+    on_behalf: Option<&OnBehalf>,
 ) -> RunRecord {
     RunRecord {
         format: RECORD_FORMAT,
@@ -938,6 +1012,7 @@ fn accepted_record(
         attempts: None,
         kept: None,
         uid,
+        on_behalf: on_behalf.cloned(),
         network: Some(plan.network),
         network_allow: plan.network_allow.clone(),
         egress: None,
@@ -978,6 +1053,7 @@ pub(crate) fn create_run(
     p: &SpawnParams,
     plan: &Plan,
     start_now: bool,
+    on_behalf: Option<&OnBehalf>,
 ) -> Result<Created, EngineError> {
     check_writable_roots(inner, p, plan)?;
     let session = &p.session.id;
@@ -1024,7 +1100,16 @@ pub(crate) fn create_run(
     let (plan, mut delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
     delivered.run.writes_project = Some(writable);
     let plan = &plan;
-    let spec = runner_spec(inner, p, plan, &place, input, draft.uid(), &delivered)?;
+    let spec = runner_spec(
+        inner,
+        p,
+        plan,
+        &place,
+        input,
+        draft.uid(),
+        &delivered,
+        on_behalf,
+    )?;
     // Compact: only the runner reads it (about 15 KB pretty-printed).
     let bytes =
         serde_json::to_vec(&spec).map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
@@ -1037,6 +1122,7 @@ pub(crate) fn create_run(
         max_attempts,
         draft.uid(),
         delivered.run,
+        on_behalf,
     );
     draft.write(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
     let handed = start_now.then(|| handed_files(&draft)).flatten();

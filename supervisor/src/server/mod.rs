@@ -110,6 +110,12 @@ pub async fn serve(
                 return;
             }
             let peer_pid = cred.and_then(|c| c.pid());
+            // Runs it asks for reach only what it may reach itself.
+            let requester = cred.and_then(|c| {
+                peer::requester(c.uid(), c.gid(), || {
+                    peer::peer_groups(std::os::fd::AsFd::as_fd(&stream))
+                })
+            });
             let from_run = tokio::task::spawn_blocking(move || peer::inside_run(peer_pid))
                 .await
                 .unwrap_or(Ok(true));
@@ -131,7 +137,7 @@ pub async fn serve(
                 );
                 connection::refuse(stream).await;
             } else if let Ok(permit) = limit.acquire_owned().await {
-                connection::serve(sup, stream, stop, cfg.idle_timeout).await;
+                connection::serve(sup, stream, stop, cfg.idle_timeout, requester).await;
                 drop(permit);
             }
             drop(done);
