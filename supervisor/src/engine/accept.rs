@@ -908,7 +908,6 @@ fn runner_spec(
     input: policy::compose::ComposeInput,
     uid: Option<u32>,
     delivered: &super::driving::Delivered,
-    on_behalf: Option<&OnBehalf>,
 ) -> Result<RunnerSpec, EngineError> {
     let files = &place.files;
     let mut env = child_env(inner, p, place)?;
@@ -917,10 +916,7 @@ fn runner_spec(
     }
     // The driver's variables win over the request's and the proxy's.
     env.extend(delivered.env.clone());
-    let mut sandbox = sandbox_spec(inner, p, plan, place, &env, uid.is_some());
-    if let Some(ob) = on_behalf {
-        limit_for_requester(&mut sandbox, p, place, &ob.requester);
-    }
+    let sandbox = sandbox_spec(inner, p, plan, place, &env, uid.is_some());
     // The child's uid: its own, or the one `run_as` user. Its files
     // (project, context) are reached through idmapped mounts and its own
     // dirs live in its scratch file system: nothing on disk becomes its.
@@ -969,7 +965,6 @@ fn accepted_record(
     max_attempts: u32,
     uid: Option<u32>,
     driver_run: super::driving::DriverRun,
-    on_behalf: Option<&OnBehalf>,
 ) -> RunRecord {
     RunRecord {
         format: RECORD_FORMAT,
@@ -1012,7 +1007,7 @@ fn accepted_record(
         attempts: None,
         kept: None,
         uid,
-        on_behalf: on_behalf.cloned(),
+        on_behalf: None,
         network: Some(plan.network),
         network_allow: plan.network_allow.clone(),
         egress: None,
@@ -1100,21 +1095,15 @@ pub(crate) fn create_run(
     let (plan, mut delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
     delivered.run.writes_project = Some(writable);
     let plan = &plan;
-    let spec = runner_spec(
-        inner,
-        p,
-        plan,
-        &place,
-        input,
-        draft.uid(),
-        &delivered,
-        on_behalf,
-    )?;
+    let mut spec = runner_spec(inner, p, plan, &place, input, draft.uid(), &delivered)?;
+    if let Some(ob) = on_behalf {
+        limit_for_requester(&mut spec.sandbox, p, &place, &ob.requester);
+    }
     // Compact: only the runner reads it (about 15 KB pretty-printed).
     let bytes =
         serde_json::to_vec(&spec).map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
     draft.write(&staged.runner_spec(), &bytes, Sync::Durable)?;
-    let rec = accepted_record(
+    let mut rec = accepted_record(
         p,
         plan,
         place,
@@ -1122,8 +1111,8 @@ pub(crate) fn create_run(
         max_attempts,
         draft.uid(),
         delivered.run,
-        on_behalf,
     );
+    rec.on_behalf = on_behalf.cloned();
     draft.write(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
     let handed = start_now.then(|| handed_files(&draft)).flatten();
     let egress = plan.network == NetworkMode::Allowlist;
