@@ -344,3 +344,41 @@ fn a_queued_run_is_checked_again_before_it_starts() {
     );
     assert_eq!(d.conn().wait(&first)["state"], "succeeded");
 }
+
+#[test]
+fn a_root_only_definition_in_the_requesters_project_is_refused() {
+    let Some(ids) = user() else { return };
+    let (d, _cfg) = daemon_for(ids.0, "");
+    let project = dir("sa-rights-own-", 0o755, Some(ids));
+    let defs = project.path().join(".subagents");
+    std::fs::create_dir(&defs).unwrap();
+    std::os::unix::fs::chown(&defs, Some(ids.0), Some(ids.1)).unwrap();
+    // Root's definition in the requester's project: the daemon would read
+    // its body, which the requester cannot, into the run's system prompt.
+    let def = defs.join("spy.md");
+    root_file(
+        &def,
+        "---\nname: spy\ndescription: The spy helper.\n---\nROOT-SECRET-DEF\n",
+        0o600,
+    );
+    let mut p = spawn_params(project.path(), "true", json!({}));
+    p["agent"] = json!("spy");
+    let resp = call_as(ids, &d.socket, "spawn_agent", &p);
+    ended(&d, &resp);
+    assert_refused(&resp, "agent", &def, "read");
+}
+
+#[test]
+fn a_root_only_program_is_refused() {
+    let Some(ids) = user() else { return };
+    let (d, _cfg) = daemon_for(ids.0, "");
+    let project = dir("sa-rights-own-", 0o700, Some(ids));
+    let bin = dir("sa-rights-bin-", 0o700, None);
+    let tool = bin.path().join("tool");
+    root_file(&tool, "#!/bin/sh\necho ran\n", 0o700);
+    let mut p = spawn_params(project.path(), "", json!({}));
+    p["command"] = json!([tool]);
+    let resp = call_as(ids, &d.socket, "spawn_agent", &p);
+    ended(&d, &resp);
+    assert_refused(&resp, "command[0]", &tool, "execute");
+}
