@@ -382,3 +382,25 @@ fn a_root_only_program_is_refused() {
     ended(&d, &resp);
     assert_refused(&resp, "command[0]", &tool, "execute");
 }
+
+#[test]
+fn what_exists_where_the_requester_cannot_look_is_not_told() {
+    let Some(ids) = user() else { return };
+    let (d, _cfg) = daemon_for(ids.0, "");
+    let project = dir("sa-rights-own-", 0o700, Some(ids));
+    let hidden = dir("sa-rights-root-", 0o700, None);
+    root_file(&hidden.path().join("there"), "x\n", 0o644);
+    let answer = |name: &str| {
+        let path = hidden.path().join(name);
+        let p = spawn_params(project.path(), "true", json!({"read_paths": [path]}));
+        let resp = call_as(ids, &d.socket, "spawn_agent", &p);
+        ended(&d, &resp);
+        assert_refused(&resp, "sandbox.read_paths[0]", &path, "read");
+        resp["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace(name, "NAME")
+    };
+    // The same answer for a file that is there and one that is not.
+    assert_eq!(answer("there"), answer("missing"));
+}

@@ -526,11 +526,25 @@ fn check_roots(sandbox: &policy::sandbox::SandboxRequest) -> Result<(), EngineEr
 }
 
 /// Before the daemon reads anything of the project for `who` (its
-/// definitions, instructions, git status): that `who` may read it.
-/// Blocking.
-pub(crate) fn check_project_for(who: &Requester, p: &SpawnParams) -> Result<(), EngineError> {
+/// definitions, instructions, git status), and before the params are
+/// checked against the host as root (which would tell what exists where
+/// `who` cannot look): that `who` may reach the paths the spawn names. A
+/// relative path is left to [`validate`], which refuses it. Blocking.
+pub(crate) fn check_paths_for(who: &Requester, p: &SpawnParams) -> Result<(), EngineError> {
+    let (project, sandbox) = (&p.session.project_dir, &p.sandbox);
+    let all_absolute = project.is_absolute()
+        && sandbox
+            .read_paths
+            .iter()
+            .chain(&sandbox.write_paths)
+            .all(|r| r.is_absolute());
+    if !all_absolute {
+        return Ok(());
+    }
     let needs = policy::rights::needs(&Requested {
-        project_dir: Some(&p.session.project_dir),
+        project_dir: Some(project),
+        read_paths: &sandbox.read_paths,
+        write_paths: &sandbox.write_paths,
         ..Default::default()
     });
     Ok(crate::rights::check(who, &needs)?)

@@ -339,6 +339,10 @@ impl Supervisor {
         if !self.inner.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
+        if let Some(who) = requester.clone() {
+            let p = params.clone();
+            blocking(move || accept::check_paths_for(&who, &p)).await?;
+        }
         accept::validate(&params)?;
         let permit = self.free_slot();
         // A spawn that found no slot counts as waiting from now on, so that
@@ -347,9 +351,6 @@ impl Supervisor {
         let start_now = permit.is_some();
         let inner = self.inner.clone();
         let created = blocking(move || {
-            if let Some(who) = &requester {
-                accept::check_project_for(who, &params)?;
-            }
             let plan = accept::plan(&inner.tools, &inner.cfg.settings, &params)?;
             let on_behalf = requester.map(|who| accept::on_behalf(who, &params, &plan));
             if let Some(ob) = &on_behalf {
