@@ -2,13 +2,20 @@
 //! daemon takes the requester's groups, fsgid and fsuid on a thread made
 //! for the one check (the raw syscalls act on the calling thread alone) and
 //! asks the kernel, `faccessat2(AT_EACCESS)`, for each path and right. The
-//! thread ends with the check: its credentials never serve other work.
+//! thread drops every capability and ends with the check: its credentials
+//! never serve other work.
 
 use policy::rights::{Need, Requester};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use subagent_runner::sandbox::caps;
+
+/// `CAP_DAC_OVERRIDE`: would pass every permission check.
+const CAP_DAC_OVERRIDE: u32 = 1;
+/// `CAP_DAC_READ_SEARCH`: would pass every read and search check.
+const CAP_DAC_READ_SEARCH: u32 = 2;
 
 /// A right the requester lacks, or a check that could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -114,15 +121,21 @@ fn switch_error(who: &Requester, op: &'static str) -> impl Fn(std::io::Error) ->
     move |source| RightsError::Switch { uid, op, source }
 }
 
-/// This thread's supplementary groups, fsgid and fsuid become `who`'s.
-/// Moving fsuid off 0 also drops the file capabilities (DAC override and
-/// read-search) from this thread's effective set.
+/// This thread's supplementary groups, fsgid and fsuid become `who`'s,
+/// then it lets go of every capability (capset acts on the calling thread
+/// alone), so no DAC override survives whatever the securebits say.
 fn take_credentials(who: &Requester) -> Result<(), RightsError> {
     let mut groups = vec![who.gid];
     groups.extend(who.groups.iter().copied().filter(|g| *g != who.gid));
     thread_setgroups(&groups).map_err(switch_error(who, "setgroups"))?;
     thread_setfs(libc::SYS_setfsgid, who.gid).map_err(switch_error(who, "setfsgid"))?;
     thread_setfs(libc::SYS_setfsuid, who.uid).map_err(switch_error(who, "setfsuid"))?;
+    caps::clear_sets().map_err(|e| switch_error(who, "capset")(e.source))?;
+    if caps::effective_has(CAP_DAC_OVERRIDE) || caps::effective_has(CAP_DAC_READ_SEARCH) {
+        return Err(switch_error(who, "capset")(std::io::Error::other(
+            "the DAC capabilities are still held",
+        )));
+    }
     Ok(())
 }
 
@@ -261,8 +274,9 @@ mod tests {
         );
         let e = check(&nobody(), &[need(dir.path(), Right::Own)]).unwrap_err();
         assert!(matches!(e, RightsError::NotOwner { owner: 0, .. }), "{e}");
-        // This thread kept root's view.
+        // This thread kept root's view and its capabilities.
         assert!(std::fs::read(&secret).is_ok());
+        assert!(caps::effective_has(CAP_DAC_OVERRIDE));
         assert_eq!(
             // SAFETY: -1 reads the fsuid without changing it.
             unsafe { libc::syscall(libc::SYS_setfsuid, u32::MAX) },
