@@ -404,3 +404,45 @@ fn what_exists_where_the_requester_cannot_look_is_not_told() {
     // The same answer for a file that is there and one that is not.
     assert_eq!(answer("there"), answer("missing"));
 }
+
+#[test]
+fn a_daemon_that_is_not_root_refuses_runs_for_another_uid() {
+    let Some(ids) = user() else { return };
+    // The daemon runs as the test user; nobody (65534) is allowed on its
+    // socket. It cannot take nobody's credentials, so it refuses to run
+    // anything for it.
+    let base = dir("sa-rights-unpriv-", 0o755, Some(ids));
+    let cfg = base.path().join("c.toml");
+    std::fs::write(&cfg, "allow_uids = [65534]\n").unwrap();
+    let (socket, state) = (base.path().join("d.sock"), base.path().join("state"));
+    let opts = DaemonOpts {
+        args: vec!["--config".into(), cfg.display().to_string()],
+        wrap: vec![
+            "setpriv".into(),
+            format!("--reuid={}", ids.0),
+            format!("--regid={}", ids.1),
+            "--clear-groups".into(),
+            "--".into(),
+        ],
+        ..Default::default()
+    };
+    let child = Daemon::spawn_process(&socket, &state, base.path(), &opts);
+    let d = Daemon {
+        child,
+        dir: base,
+        socket,
+        state,
+    };
+    d.wait_ready();
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let project = dir("sa-rights-pub-", 0o755, None);
+    let p = spawn_params(project.path(), "true", json!({}));
+    let resp = call_as((65534, 65534), &d.socket, "spawn_agent", &p);
+    ended(&d, &resp);
+    assert_eq!(resp["error"]["code"], -32005, "{resp}");
+    let msg = resp["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("requester_rights") && msg.contains("not root"),
+        "{msg}"
+    );
+}
