@@ -98,8 +98,6 @@ const KEY_ENV_FD: RawFd = 8;
 /// it must fit in the pipe's buffer.
 const MAX_KEY_BYTES: usize = 16 * 1024;
 
-/// A pipe holding `{"NAME": "value"}` for the runner to add to the agent's
-/// environment, its write end closed: the key never touches a disk.
 /// A rights refusal with the field it is about in front.
 fn requester_text(e: &crate::rights::RightsError) -> String {
     match e.field() {
@@ -108,6 +106,8 @@ fn requester_text(e: &crate::rights::RightsError) -> String {
     }
 }
 
+/// A pipe holding `{"NAME": "value"}` for the runner to add to the agent's
+/// environment, its write end closed: the key never touches a disk.
 fn key_pipe((name, value): &(String, String)) -> Result<OwnedFd, LaunchError> {
     let body = serde_json::json!({ name: value }).to_string();
     if body.len() > MAX_KEY_BYTES {
