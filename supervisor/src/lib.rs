@@ -5,6 +5,7 @@
 //! - [`ids`], [`timefmt`], [`paths`]: run ids, timestamps, where things live.
 //! - [`securedir`]: private directories under /tmp without following symlinks.
 //! - [`runas`]: the unprivileged user children may run as.
+//! - [`rights`]: checking what a requester of another uid may reach, as it.
 //! - [`record`]: run.json, the durable record of a run, and its states.
 //! - [`protocol`]: the JSON-RPC wire types and error codes (docs/protocol.md).
 //! - [`gitsnap`]: the git snapshot taken at spawn, under a time budget.
@@ -37,6 +38,7 @@ pub mod paths;
 pub mod protocol;
 pub mod record;
 pub mod result_md;
+pub mod rights;
 pub mod runas;
 pub mod sanitize;
 pub mod securedir;

@@ -172,6 +172,10 @@ pub struct RunRecord {
     /// daemons).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
+    /// Asked for by a uid other than the daemon's: who, and the rights it
+    /// must hold, checked again before a runner starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_behalf: Option<policy::rights::OnBehalf>,
     /// How the run reaches the network (a record may lack it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<policy::sandbox::network::NetworkMode>,

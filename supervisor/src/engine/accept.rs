@@ -13,6 +13,7 @@ use crate::paths::RunFiles;
 use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
 use crate::uids::UidLease;
+use policy::rights::{OnBehalf, Requested, Requester};
 use policy::sandbox::network::{self, AllowEntry, NetworkMode};
 use policy::sandbox::places::Places;
 use std::collections::BTreeMap;
@@ -524,6 +525,88 @@ fn check_roots(sandbox: &policy::sandbox::SandboxRequest) -> Result<(), EngineEr
     Ok(())
 }
 
+/// Before the daemon reads anything of the project for `who` (its
+/// definitions, instructions, git status), and before the params are
+/// checked against the host as root (which would tell what exists where
+/// `who` cannot look): that `who` may reach the paths the spawn names. A
+/// relative path is left to [`validate`], which refuses it. Blocking.
+pub(crate) fn check_paths_for(who: &Requester, p: &SpawnParams) -> Result<(), EngineError> {
+    let (project, sandbox) = (&p.session.project_dir, &p.sandbox);
+    let all_absolute = project.is_absolute()
+        && sandbox
+            .read_paths
+            .iter()
+            .chain(&sandbox.write_paths)
+            .all(|r| r.is_absolute());
+    if !all_absolute {
+        return Ok(());
+    }
+    let needs = policy::rights::needs(&Requested {
+        project_dir: Some(project),
+        read_paths: &sandbox.read_paths,
+        write_paths: &sandbox.write_paths,
+        ..Default::default()
+    });
+    Ok(crate::rights::check(who, &needs)?)
+}
+
+/// The rights a run asked for by `who` needs `who` to hold: every path
+/// the spawn names, with the right the run gets on it, the request's or a
+/// project definition's program, and the project definition read.
+pub(crate) fn on_behalf(who: Requester, p: &SpawnParams, plan: &Plan) -> OnBehalf {
+    let project_agent = plan.agent.as_ref().filter(|a| a.project);
+    let chosen = !p.command.is_empty() || project_agent.is_some();
+    let program = chosen
+        .then(|| policy::rights::program_path(&plan.command, &p.session.project_dir))
+        .flatten();
+    let git = p.session.project_dir.join(".git");
+    let needs = policy::rights::needs(&Requested {
+        project_dir: Some(&p.session.project_dir),
+        write_project: plan.grants.write_project,
+        worktree: matches!(p.isolation, Some(crate::protocol::Isolation::Worktree)),
+        git_dir: std::fs::symlink_metadata(&git)
+            .is_ok()
+            .then_some(git.as_path()),
+        read_paths: &p.sandbox.read_paths,
+        write_paths: &p.sandbox.write_paths,
+        program: program.as_deref(),
+        definition: project_agent.map(|a| a.definition.source.as_path()),
+    });
+    OnBehalf {
+        requester: who,
+        needs,
+    }
+}
+
+/// The run's idmapped binds of what the requester named (the project in
+/// place, the read and write paths) stay idmapped only where the
+/// requester owns the path; the others become plain read-only binds.
+fn limit_for_requester(
+    spec: &mut policy::sandbox::SandboxSpec,
+    p: &SpawnParams,
+    place: &RunPlace,
+    who: &Requester,
+) {
+    use std::os::unix::fs::MetadataExt;
+    let mut roots: Vec<PathBuf> = Vec::new();
+    if place.worktree.is_none() {
+        roots.push(place.workdir.clone());
+    }
+    roots.extend(p.sandbox.read_paths.iter().cloned());
+    roots.extend(p.sandbox.write_paths.iter().cloned());
+    let owners = roots
+        .iter()
+        .filter_map(|r| {
+            let m = std::fs::symlink_metadata(r).ok()?;
+            Some((r.clone(), (m.uid(), m.gid())))
+        })
+        .collect();
+    let changed = policy::rights::limit_idmaps(&mut spec.mounts, &roots, &owners, who);
+    if !changed.is_empty() {
+        tracing::info!(run_id = %place.id, ?changed, "bound read-only, not as their owner's: the requester does not own them");
+    }
+}
+
 /// Checks a spawn's params; names the first offending field.
 pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
     check_session_id(&p.session.id).map_err(|e| EngineError::invalid("session.id", e))?;
@@ -940,6 +1023,7 @@ fn accepted_record(
         attempts: None,
         kept: None,
         uid,
+        on_behalf: None,
         network: Some(plan.network),
         network_allow: plan.network_allow.clone(),
         egress: None,
@@ -980,6 +1064,7 @@ pub(crate) fn create_run(
     p: &SpawnParams,
     plan: &Plan,
     start_now: bool,
+    on_behalf: Option<&OnBehalf>,
 ) -> Result<Created, EngineError> {
     check_writable_roots(inner, p, plan)?;
     let session = &p.session.id;
@@ -1026,12 +1111,15 @@ pub(crate) fn create_run(
     let (plan, mut delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
     delivered.run.writes_project = Some(writable);
     let plan = &plan;
-    let spec = runner_spec(inner, p, plan, &place, input, draft.uid(), &delivered)?;
+    let mut spec = runner_spec(inner, p, plan, &place, input, draft.uid(), &delivered)?;
+    if let Some(ob) = on_behalf {
+        limit_for_requester(&mut spec.sandbox, p, &place, &ob.requester);
+    }
     // Compact: only the runner reads it (about 15 KB pretty-printed).
     let bytes =
         serde_json::to_vec(&spec).map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
     draft.write(&staged.runner_spec(), &bytes, Sync::Durable)?;
-    let rec = accepted_record(
+    let mut rec = accepted_record(
         p,
         plan,
         place,
@@ -1040,6 +1128,7 @@ pub(crate) fn create_run(
         draft.uid(),
         delivered.run,
     );
+    rec.on_behalf = on_behalf.cloned();
     draft.write(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
     let handed = start_now.then(|| handed_files(&draft)).flatten();
     let egress = plan.network == NetworkMode::Allowlist;

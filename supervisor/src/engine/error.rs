@@ -60,6 +60,23 @@ pub enum SandboxCause {
     /// The `run_as` user cannot be used.
     #[error(transparent)]
     RunAs(#[from] crate::runas::RunAsError),
+    /// What the requester may reach could not be checked.
+    #[error(transparent)]
+    Rights(crate::rights::RightsError),
+}
+
+impl From<crate::rights::RightsError> for EngineError {
+    /// A right the requester lacks names its field; a check that could
+    /// not be made refuses the run as a mechanism that cannot be enforced.
+    fn from(e: crate::rights::RightsError) -> EngineError {
+        match e.field() {
+            Some(field) => EngineError::invalid(field, &e),
+            None => EngineError::Sandbox {
+                mechanism: "requester_rights",
+                why: SandboxCause::Rights(e),
+            },
+        }
+    }
 }
 
 /// Why the state dir could not record something.

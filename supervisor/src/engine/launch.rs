@@ -61,6 +61,9 @@ pub enum LaunchError {
     /// The runner could not be spawned.
     #[error(transparent)]
     Spawn(#[from] super::spawn::SpawnError),
+    /// The uid that asked for the run no longer holds a right it needs.
+    #[error("the run's requester: {}", requester_text(.0))]
+    Rights(#[from] crate::rights::RightsError),
     /// No pidfd could be had on the runner just started.
     #[error(transparent)]
     Pidfd(#[from] pidfd::PidfdError),
@@ -94,6 +97,14 @@ const KEY_ENV_FD: RawFd = 8;
 /// The most a key pipe carries: it is filled before the runner starts, so
 /// it must fit in the pipe's buffer.
 const MAX_KEY_BYTES: usize = 16 * 1024;
+
+/// A rights refusal with the field it is about in front.
+fn requester_text(e: &crate::rights::RightsError) -> String {
+    match e.field() {
+        Some(f) => format!("{f}: {e}"),
+        None => e.to_string(),
+    }
+}
 
 /// A pipe holding `{"NAME": "value"}` for the runner to add to the agent's
 /// environment, its write end closed: the key never touches a disk.
@@ -310,7 +321,13 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
         .as_ref()
         .map_or(Default::default(), |d| d.driver);
     let key = super::driving::key_env(&sup.inner.cfg.settings, &sup.inner.daemon_env, driver);
+    let on_behalf = rec.on_behalf.clone();
     let launched = tokio::task::spawn_blocking(move || {
+        // Queued since its spawn, or since a restart: what its requester
+        // may reach can have changed meanwhile.
+        if let Some(ob) = &on_behalf {
+            crate::rights::check(&ob.requester, &ob.needs)?;
+        }
         // The runner holds the uid lease from here on; ours goes with
         // this task.
         let key = key.map_err(LaunchError::NoKey)?;

@@ -314,15 +314,34 @@ impl Supervisor {
     /// its own: a caller that goes away (a closed connection) cannot cut a
     /// spawn short between recording the run and watching it.
     pub async fn spawn(&self, params: SpawnParams) -> Result<RunId, EngineError> {
+        self.spawn_for(params, None).await
+    }
+
+    /// [`Supervisor::spawn`] for `requester`, a uid other than the
+    /// daemon's: the run may reach only what that uid may (checked with its
+    /// credentials now and again before its runner starts).
+    pub async fn spawn_for(
+        &self,
+        params: SpawnParams,
+        requester: Option<policy::rights::Requester>,
+    ) -> Result<RunId, EngineError> {
         let sup = self.clone();
-        tokio::spawn(async move { sup.spawn_to_end(params).await })
+        tokio::spawn(async move { sup.spawn_to_end(params, requester).await })
             .await
             .map_err(|e| EngineError::Unexpected(InternalError::Join(e)))?
     }
 
-    async fn spawn_to_end(&self, params: SpawnParams) -> Result<RunId, EngineError> {
+    async fn spawn_to_end(
+        &self,
+        params: SpawnParams,
+        requester: Option<policy::rights::Requester>,
+    ) -> Result<RunId, EngineError> {
         if !self.inner.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
+        }
+        if let Some(who) = requester.clone() {
+            let p = params.clone();
+            blocking(move || accept::check_paths_for(&who, &p)).await?;
         }
         accept::validate(&params)?;
         let permit = self.free_slot();
@@ -333,10 +352,14 @@ impl Supervisor {
         let inner = self.inner.clone();
         let created = blocking(move || {
             let plan = accept::plan(&inner.tools, &inner.cfg.settings, &params)?;
+            let on_behalf = requester.map(|who| accept::on_behalf(who, &params, &plan));
+            if let Some(ob) = &on_behalf {
+                crate::rights::check(&ob.requester, &ob.needs)?;
+            }
             driving::key_env(&inner.cfg.settings, &inner.daemon_env, plan.driver)
                 .map_err(|why| EngineError::invalid("driver", why))?;
             accept::check_required(&inner.probe, &inner.cfg.required(plan.grants.network))?;
-            accept::create_run(&inner, &params, &plan, start_now)
+            accept::create_run(&inner, &params, &plan, start_now, on_behalf.as_ref())
         })
         .await?;
         let id = created

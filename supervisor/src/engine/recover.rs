@@ -122,6 +122,7 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
         attempts: None,
         kept: None,
         uid: None,
+        on_behalf: None,
         network: None,
         network_allow: Vec::new(),
         egress: None,

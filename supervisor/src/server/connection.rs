@@ -5,6 +5,7 @@
 use super::dispatch;
 use crate::engine::Supervisor;
 use crate::protocol::{self, codes, Call, Decoded, Request, RpcError, MAX_LINE};
+use policy::rights::Requester;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -116,12 +117,13 @@ pub async fn serve(
     stream: UnixStream,
     mut shutdown: watch::Receiver<bool>,
     idle: std::time::Duration,
+    requester: Option<Requester>,
 ) {
     let (rd, wr) = stream.into_split();
     let mut reader = BufReader::with_capacity(64 * 1024, rd);
     let (tx, rx) = mpsc::channel::<Vec<u8>>(OUTBOX);
     let writer = tokio::spawn(write_lines(wr, rx));
-    let mut conn = Connection::new(sup, tx, shutdown.clone());
+    let mut conn = Connection::new(sup, tx, shutdown.clone(), requester);
     let mut buf = Vec::new();
     let mut last_request = tokio::time::Instant::now();
     loop {
@@ -181,10 +183,17 @@ struct Connection {
     requests: JoinSet<()>,
     subscription: Option<JoinHandle<()>>,
     stopping: watch::Receiver<bool>,
+    /// The peer, when its uid is not the daemon's or root's.
+    requester: Option<Requester>,
 }
 
 impl Connection {
-    fn new(sup: Supervisor, tx: mpsc::Sender<Vec<u8>>, stopping: watch::Receiver<bool>) -> Self {
+    fn new(
+        sup: Supervisor,
+        tx: mpsc::Sender<Vec<u8>>,
+        stopping: watch::Receiver<bool>,
+        requester: Option<Requester>,
+    ) -> Self {
         Connection {
             sup,
             tx,
@@ -193,6 +202,7 @@ impl Connection {
             requests: JoinSet::new(),
             subscription: None,
             stopping,
+            requester,
         }
     }
 
@@ -254,8 +264,9 @@ impl Connection {
             _ = stopped(&mut self.stopping) => return Err(Close),
         };
         let (sup, tx, stop) = (self.sup.clone(), self.tx.clone(), self.stopping.clone());
+        let requester = self.requester.clone();
         self.requests.spawn(async move {
-            let result = answer(&sup, call, stop).await;
+            let result = answer(&sup, call, stop, requester).await;
             if let Some(id) = id {
                 let _ = tx.send(reply(&id, result)).await;
             }
@@ -294,9 +305,10 @@ async fn answer(
     sup: &Supervisor,
     call: Call,
     mut stop: watch::Receiver<bool>,
+    requester: Option<Requester>,
 ) -> Result<Value, RpcError> {
     let interruptible = matches!(call, Call::WaitAgentRun(_));
-    let work = dispatch::execute(sup, call);
+    let work = dispatch::execute(sup, call, requester);
     if !interruptible {
         return work.await;
     }

@@ -16,12 +16,16 @@ fn to_value<T: serde::Serialize>(v: &T) -> Value {
 }
 
 /// Executes `call` (every method but `subscribe`, which belongs to the
-/// connection).
-pub async fn execute(sup: &Supervisor, call: Call) -> Result<Value, RpcError> {
+/// connection); a spawn is for `requester` (None: the daemon's uid or root).
+pub async fn execute(
+    sup: &Supervisor,
+    call: Call,
+    requester: Option<policy::rights::Requester>,
+) -> Result<Value, RpcError> {
     let r = |e: crate::engine::EngineError| RpcError::from(&e);
     match call {
         Call::SpawnAgent(p) => {
-            let id = sup.spawn(*p).await.map_err(r)?;
+            let id = sup.spawn_for(*p, requester).await.map_err(r)?;
             Ok(json!({"run_id": id.as_str(), "state": "accepted"}))
         }
         Call::CheckAgentRun(p) => {

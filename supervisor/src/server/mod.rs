@@ -138,6 +138,12 @@ async fn admit(
         return;
     }
     let peer_pid = cred.and_then(|c| c.pid());
+    // Runs it asks for reach only what it may reach itself.
+    let requester = cred.and_then(|c| {
+        peer::requester(c.uid(), c.gid(), || {
+            peer::peer_groups(std::os::fd::AsFd::as_fd(&stream))
+        })
+    });
     // The judge's own thread: never the blocking pool, which a
     // busy daemon may have filled.
     let from_run = match judge.inside_run(peer_pid).await {
@@ -157,7 +163,7 @@ async fn admit(
         );
         connection::refuse(stream).await;
     } else if let Ok(permit) = limit.acquire_owned().await {
-        connection::serve(sup, stream, stop, cfg.idle_timeout).await;
+        connection::serve(sup, stream, stop, cfg.idle_timeout, requester).await;
         drop(permit);
     }
 }

@@ -122,9 +122,92 @@ impl Judge {
     }
 }
 
+/// `SO_PEERGROUPS` (include/uapi/asm-generic/socket.h); not in libc.
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// The peer's supplementary groups as the kernel recorded them when it
+/// connected (`SO_PEERGROUPS`).
+pub fn peer_groups(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: the buffer is live and `len` bytes long; the kernel
+        // writes at most `len` bytes and sets `len` to what it wrote or
+        // (ERANGE) to what it needs.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(n);
+            return Ok(groups);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) || n <= groups.len() || n > 1 << 16 {
+            return Err(e);
+        }
+        groups.resize(n, 0);
+    }
+}
+
+/// Who a run is asked for by: `None` for the daemon's own uid and root
+/// (unchanged: the run's rights are the daemon's), else the peer's ids.
+/// Groups that cannot be read count as none: fewer rights, never more.
+pub fn requester(
+    uid: u32,
+    gid: u32,
+    groups: impl FnOnce() -> std::io::Result<Vec<u32>>,
+) -> Option<policy::rights::Requester> {
+    if uid == 0 || uid == crate::paths::uid() {
+        return None;
+    }
+    let groups = groups().unwrap_or_else(|e| {
+        tracing::warn!(
+            uid,
+            "reading the peer's groups: {e}; checking its rights without them"
+        );
+        Vec::new()
+    });
+    Some(policy::rights::Requester { uid, gid, groups })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_daemons_own_uid_and_root_are_no_requester() {
+        let none = || -> std::io::Result<Vec<u32>> { panic!("not asked") };
+        assert_eq!(requester(0, 0, none), None);
+        assert_eq!(requester(crate::paths::uid(), 5, none), None);
+        let other = crate::paths::uid().wrapping_add(4242).max(1);
+        let r = requester(other, 7, || Err(std::io::Error::other("x"))).unwrap();
+        assert_eq!((r.uid, r.gid, r.groups), (other, 7, vec![]));
+    }
+
+    #[test]
+    fn a_socket_pair_reports_this_processs_groups() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let got = peer_groups(std::os::fd::AsFd::as_fd(&a)).unwrap();
+        let mut ours = nix::unistd::getgroups()
+            .unwrap()
+            .into_iter()
+            .map(|g| g.as_raw())
+            .collect::<Vec<_>>();
+        let mut got_sorted = got.clone();
+        ours.sort_unstable();
+        ours.dedup();
+        got_sorted.sort_unstable();
+        got_sorted.dedup();
+        assert_eq!(got_sorted, ours);
+    }
 
     #[test]
     fn run_cgroups_are_recognised() {
