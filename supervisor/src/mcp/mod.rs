@@ -132,7 +132,12 @@ impl McpArgs {
 
 /// Serves MCP on stdin/stdout until the client goes away. Logs go to
 /// stderr: stdout is the MCP channel.
-pub fn main(socket: PathBuf, state_dir: Option<PathBuf>, args: McpArgs) -> Result<(), McpError> {
+pub fn main(
+    socket: PathBuf,
+    trust: crate::trust::Trust,
+    state_dir: Option<PathBuf>,
+    args: McpArgs,
+) -> Result<(), McpError> {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
@@ -142,7 +147,7 @@ pub fn main(socket: PathBuf, state_dir: Option<PathBuf>, args: McpArgs) -> Resul
         )
         .try_init();
     let settings = args.settings()?;
-    let link = daemon::Link::new(socket, state_dir, !args.no_start_daemon);
+    let link = daemon::Link::new(socket, state_dir, !args.no_start_daemon).with_trust(trust);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
