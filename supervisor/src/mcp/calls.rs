@@ -41,14 +41,12 @@ pub async fn dispatch(
     }
 }
 
-/// The tools the child may get: `wanted`, which must be the parent's.
-fn child_tools(
-    inner: &Inner,
-    wanted: Option<Vec<String>>,
-) -> Result<Option<Vec<String>>, ToolError> {
+/// The parent's tools the daemon is told of: all it holds, or `wanted`,
+/// which may only narrow them (a tool not held is refused, naming it).
+fn child_tools(inner: &Inner, wanted: Option<Vec<String>>) -> Result<Vec<String>, ToolError> {
     let held = &inner.settings.tools;
-    let (Some(wanted), Some(held)) = (&wanted, held) else {
-        return Ok(wanted.or_else(|| held.clone()));
+    let Some(wanted) = wanted else {
+        return Ok(held.clone());
     };
     let missing: Vec<&str> = wanted
         .iter()
@@ -62,7 +60,7 @@ fn child_tools(
             held.join(", ")
         )));
     }
-    Ok(Some(wanted.clone()))
+    Ok(wanted)
 }
 
 /// The socket params of a spawn, as JSON: fields the daemon defaults are
@@ -360,7 +358,11 @@ mod tests {
     fn inner(tools: Option<&[&str]>) -> Inner {
         let settings = Settings {
             session: Some("parent-1".into()),
-            tools: tools.map(|t| t.iter().map(|s| s.to_string()).collect()),
+            tools: tools
+                .unwrap_or(crate::mcp::DEFAULT_TOOLS)
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             audience: policy::Audience::Team,
             project_dir: "/tmp".into(),
             progress_every: Duration::from_secs(10),
@@ -408,7 +410,7 @@ mod tests {
         assert_eq!(
             bare,
             json!({"session": {"id": "parent-1", "audience": "team", "project_dir": "/tmp",
-                               "tools": null}, "task": "t"})
+                               "tools": ["file_read", "glob", "grep"]}, "task": "t"})
         );
     }
 
@@ -417,19 +419,29 @@ mod tests {
         let held = inner(Some(&["file_read", "shell"]));
         assert_eq!(
             child_tools(&held, None).unwrap(),
-            Some(vec!["file_read".into(), "shell".into()])
+            vec!["file_read".to_owned(), "shell".into()]
         );
         assert_eq!(
             child_tools(&held, Some(vec!["shell".into()])).unwrap(),
-            Some(vec!["shell".into()])
+            vec!["shell".to_owned()]
         );
         let e = child_tools(&held, Some(vec!["web_fetch".into(), "shell".into()])).unwrap_err();
         assert!(e.to_string().contains("not held: web_fetch"), "{e}");
+        // Without --tools the parent holds the read-only default; the
+        // model's list narrows it and widens nothing.
         let none = inner(None);
-        assert_eq!(child_tools(&none, None).unwrap(), None);
+        assert_eq!(
+            child_tools(&none, None).unwrap(),
+            vec!["file_read".to_owned(), "glob".into(), "grep".into()]
+        );
         assert_eq!(
             child_tools(&none, Some(vec!["grep".into()])).unwrap(),
-            Some(vec!["grep".into()])
+            vec!["grep".to_owned()]
+        );
+        let e = child_tools(&none, Some(vec!["web_fetch".into(), "shell".into()])).unwrap_err();
+        assert!(
+            e.to_string().contains("not held: web_fetch, shell"),
+            "{e}"
         );
     }
 }

@@ -28,7 +28,9 @@ pub struct McpArgs {
     #[arg(long, env = "SUBAGENT_SESSION", value_name = "ID")]
     pub session: Option<String>,
     /// The tools the parent holds, comma-separated (MCP clients do not say):
-    /// children get those they may be delegated. Default: no tool policy.
+    /// children get those they may be delegated, and the model can only
+    /// narrow them. Default: file_read,glob,grep (reading the project; no
+    /// program but the agent's own, no network).
     #[arg(long, value_name = "T1,T2")]
     pub tools: Option<String>,
     /// The parent's audience: personal or team.
@@ -50,13 +52,18 @@ pub struct McpArgs {
     pub progress_ms: u64,
 }
 
+/// What a parent holds without `--tools`: the catalog's read-only project
+/// tools, so a model can never give a child exec or the network by naming
+/// them; the operator widens this on the command line.
+pub const DEFAULT_TOOLS: &[&str] = &["file_read", "glob", "grep"];
+
 /// What the server was started with, resolved.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// The session id given, if any.
     pub session: Option<String>,
-    /// The parent's tools (`None`: no tool policy).
-    pub tools: Option<Vec<String>>,
+    /// The parent's tools: `--tools`, else [`DEFAULT_TOOLS`].
+    pub tools: Vec<String>,
     /// The parent's audience.
     pub audience: policy::Audience,
     /// The children's project dir, absolute.
@@ -114,12 +121,14 @@ impl McpArgs {
                 .unwrap_or_else(|| PathBuf::from(".")),
             source,
         })?;
-        let tools = self.tools.as_ref().map(|t| {
-            t.split(',')
+        let tools = match &self.tools {
+            Some(t) => t
+                .split(',')
                 .map(|s| s.trim().to_owned())
                 .filter(|s| !s.is_empty())
-                .collect()
-        });
+                .collect(),
+            None => DEFAULT_TOOLS.iter().map(|t| (*t).to_owned()).collect(),
+        };
         Ok(Settings {
             session: self.session.clone(),
             tools,
