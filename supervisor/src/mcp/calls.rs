@@ -271,14 +271,19 @@ fn read_log_file(
     offset: Option<u64>,
     tail: usize,
 ) -> Result<Option<(u64, String, u64, u64)>, render::LogError> {
-    if !path.exists() {
-        return Ok(None);
-    }
+    let fail = |source| render::LogError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = match render::open_log(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        other => other.map_err(fail)?,
+    };
     let from = match offset {
         Some(o) => o,
-        None => crate::cli::follow::tail_offset(path, tail, render::LOG_CHUNK).unwrap_or(0),
+        None => crate::cli::follow::tail_offset_of(&mut f, tail, render::LOG_CHUNK).unwrap_or(0),
     };
-    let (text, next, size) = render::log_chunk(path, from)?;
+    let (text, next, size) = render::log_chunk_of(&mut f, from).map_err(fail)?;
     Ok(Some((from, text, next, size)))
 }
 
