@@ -444,9 +444,6 @@ mod tests {
             vec!["grep".to_owned()]
         );
         let e = child_tools(&none, Some(vec!["web_fetch".into(), "shell".into()])).unwrap_err();
-        assert!(
-            e.to_string().contains("not held: web_fetch, shell"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("not held: web_fetch, shell"), "{e}");
     }
 }

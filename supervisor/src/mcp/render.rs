@@ -129,10 +129,7 @@ pub fn log_chunk(path: &Path, offset: u64) -> Result<(String, u64, u64), LogErro
 }
 
 /// [`log_chunk`] of the open log `f`.
-pub fn log_chunk_of(
-    f: &mut std::fs::File,
-    offset: u64,
-) -> std::io::Result<(String, u64, u64)> {
+pub fn log_chunk_of(f: &mut std::fs::File, offset: u64) -> std::io::Result<(String, u64, u64)> {
     let len = f.metadata()?.len();
     let from = offset.min(len);
     f.seek(SeekFrom::Start(from))?;
