@@ -691,3 +691,44 @@ fn with_tools_file_read_asking_for_shell_does_not_give_it() {
     assert_eq!(st["rights"]["exec"], false, "{st}");
     assert_eq!(st["network"], "none", "{st}");
 }
+
+#[test]
+fn the_model_lists_only_hosts_the_server_was_given() {
+    let d = Daemon::start();
+    let s = d.socket.to_str().unwrap();
+    let mut m = Mcp::start(
+        &["mcp", "--project-dir", "/tmp"],
+        &[("SUBAGENTD_SOCKET", s)],
+    );
+    let e = m.refused(
+        "spawn_agent",
+        json!({"task": "t", "command": ["true"], "network_allow": ["127.0.0.1:22"]}),
+    );
+    assert!(
+        e.contains("not held: 127.0.0.1:22") && e.contains("--network-allow"),
+        "{e}"
+    );
+    let l = m.ok("list_agent_runs", json!({}));
+    assert_eq!(l["runs"], json!([]), "no run was started: {l}");
+    drop(m);
+    let args = [
+        "mcp",
+        "--project-dir",
+        "/tmp",
+        "--network-allow",
+        "*.example.com:443",
+    ];
+    let mut m = Mcp::start(&args, &[("SUBAGENTD_SOCKET", s)]);
+    let e = m.refused(
+        "spawn_agent",
+        json!({"task": "t", "command": ["true"], "network_allow": ["api.example.com:443", "169.254.169.254:80"]}),
+    );
+    assert!(e.contains("not held: 169.254.169.254:80;"), "{e}");
+    let r = m.ok(
+        "spawn_agent",
+        json!({"task": "t", "command": ["true"], "network_allow": ["api.example.com:443"]}),
+    );
+    let st = recorded(&d, r["run_id"].as_str().unwrap());
+    assert_eq!(st["network"], "allowlist", "{st}");
+    assert_eq!(st["network_allow"], json!(["api.example.com:443"]), "{st}");
+}

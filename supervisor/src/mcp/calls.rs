@@ -63,6 +63,32 @@ fn child_tools(inner: &Inner, wanted: Option<Vec<String>>) -> Result<Vec<String>
     Ok(wanted)
 }
 
+/// Refuses a `network_allow` entry of the model's that does not lie within
+/// the server's `--network-allow`: the operator's list bounds it.
+fn check_network(inner: &Inner, asked: &[String]) -> Result<(), ToolError> {
+    use policy::sandbox::network::parse_entry;
+    let held = &inner.settings.network_allow;
+    let caps: Vec<_> = held.iter().filter_map(|e| parse_entry(e).ok()).collect();
+    let within = |e: &String| parse_entry(e).is_ok_and(|a| caps.iter().any(|c| a.within(c)));
+    let outside: Vec<&str> = asked
+        .iter()
+        .filter(|e| !within(e))
+        .map(String::as_str)
+        .collect();
+    if outside.is_empty() {
+        return Ok(());
+    }
+    let held = if held.is_empty() {
+        "none (the user starts this server with --network-allow HOST:PORT to give some)".to_owned()
+    } else {
+        held.join(", ")
+    };
+    Err(ToolError::Refused(format!(
+        "network_allow: you may only give hosts this server holds; not held: {}; held: {held}",
+        outside.join(", ")
+    )))
+}
+
 /// The socket params of a spawn, as JSON: fields the daemon defaults are
 /// left out, so a daemon with more optional fields reads them the same.
 fn spawn_params(inner: &Inner, a: SpawnArgs) -> Result<Value, ToolError> {
@@ -96,6 +122,7 @@ fn spawn_params(inner: &Inner, a: SpawnArgs) -> Result<Value, ToolError> {
         sandbox.insert("write_project".into(), json!(w));
     }
     if let Some(n) = a.network_allow {
+        check_network(inner, &n)?;
         sandbox.insert("network_allow".into(), json!(n));
     }
     put(
@@ -368,6 +395,7 @@ mod tests {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            network_allow: vec!["a.example:443".into(), "*.pypi.org:443".into()],
             audience: policy::Audience::Team,
             project_dir: "/tmp".into(),
             progress_every: Duration::from_secs(10),
@@ -417,6 +445,25 @@ mod tests {
             json!({"session": {"id": "parent-1", "audience": "team", "project_dir": "/tmp",
                                "tools": ["file_read", "glob", "grep"]}, "task": "t"})
         );
+    }
+
+    #[test]
+    fn the_model_lists_hosts_only_within_the_servers() {
+        let held = inner(None);
+        let ask = |list: &[&str]| {
+            let a = spawn_args(json!({"task": "t", "network_allow": list}));
+            spawn_params(&held, a)
+        };
+        assert!(ask(&["a.example:443", "files.pypi.org:443"]).is_ok());
+        for bad in ["127.0.0.1:22", "a.example:80", "*.example:443", "nonsense"] {
+            let e = ask(&["a.example:443", bad]).unwrap_err().to_string();
+            assert!(e.contains(&format!("not held: {bad};")), "{bad}: {e}");
+        }
+        let mut bare = inner(None);
+        bare.settings.network_allow.clear();
+        let a = spawn_args(json!({"task": "t", "network_allow": ["a.example:443"]}));
+        let e = spawn_params(&bare, a).unwrap_err().to_string();
+        assert!(e.contains("--network-allow"), "{e}");
     }
 
     #[test]

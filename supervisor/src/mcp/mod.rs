@@ -33,6 +33,11 @@ pub struct McpArgs {
     /// program but the agent's own, no network).
     #[arg(long, value_name = "T1,T2")]
     pub tools: Option<String>,
+    /// A `host:port` children may be given (repeatable; `*.example.com:443`
+    /// for a domain's hosts): the model's `network_allow` must lie within
+    /// these. Default: none, so the model can give no network at all.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub network_allow: Vec<String>,
     /// The parent's audience: personal or team.
     #[arg(long, default_value = "personal")]
     pub audience: String,
@@ -64,6 +69,8 @@ pub struct Settings {
     pub session: Option<String>,
     /// The parent's tools: `--tools`, else [`DEFAULT_TOOLS`].
     pub tools: Vec<String>,
+    /// The hosts children may be given (`--network-allow`).
+    pub network_allow: Vec<String>,
     /// The parent's audience.
     pub audience: policy::Audience,
     /// The children's project dir, absolute.
@@ -129,9 +136,14 @@ impl McpArgs {
                 .collect(),
             None => DEFAULT_TOOLS.iter().map(|t| (*t).to_owned()).collect(),
         };
+        for e in &self.network_allow {
+            policy::sandbox::network::parse_entry(e)
+                .map_err(|err| McpError::Option(format!("--network-allow: {err}")))?;
+        }
         Ok(Settings {
             session: self.session.clone(),
             tools,
+            network_allow: self.network_allow.clone(),
             audience,
             project_dir,
             progress_every: Duration::from_millis(self.progress_ms),
