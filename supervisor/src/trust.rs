@@ -191,7 +191,7 @@ impl Walk<'_> {
     fn absent(&self) -> TrustError {
         TrustError::Connect {
             path: self.socket.to_path_buf(),
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
         }
     }
 
