@@ -111,6 +111,7 @@ fn subagent(args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.args(args)
         .env_remove("SUBAGENTD_SOCKET")
         .env_remove("SUBAGENT_EXPECT_UID")
+        .env_remove("SUBAGENTD_CONFIG")
         .stdin(Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
@@ -518,6 +519,14 @@ fn expect_uid_trusts_the_uid_it_names() {
         f.received().contains("TASK-SECRET"),
         "the expected daemon was told the task"
     );
+    // The config may name it instead; the flag and the env win over it.
+    let cfg = base.path().join("config.toml");
+    std::fs::write(&cfg, format!("expect_uid = {uid}\n")).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let ping = subagent(&["--socket", s, "ping"], &[("SUBAGENTD_CONFIG", cfg)]);
+    assert!(ping.status.success(), "{}", stderr(&ping));
+    let ping = subagent(&["--socket", s, "ping"], &[]);
+    assert!(!ping.status.success(), "not trusted without it");
     let bad = subagent(
         &["--socket", s, "--expect-uid", "no-such-user-x", "ping"],
         &[],

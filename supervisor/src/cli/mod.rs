@@ -271,6 +271,16 @@ fn mcp(
     }
 }
 
+/// The config's `expect_uid` (SUBAGENTD_CONFIG, else the default file).
+/// A config that cannot be read names none: only the user and root are
+/// then trusted, and the commands that need the config say why.
+fn configured_uid() -> Option<u32> {
+    let explicit = std::env::var_os("SUBAGENTD_CONFIG").map(PathBuf::from);
+    crate::paths::load_config(explicit.as_deref())
+        .ok()
+        .and_then(|(_, c)| c.expect_uid)
+}
+
 /// Runs the `subagent` command line; returns the process exit code.
 pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -283,7 +293,7 @@ pub fn main() -> std::process::ExitCode {
         .clone()
         .unwrap_or_else(crate::paths::default_state_dir);
     let expected = match cli.expect_uid.as_deref().map(crate::trust::parse_uid) {
-        None => None,
+        None => configured_uid(),
         Some(Ok(uid)) => Some(uid),
         Some(Err(e)) => {
             eprintln!("subagent: {e}");
