@@ -68,6 +68,10 @@ pub struct Config {
     /// root always are).
     #[serde(default)]
     pub allow_uids: Vec<u32>,
+    /// The uid of the daemon this config's clients talk to when it is
+    /// neither theirs nor root (`--expect-uid` wins).
+    #[serde(default)]
+    pub expect_uid: Option<u32>,
     /// At most this many connections served at once (default 256).
     #[serde(default)]
     pub max_connections: Option<usize>,
@@ -382,6 +386,13 @@ tools = ["file_read", "db_query"]
         let e =
             parse("[[tools]]\nname = \"x\"\ndescription = \"d\"\nclass = \"magic\"\n").unwrap_err();
         assert_eq!(e.line, 4, "{e}");
+    }
+
+    #[test]
+    fn expect_uid_is_a_number() {
+        assert_eq!(parse("expect_uid = 1001\n").unwrap().expect_uid, Some(1001));
+        assert_eq!(parse("").unwrap().expect_uid, None);
+        assert!(parse("expect_uid = \"someone\"\n").is_err());
     }
 
     #[test]

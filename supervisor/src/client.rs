@@ -1,22 +1,18 @@
 //! A blocking client for the control socket, used by the `subagent` CLI.
 
 use crate::protocol::RpcError;
+use crate::trust::{Trust, TrustError};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// A call over the socket failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// Nothing answers on the socket.
-    #[error("cannot connect to {path}: {source} (is subagentd running?)")]
-    Connect {
-        /// The socket.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
+    /// Nothing answers on the socket, or what does is not trusted.
+    #[error(transparent)]
+    Connect(#[from] TrustError),
     /// The connection broke.
     #[error("socket i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -36,12 +32,10 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to the socket at `path`.
-    pub fn connect(path: &Path) -> Result<Client, ClientError> {
-        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    /// Connects to the socket at `path`, once its directories and its
+    /// listener pass the checks of [`crate::trust`].
+    pub fn connect(path: &Path, trust: &Trust) -> Result<Client, ClientError> {
+        let stream = crate::trust::connect(path, trust)?;
         let writer = stream.try_clone()?;
         Ok(Client {
             reader: BufReader::new(stream),

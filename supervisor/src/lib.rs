@@ -21,6 +21,8 @@
 //!   their listed hosts, and their egress.log.
 //! - [`server`]: the Unix socket listener and one handler per connection.
 //! - [`client`]: a blocking client for the socket.
+//! - [`trust`]: what every client checks of the socket and its listener
+//!   before it sends anything.
 //! - [`cli`]: the `subagent` command.
 //! - [`mcp`]: `subagent mcp`, an MCP server on stdio over the socket.
 
@@ -46,4 +48,5 @@ pub mod selfcheck;
 pub mod server;
 pub mod sessions;
 pub mod timefmt;
+pub mod trust;
 pub mod uids;

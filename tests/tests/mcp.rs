@@ -727,7 +727,8 @@ impl Parent {
         let home = tempfile::tempdir().unwrap();
         let project = tempfile::tempdir().unwrap();
         let mcp = json!({"mcpServers": {"subagent": {"command": bin("subagent"),
-            "args": ["--socket", d.socket, "mcp", "--session", session, "--no-start-daemon"]}}});
+            "args": ["--socket", d.socket, "mcp", "--session", session, "--no-start-daemon",
+                     "--tools", "file_read,shell"]}}});
         let mcp_file = home.path().join("mcp.json");
         std::fs::write(&mcp_file, mcp.to_string()).unwrap();
         Parent {

@@ -22,11 +22,13 @@ pub struct Ctx {
     pub json: bool,
     /// The state dir was given explicitly.
     pub explicit_state_dir: bool,
+    /// Whom the client takes for the daemon.
+    pub trust: crate::trust::Trust,
 }
 
 impl Ctx {
     fn client(&self) -> Result<Client> {
-        Ok(Client::connect(&self.socket)?)
+        Ok(Client::connect(&self.socket, &self.trust)?)
     }
 
     fn call(&self, method: &str, params: Value) -> Result<Value> {

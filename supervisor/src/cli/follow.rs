@@ -37,6 +37,12 @@ pub fn tail_offset(path: &Path, n: usize, limit: u64) -> std::io::Result<u64> {
     tail_offset_in(&mut f, len, n, limit)
 }
 
+/// [`tail_offset`] on the open file `f`.
+pub fn tail_offset_of(f: &mut File, n: usize, limit: u64) -> std::io::Result<u64> {
+    let len = f.metadata()?.len();
+    tail_offset_in(f, len, n, limit)
+}
+
 /// [`tail_offset`] on `f`, whose length is `len`.
 fn tail_offset_in<F: Read + Seek>(
     f: &mut F,

@@ -40,6 +40,11 @@ pub struct Cli {
     /// Print machine-readable JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Also trust a daemon running as this uid (a number or a user name):
+    /// its socket's directories may be owned by it, and it may listen.
+    /// Yours and root's are always trusted.
+    #[arg(long, global = true, env = "SUBAGENT_EXPECT_UID", value_name = "UID")]
+    pub expect_uid: Option<String>,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -254,7 +259,7 @@ fn mcp(
     state_dir: Option<PathBuf>,
     args: crate::mcp::McpArgs,
 ) -> std::process::ExitCode {
-    match crate::mcp::main(ctx.socket, state_dir, args) {
+    match crate::mcp::main(ctx.socket, ctx.trust, state_dir, args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!(
@@ -264,6 +269,16 @@ fn mcp(
             std::process::ExitCode::from(EXIT_CLIENT_ERROR)
         }
     }
+}
+
+/// The config's `expect_uid` (SUBAGENTD_CONFIG, else the default file).
+/// A config that cannot be read names none: only the user and root are
+/// then trusted, and the commands that need the config say why.
+fn configured_uid() -> Option<u32> {
+    let explicit = std::env::var_os("SUBAGENTD_CONFIG").map(PathBuf::from);
+    crate::paths::load_config(explicit.as_deref())
+        .ok()
+        .and_then(|(_, c)| c.expect_uid)
 }
 
 /// Runs the `subagent` command line; returns the process exit code.
@@ -277,11 +292,20 @@ pub fn main() -> std::process::ExitCode {
         .state_dir
         .clone()
         .unwrap_or_else(crate::paths::default_state_dir);
+    let expected = match cli.expect_uid.as_deref().map(crate::trust::parse_uid) {
+        None => configured_uid(),
+        Some(Ok(uid)) => Some(uid),
+        Some(Err(e)) => {
+            eprintln!("subagent: {e}");
+            return std::process::ExitCode::from(EXIT_CLIENT_ERROR);
+        }
+    };
     let ctx = commands::Ctx {
         socket,
         state_dir,
         json: cli.json,
         explicit_state_dir: cli.state_dir.is_some(),
+        trust: crate::trust::Trust::new(expected),
     };
     let result = match cli.command {
         Command::Run { run, raw } => return run::main(&ctx, run, raw),

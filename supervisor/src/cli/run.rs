@@ -8,12 +8,12 @@
 
 use super::commands::{spawn_params, wait_exit_code, Ctx};
 use super::{follow, RunArgs};
-use crate::client::Client;
+use crate::client::{Client, ClientError};
 use crate::engine::{Config, Supervisor};
 use crate::ids::RunId;
 use crate::record::RunStatus;
 use crate::sanitize::{for_terminal, one_line};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,7 +23,7 @@ use tokio::signal::unix::{signal, SignalKind};
 pub const EXIT_RUN_ERROR: u8 = 125;
 
 enum Backend {
-    Daemon(PathBuf),
+    Daemon(PathBuf, crate::trust::Trust),
     Embedded(Supervisor),
 }
 
@@ -33,18 +33,20 @@ impl Backend {
         method: &'static str,
         params: serde_json::Value,
     ) -> Result<serde_json::Value> {
-        let Backend::Daemon(socket) = self else {
+        let Backend::Daemon(socket, trust) = self else {
             return Err(anyhow!("not connected to a daemon"));
         };
-        let socket = socket.clone();
-        tokio::task::spawn_blocking(move || Ok(Client::connect(&socket)?.call(method, params)?))
-            .await?
+        let (socket, trust) = (socket.clone(), trust.clone());
+        tokio::task::spawn_blocking(move || {
+            Ok(Client::connect(&socket, &trust)?.call(method, params)?)
+        })
+        .await?
     }
 
     async fn spawn(&self, params: crate::protocol::SpawnParams) -> Result<RunId> {
         match self {
             Backend::Embedded(sup) => Ok(sup.spawn(params).await?),
-            Backend::Daemon(_) => {
+            Backend::Daemon(..) => {
                 let v = self
                     .call("spawn_agent", serde_json::to_value(&params)?)
                     .await?;
@@ -57,7 +59,7 @@ impl Backend {
     async fn wait(&self, id: &RunId) -> Result<RunStatus> {
         match self {
             Backend::Embedded(sup) => Ok(sup.wait(id, None).await?),
-            Backend::Daemon(_) => {
+            Backend::Daemon(..) => {
                 let v = self
                     .call("wait_agent_run", json!({ "run_id": id.as_str() }))
                     .await?;
@@ -69,7 +71,7 @@ impl Backend {
     async fn status(&self, id: &RunId) -> Result<RunStatus> {
         match self {
             Backend::Embedded(sup) => Ok(sup.status(id)?),
-            Backend::Daemon(_) => {
+            Backend::Daemon(..) => {
                 let v = self
                     .call("check_agent_run", json!({ "run_id": id.as_str() }))
                     .await?;
@@ -83,7 +85,7 @@ impl Backend {
             Backend::Embedded(sup) => {
                 sup.cancel(id).await?;
             }
-            Backend::Daemon(_) => {
+            Backend::Daemon(..) => {
                 self.call("cancel_agent_run", json!({ "run_id": id.as_str() }))
                     .await?;
             }
@@ -92,9 +94,16 @@ impl Backend {
     }
 }
 
+/// The daemon when a trusted one answers; the engine in-process when
+/// nothing listens. Anything else at the socket path is refused: falling
+/// back would hide a planted socket, and talking to it would hand it the task.
 async fn backend(ctx: &Ctx) -> Result<Backend> {
-    if Client::connect(&ctx.socket).is_ok() {
-        return Ok(Backend::Daemon(ctx.socket.clone()));
+    match Client::connect(&ctx.socket, &ctx.trust) {
+        Ok(_) => return Ok(Backend::Daemon(ctx.socket.clone(), ctx.trust.clone())),
+        Err(ClientError::Connect(e)) if e.nobody_listens() => {}
+        Err(e) => bail!(
+            "{e}; not running in-process instead while that holds the socket path: remove it, or name another with --socket"
+        ),
     }
     let state_dir = if ctx.explicit_state_dir {
         ctx.state_dir.clone()

@@ -42,14 +42,12 @@ pub async fn dispatch(
     }
 }
 
-/// The tools the child may get: `wanted`, which must be the parent's.
-fn child_tools(
-    inner: &Inner,
-    wanted: Option<Vec<String>>,
-) -> Result<Option<Vec<String>>, ToolError> {
+/// The parent's tools the daemon is told of: all it holds, or `wanted`,
+/// which may only narrow them (a tool not held is refused, naming it).
+fn child_tools(inner: &Inner, wanted: Option<Vec<String>>) -> Result<Vec<String>, ToolError> {
     let held = &inner.settings.tools;
-    let (Some(wanted), Some(held)) = (&wanted, held) else {
-        return Ok(wanted.or_else(|| held.clone()));
+    let Some(wanted) = wanted else {
+        return Ok(held.clone());
     };
     let missing: Vec<&str> = wanted
         .iter()
@@ -63,7 +61,33 @@ fn child_tools(
             held.join(", ")
         )));
     }
-    Ok(Some(wanted.clone()))
+    Ok(wanted)
+}
+
+/// Refuses a `network_allow` entry of the model's that does not lie within
+/// the server's `--network-allow`: the operator's list bounds it.
+fn check_network(inner: &Inner, asked: &[String]) -> Result<(), ToolError> {
+    use policy::sandbox::network::parse_entry;
+    let held = &inner.settings.network_allow;
+    let caps: Vec<_> = held.iter().filter_map(|e| parse_entry(e).ok()).collect();
+    let within = |e: &String| parse_entry(e).is_ok_and(|a| caps.iter().any(|c| a.within(c)));
+    let outside: Vec<&str> = asked
+        .iter()
+        .filter(|e| !within(e))
+        .map(String::as_str)
+        .collect();
+    if outside.is_empty() {
+        return Ok(());
+    }
+    let held = if held.is_empty() {
+        "none (the user starts this server with --network-allow HOST:PORT to give some)".to_owned()
+    } else {
+        held.join(", ")
+    };
+    Err(ToolError::Refused(format!(
+        "network_allow: you may only give hosts this server holds; not held: {}; held: {held}",
+        outside.join(", ")
+    )))
 }
 
 /// The socket params of a spawn, as JSON: fields the daemon defaults are
@@ -99,6 +123,7 @@ fn spawn_params(inner: &Inner, a: SpawnArgs) -> Result<Value, ToolError> {
         sandbox.insert("write_project".into(), json!(w));
     }
     if let Some(n) = a.network_allow {
+        check_network(inner, &n)?;
         sandbox.insert("network_allow".into(), json!(n));
     }
     put(
@@ -272,14 +297,19 @@ fn read_log_file(
     offset: Option<u64>,
     tail: usize,
 ) -> Result<Option<(u64, String, u64, u64)>, render::LogError> {
-    if !path.exists() {
-        return Ok(None);
-    }
+    let fail = |source| render::LogError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = match render::open_log(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        other => other.map_err(fail)?,
+    };
     let from = match offset {
         Some(o) => o,
-        None => crate::cli::follow::tail_offset(path, tail, render::LOG_CHUNK).unwrap_or(0),
+        None => crate::cli::follow::tail_offset_of(&mut f, tail, render::LOG_CHUNK).unwrap_or(0),
     };
-    let (text, next, size) = render::log_chunk(path, from)?;
+    let (text, next, size) = render::log_chunk_of(&mut f, from).map_err(fail)?;
     Ok(Some((from, text, next, size)))
 }
 
@@ -359,7 +389,12 @@ mod tests {
     fn inner(tools: Option<&[&str]>) -> Inner {
         let settings = Settings {
             session: Some("parent-1".into()),
-            tools: tools.map(|t| t.iter().map(|s| s.to_string()).collect()),
+            tools: tools
+                .unwrap_or(crate::mcp::DEFAULT_TOOLS)
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            network_allow: vec!["a.example:443".into(), "*.pypi.org:443".into()],
             audience: policy::Audience::Team,
             project_dir: "/tmp".into(),
             progress_every: Duration::from_secs(10),
@@ -407,8 +442,27 @@ mod tests {
         assert_eq!(
             bare,
             json!({"session": {"id": "parent-1", "audience": "team", "project_dir": "/tmp",
-                               "tools": null}, "task": "t"})
+                               "tools": ["file_read", "glob", "grep"]}, "task": "t"})
         );
+    }
+
+    #[test]
+    fn the_model_lists_hosts_only_within_the_servers() {
+        let held = inner(None);
+        let ask = |list: &[&str]| {
+            let a = spawn_args(json!({"task": "t", "network_allow": list}));
+            spawn_params(&held, a)
+        };
+        assert!(ask(&["a.example:443", "files.pypi.org:443"]).is_ok());
+        for bad in ["127.0.0.1:22", "a.example:80", "*.example:443", "nonsense"] {
+            let e = ask(&["a.example:443", bad]).unwrap_err().to_string();
+            assert!(e.contains(&format!("not held: {bad};")), "{bad}: {e}");
+        }
+        let mut bare = inner(None);
+        bare.settings.network_allow.clear();
+        let a = spawn_args(json!({"task": "t", "network_allow": ["a.example:443"]}));
+        let e = spawn_params(&bare, a).unwrap_err().to_string();
+        assert!(e.contains("--network-allow"), "{e}");
     }
 
     #[test]
@@ -416,19 +470,26 @@ mod tests {
         let held = inner(Some(&["file_read", "shell"]));
         assert_eq!(
             child_tools(&held, None).unwrap(),
-            Some(vec!["file_read".into(), "shell".into()])
+            vec!["file_read".to_owned(), "shell".into()]
         );
         assert_eq!(
             child_tools(&held, Some(vec!["shell".into()])).unwrap(),
-            Some(vec!["shell".into()])
+            vec!["shell".to_owned()]
         );
         let e = child_tools(&held, Some(vec!["web_fetch".into(), "shell".into()])).unwrap_err();
         assert!(e.to_string().contains("not held: web_fetch"), "{e}");
+        // Without --tools the parent holds the read-only default; the
+        // model's list narrows it and widens nothing.
         let none = inner(None);
-        assert_eq!(child_tools(&none, None).unwrap(), None);
+        assert_eq!(
+            child_tools(&none, None).unwrap(),
+            vec!["file_read".to_owned(), "glob".into(), "grep".into()]
+        );
         assert_eq!(
             child_tools(&none, Some(vec!["grep".into()])).unwrap(),
-            Some(vec!["grep".into()])
+            vec!["grep".to_owned()]
         );
+        let e = child_tools(&none, Some(vec!["web_fetch".into(), "shell".into()])).unwrap_err();
+        assert!(e.to_string().contains("not held: web_fetch, shell"), "{e}");
     }
 }

@@ -2,7 +2,9 @@
 //! a daemon started for the user (detached, same uid) when none answers.
 
 use crate::protocol::RpcError;
+use crate::trust::{Trust, TrustError};
 use serde_json::{json, Value};
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -44,6 +46,9 @@ pub enum DaemonError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The socket's path or its listener is not to be trusted.
+    #[error("{0}")]
+    Untrusted(crate::trust::TrustError),
     /// The socket's directory, where the daemon's log would go, is unsafe.
     #[error("not starting subagentd: refusing its socket directory {dir}: {source}")]
     SocketDir {
@@ -82,6 +87,8 @@ pub struct Link {
     pub state_dir: Option<PathBuf>,
     /// Start a daemon when none answers.
     pub autostart: bool,
+    /// Whom it takes for the daemon.
+    pub trust: Trust,
     /// One start at a time.
     starting: tokio::sync::Mutex<()>,
 }
@@ -93,18 +100,24 @@ impl Link {
             socket,
             state_dir,
             autostart,
+            trust: Trust::new(None),
             starting: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The same link, trusting `trust`'s uids.
+    pub fn with_trust(self, trust: Trust) -> Link {
+        Link { trust, ..self }
     }
 
     /// Calls `method`; when no daemon listens and autostart is on, starts
     /// one first. Nothing was sent when the connect failed, so retrying is
     /// safe for every method.
     pub async fn call(&self, method: &str, params: Value) -> Result<Value, DaemonError> {
-        match call_once(&self.socket, method, &params).await {
+        match call_once(&self.socket, &self.trust, method, &params).await {
             Err(e) if self.autostart && e.nobody_listens() => {
                 self.ensure().await?;
-                call_once(&self.socket, method, &params).await
+                call_once(&self.socket, &self.trust, method, &params).await
             }
             other => other,
         }
@@ -114,7 +127,7 @@ impl Link {
     /// or `None` when one was already answering.
     pub async fn ensure(&self) -> Result<Option<u32>, DaemonError> {
         let _one = self.starting.lock().await;
-        match call_once(&self.socket, "ping", &json!({})).await {
+        match call_once(&self.socket, &self.trust, "ping", &json!({})).await {
             Ok(_) => return Ok(None),
             Err(e) if !(self.autostart && e.nobody_listens()) => return Err(e),
             Err(_) => {}
@@ -128,21 +141,39 @@ impl Link {
             started.log.display()
         );
         let pid = started.pid;
-        let ready = started.wait_ready(&self.socket).await;
+        let ready = started.wait_ready(&self.socket, &self.trust).await;
         started.reap();
         ready?;
         Ok(Some(pid))
     }
 }
 
-/// One request on a fresh connection; notifications are skipped.
-async fn call_once(socket: &Path, method: &str, params: &Value) -> Result<Value, DaemonError> {
-    let stream = UnixStream::connect(socket)
+/// Connects once the socket's path and its listener pass the checks of
+/// [`crate::trust`]; nothing is sent before.
+async fn connect(socket: &Path, trust: &Trust) -> Result<UnixStream, DaemonError> {
+    let untrusted = |e: TrustError| match e {
+        TrustError::Connect { path, source } => DaemonError::Connect { path, source },
+        other => DaemonError::Untrusted(other),
+    };
+    let path = crate::trust::check_path(socket, trust).map_err(untrusted)?;
+    let stream = UnixStream::connect(&path)
         .await
         .map_err(|source| DaemonError::Connect {
             path: socket.to_path_buf(),
             source,
         })?;
+    crate::trust::check_peer(stream.as_fd(), socket, trust).map_err(untrusted)?;
+    Ok(stream)
+}
+
+/// One request on a fresh connection; notifications are skipped.
+async fn call_once(
+    socket: &Path,
+    trust: &Trust,
+    method: &str,
+    params: &Value,
+) -> Result<Value, DaemonError> {
+    let stream = connect(socket, trust).await?;
     let (read, mut write) = stream.into_split();
     let mut line = serde_json::to_vec(&json!({
         "jsonrpc": "2.0", "id": 1, "method": method, "params": params,
@@ -253,11 +284,11 @@ impl Started {
     }
 
     /// Polls `ping` until the daemon answers, it exits, or the limit passes.
-    async fn wait_ready(&mut self, socket: &Path) -> Result<(), DaemonError> {
+    async fn wait_ready(&mut self, socket: &Path, trust: &Trust) -> Result<(), DaemonError> {
         let deadline = Instant::now() + READY_LIMIT;
         let mut pause = Duration::from_millis(5);
         loop {
-            if call_once(socket, "ping", &json!({})).await.is_ok() {
+            if call_once(socket, trust, "ping", &json!({})).await.is_ok() {
                 return Ok(());
             }
             // Another client's daemon may have won the socket: ping decides.
@@ -270,7 +301,7 @@ impl Started {
                 Err(e) => Some(format!("could not be watched: {e}")),
             };
             if let Some(what) = what {
-                if call_once(socket, "ping", &json!({})).await.is_ok() {
+                if call_once(socket, trust, "ping", &json!({})).await.is_ok() {
                     return Ok(());
                 }
                 return Err(DaemonError::NotReady {

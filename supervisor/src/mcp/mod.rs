@@ -28,9 +28,16 @@ pub struct McpArgs {
     #[arg(long, env = "SUBAGENT_SESSION", value_name = "ID")]
     pub session: Option<String>,
     /// The tools the parent holds, comma-separated (MCP clients do not say):
-    /// children get those they may be delegated. Default: no tool policy.
+    /// children get those they may be delegated, and the model can only
+    /// narrow them. Default: file_read,glob,grep (reading the project; no
+    /// program but the agent's own, no network).
     #[arg(long, value_name = "T1,T2")]
     pub tools: Option<String>,
+    /// A `host:port` children may be given (repeatable; `*.example.com:443`
+    /// for a domain's hosts): the model's `network_allow` must lie within
+    /// these. Default: none, so the model can give no network at all.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub network_allow: Vec<String>,
     /// The parent's audience: personal or team.
     #[arg(long, default_value = "personal")]
     pub audience: String,
@@ -50,13 +57,20 @@ pub struct McpArgs {
     pub progress_ms: u64,
 }
 
+/// What a parent holds without `--tools`: the catalog's read-only project
+/// tools, so a model can never give a child exec or the network by naming
+/// them; the operator widens this on the command line.
+pub const DEFAULT_TOOLS: &[&str] = &["file_read", "glob", "grep"];
+
 /// What the server was started with, resolved.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// The session id given, if any.
     pub session: Option<String>,
-    /// The parent's tools (`None`: no tool policy).
-    pub tools: Option<Vec<String>>,
+    /// The parent's tools: `--tools`, else [`DEFAULT_TOOLS`].
+    pub tools: Vec<String>,
+    /// The hosts children may be given (`--network-allow`).
+    pub network_allow: Vec<String>,
     /// The parent's audience.
     pub audience: policy::Audience,
     /// The children's project dir, absolute.
@@ -114,15 +128,22 @@ impl McpArgs {
                 .unwrap_or_else(|| PathBuf::from(".")),
             source,
         })?;
-        let tools = self.tools.as_ref().map(|t| {
-            t.split(',')
+        let tools = match &self.tools {
+            Some(t) => t
+                .split(',')
                 .map(|s| s.trim().to_owned())
                 .filter(|s| !s.is_empty())
-                .collect()
-        });
+                .collect(),
+            None => DEFAULT_TOOLS.iter().map(|t| (*t).to_owned()).collect(),
+        };
+        for e in &self.network_allow {
+            policy::sandbox::network::parse_entry(e)
+                .map_err(|err| McpError::Option(format!("--network-allow: {err}")))?;
+        }
         Ok(Settings {
             session: self.session.clone(),
             tools,
+            network_allow: self.network_allow.clone(),
             audience,
             project_dir,
             progress_every: Duration::from_millis(self.progress_ms),
@@ -132,7 +153,12 @@ impl McpArgs {
 
 /// Serves MCP on stdin/stdout until the client goes away. Logs go to
 /// stderr: stdout is the MCP channel.
-pub fn main(socket: PathBuf, state_dir: Option<PathBuf>, args: McpArgs) -> Result<(), McpError> {
+pub fn main(
+    socket: PathBuf,
+    trust: crate::trust::Trust,
+    state_dir: Option<PathBuf>,
+    args: McpArgs,
+) -> Result<(), McpError> {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
@@ -142,7 +168,7 @@ pub fn main(socket: PathBuf, state_dir: Option<PathBuf>, args: McpArgs) -> Resul
         )
         .try_init();
     let settings = args.settings()?;
-    let link = daemon::Link::new(socket, state_dir, !args.no_start_daemon);
+    let link = daemon::Link::new(socket, state_dir, !args.no_start_daemon).with_trust(trust);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -86,13 +86,27 @@ pub fn elapsed_ms(status: &Value) -> Option<u64> {
     Some(until.saturating_sub(parse_rfc3339_ms(from)?))
 }
 
+/// Opens the log a status names for reading: even a checked daemon's word
+/// is no reason to follow a link, block on a FIFO or read a device.
+pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file; refusing it"));
+    }
+    Ok(f)
+}
+
 /// The last `n` lines of the log at `path`, at most `STATUS_LOG_BYTES`,
 /// made harmless; empty when there is no log (yet).
 pub fn log_tail(path: &Path, n: usize) -> String {
-    let Ok(from) = crate::cli::follow::tail_offset(path, n, STATUS_LOG_BYTES) else {
+    let Ok(mut f) = open_log(path) else {
         return String::new();
     };
-    let Ok(f) = std::fs::File::open(path) else {
+    let Ok(from) = crate::cli::follow::tail_offset_of(&mut f, n, STATUS_LOG_BYTES) else {
         return String::new();
     };
     let mut buf = Vec::new();
@@ -118,12 +132,17 @@ pub fn log_chunk(path: &Path, offset: u64) -> Result<(String, u64, u64), LogErro
         path: path.display().to_string(),
         source,
     };
-    let mut f = std::fs::File::open(path).map_err(fail)?;
-    let len = f.metadata().map_err(fail)?.len();
+    let mut f = open_log(path).map_err(fail)?;
+    log_chunk_of(&mut f, offset).map_err(fail)
+}
+
+/// [`log_chunk`] of the open log `f`.
+pub fn log_chunk_of(f: &mut std::fs::File, offset: u64) -> std::io::Result<(String, u64, u64)> {
+    let len = f.metadata()?.len();
     let from = offset.min(len);
-    f.seek(SeekFrom::Start(from)).map_err(fail)?;
+    f.seek(SeekFrom::Start(from))?;
     let mut buf = Vec::new();
-    f.take(LOG_CHUNK).read_to_end(&mut buf).map_err(fail)?;
+    f.take(LOG_CHUNK).read_to_end(&mut buf)?;
     let next = from + buf.len() as u64;
     Ok((terminal_text(&buf), next, len))
 }
@@ -311,5 +330,21 @@ mod tests {
         assert_eq!(text, "two\\x1b[2J\nthree\n");
         assert_eq!((next, len), (18, 18));
         assert!(log_tail(&d.path().join("none"), 3).is_empty());
+    }
+
+    #[test]
+    fn a_log_path_is_read_only_as_a_regular_file_never_through_a_link() {
+        let d = tempfile::tempdir().unwrap();
+        let secret = d.path().join("secret");
+        std::fs::write(&secret, "SECRET\n").unwrap();
+        let link = d.path().join("child.log");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        assert!(log_tail(&link, 3).is_empty());
+        assert!(log_chunk(&link, 0).is_err());
+        let fifo = d.path().join("fifo.log");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let e = log_chunk(&fifo, 0).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(log_tail(&fifo, 3).is_empty(), "no hang on a FIFO");
     }
 }

@@ -68,7 +68,10 @@ impl From<DaemonError> for ToolError {
                 ". Wait a little and call again."
             }
             DaemonError::Rpc(_) => "",
-            DaemonError::SocketDir { .. } => {
+            DaemonError::Untrusted(crate::trust::TrustError::Peer { .. }) => {
+                ". Calling again will not help: ask the user what listens on that socket."
+            }
+            DaemonError::SocketDir { .. } | DaemonError::Untrusted(_) => {
                 ". Calling again will not help: ask the user to remove or fix that directory."
             }
             _ => ". The supervisor is not available; try again later, or ask the user to start subagentd.",

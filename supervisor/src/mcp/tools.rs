@@ -40,7 +40,7 @@ pub struct SpawnArgs {
     /// Let the subagent write the project directory (default: read only, unless its tools grant writing).
     #[serde(default)]
     pub write_project: Option<bool>,
-    /// Hosts the subagent may reach, as "host:port" (e.g. "api.github.com:443", "*.pypi.org:443"); everything else stays unreachable.
+    /// Hosts the subagent may reach, as "host:port" (e.g. "api.github.com:443", "*.pypi.org:443"), each within the hosts this server was given; everything else stays unreachable.
     #[serde(default)]
     pub network_allow: Option<Vec<String>>,
     /// Wall-clock limit in seconds (default 3600); the run is killed after it.
