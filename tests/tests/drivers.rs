@@ -204,7 +204,7 @@ fn claude_code_writes_a_file_through_the_proxy_with_only_its_tools() {
     // The endpoint is reached through the daemon's model gateway: the run
     // itself has no network and no allowlist.
     assert_eq!(st["network"], "none");
-    assert_eq!(st["network_allow"], json!([]));
+    assert_eq!(st["network_allow"], Value::Null, "{st}");
     let gateway = std::fs::read_to_string(
         d.state
             .join("sessions")
@@ -214,10 +214,7 @@ fn claude_code_writes_a_file_through_the_proxy_with_only_its_tools() {
             .join("gateway.log"),
     )
     .unwrap();
-    let line = format!(
-        "\"status\":200,\"upstream\":\"127.0.0.1:{}\"",
-        server.port
-    );
+    let line = format!("\"status\":200,\"upstream\":\"127.0.0.1:{}\"", server.port);
     assert!(
         gateway.contains("\"method\":\"POST\",\"path\":\"/v1/messages") && gateway.contains(&line),
         "{gateway}"

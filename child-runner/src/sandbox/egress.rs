@@ -22,7 +22,9 @@ pub enum EgressError {
     )]
     NoChannel,
     /// The runner was given no channel to the daemon's model gateway.
-    #[error("gateway: the run has a driver but the runner has no channel to the daemon's model gateway")]
+    #[error(
+        "gateway: the run has a driver but the runner has no channel to the daemon's model gateway"
+    )]
     NoGatewayChannel,
     /// A socket call failed.
     #[error("egress: {op}: {source}")]

@@ -193,8 +193,16 @@ fn landlock_report(spec: &SandboxSpec, abi: i32) -> Enforcement {
     }];
     if !spec.network && abi >= 4 {
         let mut to: Vec<String> = Vec::new();
-        to.extend(spec.egress.iter().map(|e| format!("{} (the proxy)", e.proxy_port)));
-        to.extend(spec.gateway.iter().map(|g| format!("{} (the model gateway)", g.port)));
+        to.extend(
+            spec.egress
+                .iter()
+                .map(|e| format!("{} (the proxy)", e.proxy_port)),
+        );
+        to.extend(
+            spec.gateway
+                .iter()
+                .map(|g| format!("{} (the model gateway)", g.port)),
+        );
         parts.push(match to.is_empty() {
             true => "TCP bind and connect denied".into(),
             false => format!("TCP bind denied, connect only to port {}", to.join(" and ")),
@@ -219,7 +227,10 @@ fn network_report(spec: &SandboxSpec, seccomp: bool, landlock_abi: i32) -> Enfor
     }
     let gateway = spec.gateway.as_ref().map(|g| {
         let host = policy::sandbox::network::GATEWAY_HOST;
-        format!("{host}:{} relayed to the daemon's model gateway (audited in gateway.log)", g.port)
+        format!(
+            "{host}:{} relayed to the daemon's model gateway (audited in gateway.log)",
+            g.port
+        )
     });
     if let Some(e) = &spec.egress {
         let mut how = vec![format!(
@@ -240,7 +251,9 @@ fn network_report(spec: &SandboxSpec, seccomp: bool, landlock_abi: i32) -> Enfor
         return Enforcement::on(how.join("; "));
     }
     if let Some(g) = gateway {
-        let mut how = vec![format!("none: a network namespace of its own with only loopback up; {g}")];
+        let mut how = vec![format!(
+            "none: a network namespace of its own with only loopback up; {g}"
+        )];
         if seccomp {
             how.push("seccomp (AF_UNIX, AF_INET and AF_INET6 sockets only)".into());
         }

@@ -1051,9 +1051,10 @@ pub(crate) fn create_run(
     let handed = start_now.then(|| handed_files(&draft)).flatten();
     let egress = plan.network == NetworkMode::Allowlist;
     // Checked by `deliver`: a key named and not set refused the spawn.
-    let gateway = super::driving::gateway_setup(&inner.cfg.settings, &inner.daemon_env, plan.driver)
-        .ok()
-        .flatten();
+    let gateway =
+        super::driving::gateway_setup(&inner.cfg.settings, &inner.daemon_env, plan.driver)
+            .ok()
+            .flatten();
     let (lease, runner) = publish(inner, draft, handed, egress, gateway)?;
     Ok(Created { rec, lease, runner })
 }

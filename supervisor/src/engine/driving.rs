@@ -501,7 +501,10 @@ mod tests {
         assert!(e.to_string().contains("names K"), "{e}");
         assert_eq!(setup(&settings, &env, Driver::Command), Ok(None));
         let debug = format!("{:?}", gateway_setup(&settings, &env, Driver::ClaudeCode));
-        assert!(!debug.contains("\"v\""), "the key is never printed: {debug}");
+        assert!(
+            !debug.contains("\"v\""),
+            "the key is never printed: {debug}"
+        );
         assert_eq!(
             endpoint(&settings, Driver::ClaudeCode).as_deref(),
             Some("api.anthropic.com:443")

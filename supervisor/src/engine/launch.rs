@@ -239,8 +239,16 @@ impl Launched {
     /// handle stops it.
     pub(crate) fn serve_gateway(&mut self, rec: &RunRecord) -> Option<crate::gateway::Handle> {
         let (fd, setup) = self.gateway.take()?;
-        let cap = rec.limits.disk_bytes().min(crate::gateway::log::MAX_LOG_BYTES);
-        match crate::gateway::RunGateway::new(rec.run_id.clone(), setup, rec.files().gateway_log(), cap) {
+        let cap = rec
+            .limits
+            .disk_bytes()
+            .min(crate::gateway::log::MAX_LOG_BYTES);
+        match crate::gateway::RunGateway::new(
+            rec.run_id.clone(),
+            setup,
+            rec.files().gateway_log(),
+            cap,
+        ) {
             Ok(run) => Some(crate::gateway::start(fd, Arc::new(run))),
             Err(e) => {
                 // The runner's init then finds no one at the channel's end.

@@ -152,7 +152,11 @@ impl Slot {
 
     /// Ends the run's model gateway and its connections.
     async fn stop_gateway(&self) {
-        let h = self.gateway.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let h = self
+            .gateway
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if let Some(h) = h {
             h.stop().await;
         }

@@ -166,17 +166,28 @@ fn answer(status: http::StatusCode, why: &str) -> http::Response<AgentBody> {
 }
 
 /// Serves one request of the run's agent.
-pub async fn handle(run: Arc<RunGateway>, req: http::Request<Incoming>) -> http::Response<AgentBody> {
+pub async fn handle(
+    run: Arc<RunGateway>,
+    req: http::Request<Incoming>,
+) -> http::Response<AgentBody> {
     let started = Instant::now();
     let mut line = Line::new(req.method().as_str(), &req.uri().to_string());
     let (parts, body) = req.into_parts();
     let key = run.key.as_deref();
-    let head = rewrite::upstream_request(&parts.method, &parts.uri, &parts.headers, &run.upstream, key);
+    let head = rewrite::upstream_request(
+        &parts.method,
+        &parts.uri,
+        &parts.headers,
+        &run.upstream,
+        key,
+    );
     let (uri, headers) = match head {
         Ok(h) => h,
         Err(why) => {
             let status = match why {
-                rewrite::Refusal::BadKey | rewrite::Refusal::BadUri => http::StatusCode::BAD_GATEWAY,
+                rewrite::Refusal::BadKey | rewrite::Refusal::BadUri => {
+                    http::StatusCode::BAD_GATEWAY
+                }
                 _ => http::StatusCode::FORBIDDEN,
             };
             line.status = status.as_u16();

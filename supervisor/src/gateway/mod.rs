@@ -125,7 +125,11 @@ async fn accept(l: Option<&tokio::net::TcpListener>) -> std::io::Result<tokio::n
 
 /// Serves the channel: each listener it sends (one per attempt) replaces
 /// the one before and ends that attempt's connections.
-async fn serve(channel: OwnedFd, run: Arc<RunGateway>, mut stop: tokio::sync::watch::Receiver<bool>) {
+async fn serve(
+    channel: OwnedFd,
+    run: Arc<RunGateway>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     // SAFETY: the AsyncFd owns the descriptor: it stays open, and the same
     // one, for as long as it is registered.
     let channel = match unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) } {
