@@ -317,3 +317,30 @@ fn the_gateway_forwards_to_its_endpoint_only() {
     );
     assert_nowhere(&d, p.path(), &secret);
 }
+
+/// A driver run whose tools would give it the host's network is refused:
+/// its gateway's listener needs the run's own network namespace, and one
+/// on the host's loopback would lend the key to every local user.
+#[test]
+fn a_driver_run_never_gets_the_hosts_network() {
+    let p = project();
+    let (d, _home) = daemon(Path::new("/bin/true"), "http://127.0.0.1:9", "", &key());
+    let e = d
+        .conn()
+        .call(
+            "spawn_agent",
+            params(
+                &session("gwfull"),
+                p.path(),
+                &["file_read", "web_fetch"],
+                json!({}),
+            ),
+        )
+        .unwrap_err();
+    assert_eq!(e["code"], -32602, "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.contains("driver") && m.contains("network none or allowlist"),
+        "{e}"
+    );
+}
