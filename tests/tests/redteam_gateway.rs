@@ -344,3 +344,104 @@ fn a_driver_run_never_gets_the_hosts_network() {
         "{e}"
     );
 }
+
+/// A server that answers the first request with one server-sent event and
+/// holds the stream open until a second request comes (at most 20 s),
+/// then ends it; says whether the second came while the first was open.
+fn held_stream_server() -> (u16, std::sync::mpsc::Receiver<bool>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let read_head = |s: &mut std::net::TcpStream, body: &[u8]| {
+            let mut buf = Vec::new();
+            let mut b = [0u8; 4096];
+            while !(buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.ends_with(body)) {
+                match s.read(&mut b) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&b[..n]),
+                }
+            }
+        };
+        let Ok((mut first, _)) = l.accept() else {
+            return;
+        };
+        read_head(&mut first, b"{}");
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
+        let _ = first.write_all(format!("{head}{}", chunk("data: first\n\n")).as_bytes());
+        l.set_nonblocking(true).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut came = false;
+        while std::time::Instant::now() < deadline {
+            if let Ok((mut second, _)) = l.accept() {
+                second.set_nonblocking(false).unwrap();
+                read_head(&mut second, b"");
+                let _ = second.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                );
+                came = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = first.write_all(format!("{}0\r\n\r\n", chunk("data: second\n\n")).as_bytes());
+        let _ = tx.send(came);
+    });
+    (port, rx)
+}
+
+/// The gateway passes an answer on as it comes (server-sent events): the
+/// agent reads the first event while the endpoint still holds the stream
+/// open, and answers it with a second request before the stream ends.
+#[test]
+fn the_gateway_streams_an_answer_as_it_comes() {
+    let (port, came) = held_stream_server();
+    let bin = tempfile::Builder::new()
+        .prefix("sa-gw-bin-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let agent = bin.path().join("agent");
+    let script = r#"#!/bin/bash
+exec 3<>/dev/tcp/127.0.0.2/3129 || exit 1
+printf 'POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}' >&3
+while IFS= read -r -t 30 line <&3; do
+  echo "got: $line"
+  case "$line" in
+    "data: first"*)
+      exec 4<>/dev/tcp/127.0.0.2/3129
+      printf 'GET /v1/saw-first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n' >&4
+      timeout 10 cat <&4
+      exec 4>&-
+      echo;;
+  esac
+done
+"#;
+    std::fs::write(&agent, script).unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (d, _home) = daemon(&agent, &format!("http://127.0.0.1:{port}"), "", &key());
+    let p = project();
+    let st = spawn_and_wait(
+        &d,
+        params(
+            &session("gwsse"),
+            p.path(),
+            &["file_read", "shell"],
+            json!({}),
+        ),
+    );
+    let log = std::fs::read_to_string(run_dir(&d, &st).join("child.log")).unwrap_or_default();
+    let came = came
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .unwrap_or(false);
+    assert!(
+        came,
+        "the agent never read the first event while the stream was open: {log}"
+    );
+    assert!(
+        log.contains("got: data: second"),
+        "the stream ends whole: {log}"
+    );
+}
