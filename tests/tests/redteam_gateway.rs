@@ -445,3 +445,56 @@ done
         "the stream ends whole: {log}"
     );
 }
+
+/// The gateway's bounds hold against its own agent: a 17th connection
+/// while 16 are open is closed unanswered, and a request head over 64 KiB
+/// is never forwarded.
+#[test]
+fn the_gateway_bounds_connections_and_heads() {
+    let server = ModelServer::start(vec![Turn::text("ok")]).unwrap();
+    let bin = tempfile::Builder::new()
+        .prefix("sa-gw-bin-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let agent = bin.path().join("agent");
+    let script = r#"#!/bin/bash
+trap '' PIPE
+fds=()
+for i in $(seq 1 16); do exec {fd}<>/dev/tcp/127.0.0.2/3129; fds+=($fd); done
+exec 9<>/dev/tcp/127.0.0.2/3129
+printf 'GET /v1/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n' >&9 2>/dev/null
+echo "17th: [$(timeout 10 cat <&9 2>/dev/null)]"
+exec 9>&-
+for fd in "${fds[@]}"; do exec {fd}>&-; done
+exec 9<>/dev/tcp/127.0.0.2/3129
+{ printf 'GET /v1/big HTTP/1.1\r\nHost: x\r\nX-Big: '; head -c 70000 /dev/zero | tr '\0' a; printf '\r\n\r\n'; } >&9 2>/dev/null
+timeout 10 cat <&9 >/dev/null 2>&1
+echo done
+"#;
+    std::fs::write(&agent, script).unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (d, _home) = daemon(&agent, &server.base_url(), "", &key());
+    let p = project();
+    let st = spawn_and_wait(
+        &d,
+        params(
+            &session("gwcap"),
+            p.path(),
+            &["file_read", "shell"],
+            json!({}),
+        ),
+    );
+    let log = std::fs::read_to_string(run_dir(&d, &st).join("child.log")).unwrap_or_default();
+    assert!(log.contains("17th: []") && log.contains("done"), "{log}");
+    assert!(
+        server.requests().is_empty(),
+        "nothing reached the endpoint: {:?}",
+        server.requests()
+    );
+    let gw = std::fs::read_to_string(run_dir(&d, &st).join("gateway.log")).unwrap_or_default();
+    assert!(
+        gw.contains("connection refused: the run has 16 open"),
+        "{gw}"
+    );
+}
