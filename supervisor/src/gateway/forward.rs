@@ -48,19 +48,49 @@ pub enum ClientError {
     Tls(#[from] rustls::Error),
 }
 
-/// A client for the configured endpoint: TLS by rustls (ring, the Web PKI
-/// roots) when it is https, plain HTTP/1.1 otherwise.
+/// The roots an endpoint's certificate may chain to: the Web PKI's, and
+/// the host's own store (the daemon's `SSL_CERT_FILE`/`SSL_CERT_DIR`, else
+/// the system's), for an operator's private CA or TLS-inspecting proxy.
+fn roots() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    let native = rustls_native_certs::load_native_certs();
+    if let Some(e) = native.errors.first() {
+        tracing::debug!("model gateway: the host's certificate store: {e}");
+    }
+    let (added, ignored) = roots.add_parsable_certificates(native.certs);
+    tracing::debug!("model gateway: {added} roots of the host's store ({ignored} unparsable)");
+    roots
+}
+
+/// The TLS settings, made once (reading the host's store) and shared.
+fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
+    static TLS: std::sync::OnceLock<Result<rustls::ClientConfig, rustls::Error>> =
+        std::sync::OnceLock::new();
+    TLS.get_or_init(|| {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        Ok(rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots())
+            .with_no_client_auth())
+    })
+    .clone()
+}
+
+/// A client for the configured endpoint: TLS by rustls (ring; the Web PKI
+/// and the host's roots) when it is https, plain HTTP/1.1 otherwise.
 pub fn client() -> Result<Client, ClientError> {
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
+        .with_tls_config(tls_config()?)
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
     Ok(
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_timer(hyper_util::rt::TokioTimer::new())
             .pool_max_idle_per_host(POOL_IDLE)
             .pool_idle_timeout(Duration::from_secs(60))
             .build(https),
