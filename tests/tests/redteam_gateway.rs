@@ -27,10 +27,21 @@ fn key() -> String {
 /// `base_url` with the key in its environment; `extra` goes into the
 /// table.
 fn daemon(program: &Path, base_url: &str, extra: &str, key: &str) -> (Daemon, tempfile::TempDir) {
+    daemon_for("claude-code", program, base_url, extra, key)
+}
+
+/// [`daemon`] for `driver`.
+fn daemon_for(
+    driver: &str,
+    program: &Path,
+    base_url: &str,
+    extra: &str,
+    key: &str,
+) -> (Daemon, tempfile::TempDir) {
     let home = tempfile::tempdir_in("/tmp").unwrap();
     let cfg = home.path().join("config.toml");
     let text = format!(
-        "[drivers.claude-code]\ncommand = {:?}\nbase_url = {base_url:?}\napi_key_env = {KEY_VAR:?}\n{extra}",
+        "[drivers.{driver}]\ncommand = {:?}\nbase_url = {base_url:?}\napi_key_env = {KEY_VAR:?}\n{extra}",
         program.display().to_string()
     );
     std::fs::write(&cfg, text).unwrap();
@@ -232,6 +243,62 @@ fn a_drivers_agent_holds_no_key_in_its_environment() {
         "the tool's output sent to the model holds the key"
     );
     assert!(run_dir(&d, &st).join("child.log").is_file());
+    assert_nowhere(&d, p.path(), &secret);
+}
+
+/// Codex with a shell: the model has it print its environment and its
+/// parent's; the model server saw the real key as a Bearer token, the
+/// agent only the placeholder.
+#[test]
+fn a_codex_agent_holds_no_key_in_its_environment() {
+    let Some(codex) = agents::require(agents::codex, "codex") else {
+        return;
+    };
+    let p = project();
+    let copy = p.path().canonicalize().unwrap().join("environ.txt");
+    let cmd = format!(
+        "{{ tr '\\0' '\\n' < /proc/self/environ; tr '\\0' '\\n' < /proc/$PPID/environ; env; }} > {0}; cat {0}",
+        copy.display()
+    );
+    let server = ModelServer::start(vec![
+        Turn::tool("exec_command", json!({ "cmd": cmd })),
+        Turn::text("Done."),
+    ])
+    .unwrap();
+    let secret = key();
+    let base = format!("{}/v1", server.base_url());
+    let (d, _home) = daemon_for("codex", &codex, &base, "model = \"mock-model\"\n", &secret);
+    let mut req = params(
+        &session("gwcodex"),
+        p.path(),
+        &["file_read", "file_write", "shell"],
+        json!({}),
+    );
+    req["driver"] = json!("codex");
+    let st = spawn_and_wait(&d, req);
+    let reqs = server.model_requests();
+    assert!(
+        reqs.len() >= 2,
+        "a tool turn and a final turn: {st}\n{reqs:?}"
+    );
+    let bearer = format!("Bearer {secret}");
+    for r in &reqs {
+        assert_eq!(r.header("authorization"), Some(bearer.as_str()));
+    }
+    let seen = std::fs::read_to_string(&copy).unwrap_or_default();
+    assert!(
+        seen.contains("OPENAI_API_KEY=subagentd-gateway-placeholder"),
+        "the command ran and read the agent's environment: {seen}\n{st}"
+    );
+    assert!(
+        !seen.contains(&secret),
+        "the agent's environment holds the key"
+    );
+    let results = reqs.last().unwrap().body.to_string();
+    assert!(
+        !results.contains(&secret),
+        "the tool's output holds the key"
+    );
     assert_nowhere(&d, p.path(), &secret);
 }
 
