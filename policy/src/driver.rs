@@ -256,12 +256,22 @@ impl Upstream {
     pub fn admits(&self, path: &str) -> bool {
         let p = path.split(['?', '#']).next().unwrap_or("");
         p.starts_with('/')
-            && !p.split('/').any(|seg| seg == ".." || seg == ".")
+            && !p.split('/').any(is_dot_segment)
             && (self.base_path.is_empty()
                 || p == self.base_path
                 || p.strip_prefix(self.base_path.as_str())
                     .is_some_and(|rest| rest.starts_with('/')))
     }
+}
+
+/// Whether a path segment means `.` or `..` (also percent-encoded, as an
+/// endpoint may decode it), or holds a backslash some servers read as `/`.
+fn is_dot_segment(seg: &str) -> bool {
+    let decoded = seg.to_ascii_lowercase().replace("%2e", ".");
+    decoded == "."
+        || decoded == ".."
+        || seg.contains('\\')
+        || seg.to_ascii_lowercase().contains("%5c")
 }
 
 /// The configured `base_url` taken apart (`None` unless it is an http(s)
@@ -848,6 +858,10 @@ mod tests {
             "/other",
             "http://evil.example/api/v1/x",
             "/api/v1/../../admin",
+            "/api/v1/%2e%2e/%2E%2e/admin",
+            "/api/v1/.%2E/x",
+            "/api/v1/..\\..\\admin",
+            "/api/v1/%5c..%5cadmin",
             "",
             "*",
         ] {
