@@ -1,4 +1,4 @@
-//! `subagent-runner --lock-fd 3 --spec-fd 4 [--uid-lock-fd 5] [--gate-fd 6] [--egress-fd 7] [--key-env-fd 8]`:
+//! `subagent-runner --lock-fd 3 --spec-fd 4 [--uid-lock-fd 5] [--gate-fd 6] [--egress-fd 7] [--gateway-fd 9]`:
 //! runs one subagent; see the library docs. Every input is a descriptor
 //! the daemon hands over, so the runner opens no path of the state dir
 //! before it knows its run is recorded:
@@ -17,9 +17,10 @@
 //!   proxy, over which each attempt's init sends the listener of the
 //!   run's proxy port (see `sandbox::egress`).
 //!
-//! - `--key-env-fd`: a run with a driver whose config names a key: the read
-//!   end of a pipe holding `{"NAME": "value"}`, added to the agent's
-//!   environment only (the key is never written to the run folder).
+//! - `--gateway-fd`: a driver run: a Unix socket to the daemon's model
+//!   gateway, over which each attempt's init sends the listener of the
+//!   gateway's address in the run's own network namespace (the agent holds
+//!   no API key; the daemon adds it upstream).
 //!
 //! Exit status: 0 when exit.json was written, 2 when the runner could not
 //! do its job (the reason is on stderr, which the daemon keeps as
@@ -31,7 +32,7 @@ use subagent_runner::spec::RunnerSpec;
 use subagent_runner::{gate, lockfd, supervise};
 
 const USAGE: &str =
-    "usage: subagent-runner --lock-fd N --spec-fd N [--uid-lock-fd N] [--gate-fd N] [--egress-fd N] [--key-env-fd N]";
+    "usage: subagent-runner --lock-fd N --spec-fd N [--uid-lock-fd N] [--gate-fd N] [--egress-fd N] [--gateway-fd N]";
 
 /// Writes a line to stderr (runner.log), ignoring failure: a full disk must
 /// not turn into a panic.
@@ -50,13 +51,13 @@ struct Fds {
     uid_lock: Option<RawFd>,
     gate: Option<RawFd>,
     egress: Option<RawFd>,
-    key_env: Option<RawFd>,
+    gateway: Option<RawFd>,
 }
 
 /// Parses `--name N` pairs; each name once, numbers above 2.
 fn parse(args: &[String]) -> Option<Fds> {
     let (mut lock, mut spec, mut uid_lock, mut gate, mut egress) = (None, None, None, None, None);
-    let mut key_env = None;
+    let mut gateway = None;
     for pair in args.chunks(2) {
         let [name, n] = pair else { return None };
         let fd: RawFd = n.parse().ok().filter(|&fd| fd > 2)?;
@@ -66,7 +67,7 @@ fn parse(args: &[String]) -> Option<Fds> {
             "--uid-lock-fd" => &mut uid_lock,
             "--gate-fd" => &mut gate,
             "--egress-fd" => &mut egress,
-            "--key-env-fd" => &mut key_env,
+            "--gateway-fd" => &mut gateway,
             _ => return None,
         };
         if slot.replace(fd).is_some() {
@@ -79,7 +80,7 @@ fn parse(args: &[String]) -> Option<Fds> {
         uid_lock,
         gate,
         egress,
-        key_env,
+        gateway,
     })
 }
 
@@ -102,26 +103,24 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let mut spec = match RunnerSpec::read_fd(fds.spec) {
+    let spec = match RunnerSpec::read_fd(fds.spec) {
         Ok(spec) => spec,
         Err(e) => {
             say(&format!("{e}"));
             return ExitCode::from(2);
         }
     };
-    if let Some(fd) = fds.key_env {
-        if let Err(e) = spec.add_env_from_fd(fd) {
-            say(&format!("{e}"));
-            return ExitCode::from(2);
-        }
-    }
-    // The agent never gets the channel: it is closed at its exec.
-    let egress = fds.egress.filter(|&fd| {
+    // The agent never gets a channel: each is closed at its exec.
+    let cloexec = |fd: &RawFd| {
         // SAFETY: fcntl(F_SETFD) takes an int and touches no memory; a bad
         // descriptor only makes it fail, and the channel is then unused.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) == 0 }
-    });
-    let ready = supervise::Ready::prepare(&spec, egress);
+        unsafe { libc::fcntl(*fd, libc::F_SETFD, libc::FD_CLOEXEC) == 0 }
+    };
+    let channels = supervise::Channels {
+        egress: fds.egress.filter(cloexec),
+        gateway: fds.gateway.filter(cloexec),
+    };
+    let ready = supervise::Ready::prepare(&spec, channels);
     if let Some(fd) = fds.gate {
         if !gate::wait(fd) {
             ready.abandon();
@@ -175,6 +174,9 @@ mod tests {
         assert_eq!((f.lock, f.spec, f.uid_lock, f.gate), (3, 4, None, Some(6)));
         let f = parse(&args("--lock-fd 3 --spec-fd 4 --egress-fd 7")).unwrap();
         assert_eq!(f.egress, Some(7));
+        let f = parse(&args("--lock-fd 3 --spec-fd 4 --gateway-fd 9")).unwrap();
+        assert_eq!(f.gateway, Some(9));
+        assert!(parse(&args("--lock-fd 3 --spec-fd 4 --key-env-fd 8")).is_none());
         for bad in [
             "",
             "--lock-fd 3",

@@ -102,28 +102,6 @@ pub enum SpecError {
     EmptyArgv,
 }
 
-/// The most read from the key pipe.
-const MAX_KEY_ENV_BYTES: u64 = 16 * 1024;
-
-impl RunnerSpec {
-    /// Adds the variables the daemon sent on `fd` (a pipe holding a JSON
-    /// object of strings) to the agent's environment; takes ownership of
-    /// `fd` and closes it.
-    pub fn add_env_from_fd(&mut self, fd: RawFd) -> Result<(), SpecError> {
-        use std::io::Read;
-        // SAFETY: the daemon handed this descriptor to this process alone;
-        // nothing else in the runner owns it.
-        let file = unsafe { std::fs::File::from_raw_fd(fd) };
-        let mut bytes = Vec::new();
-        file.take(MAX_KEY_ENV_BYTES)
-            .read_to_end(&mut bytes)
-            .map_err(|source| SpecError::Read { fd, source })?;
-        let vars: BTreeMap<String, String> = serde_json::from_slice(&bytes)?;
-        self.env.extend(vars);
-        Ok(())
-    }
-}
-
 /// The largest runner.json read (the daemon writes a few tens of KiB).
 const MAX_SPEC_BYTES: u64 = 16 << 20;
 

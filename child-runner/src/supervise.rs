@@ -113,14 +113,23 @@ pub struct Ready {
     scratch: Result<Scratch, sandbox::mountapi::MountError>,
     /// The first attempt's sandbox; absent when there is no scratch.
     first: Option<Result<sandbox::Prepared, sandbox::SandboxError>>,
-    /// The channel to the daemon's proxy (allowlist mode).
-    egress: Option<std::os::fd::RawFd>,
+    /// The channels to the daemon.
+    channels: Channels,
+}
+
+/// The runner's channels to the daemon, as it handed them over.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Channels {
+    /// To the daemon's egress proxy (allowlist mode).
+    pub egress: Option<std::os::fd::RawFd>,
+    /// To the daemon's model gateway (a driver run).
+    pub gateway: Option<std::os::fd::RawFd>,
 }
 
 impl Ready {
-    /// Gets the first attempt ready; `egress` is the channel to the
-    /// daemon's proxy, when the daemon handed one over.
-    pub fn prepare(spec: &RunnerSpec, egress: Option<std::os::fd::RawFd>) -> Ready {
+    /// Gets the first attempt ready; `channels` lead to the daemon's proxy
+    /// and gateway, when the daemon handed them over.
+    pub fn prepare(spec: &RunnerSpec, channels: Channels) -> Ready {
         let mut notes = Vec::new();
         if !sandbox::caps::effective_has(sandbox::caps::CAP_SYS_ADMIN) {
             // An unprivileged runner makes the run's namespaces from a user
@@ -137,7 +146,7 @@ impl Ready {
             notes,
             scratch,
             first,
-            egress,
+            channels,
         }
     }
 
@@ -183,7 +192,7 @@ pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
         notes,
         scratch,
         mut first,
-        egress,
+        channels,
     } = ready;
     for n in notes {
         sink.note(&n);
@@ -217,7 +226,8 @@ pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
             None => prepare_attempt(spec),
         }
         .map(|mut p| {
-            p.set_egress_channel(egress);
+            p.set_egress_channel(channels.egress);
+            p.set_gateway_channel(channels.gateway);
             p
         });
         let mut rec = attempt_once(spec, &sfd, &mut sink, &scratch, prepared, deadline)?;

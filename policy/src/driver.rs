@@ -3,7 +3,9 @@
 //! `codex` run that CLI headless, its prompt (first_message.md) on stdin,
 //! system.md as its added system prompt, the child's tools mapped to the
 //! agent's own, and its model endpoint (from the daemon's config only)
-//! reached through the run's egress allowlist.
+//! reached through the daemon's model gateway, which holds the key: the
+//! agent gets a gateway URL inside its own network namespace and a
+//! placeholder key.
 
 use crate::sandbox::network::{self, AllowEntry};
 use serde::{Deserialize, Serialize};
@@ -68,6 +70,10 @@ pub struct DriverConfig {
     /// (Codex, whose models a Claude Code definition does not name).
     #[serde(default)]
     pub model: Option<String>,
+    /// The variables a spawn request may set for this driver's agent
+    /// (any other is refused).
+    #[serde(default)]
+    pub env_allow: Vec<String>,
 }
 
 /// The config's `[drivers]` table.
@@ -112,6 +118,32 @@ pub enum DriverError {
         driver: &'static str,
         /// The name as configured.
         name: String,
+    },
+    /// An `env_allow` entry is not a variable name.
+    #[error("drivers.{driver}.env_allow: {name:?} is not a variable name")]
+    EnvName {
+        /// The driver.
+        driver: &'static str,
+        /// The entry as configured.
+        name: String,
+    },
+    /// `base_url` carries a query or fragment the gateway would drop.
+    #[error("drivers.{driver}.base_url: {url:?} has a query or fragment; give scheme, host, port and path only")]
+    BaseUrlQuery {
+        /// The driver.
+        driver: &'static str,
+        /// The URL as configured.
+        url: String,
+    },
+    /// A request names a variable the driver's `env_allow` does not.
+    #[error("not with the driver {driver}: only the variables of [drivers.{driver}] env_allow reach its agent ({allowed})")]
+    EnvNotAllowed {
+        /// The driver.
+        driver: &'static str,
+        /// The variable.
+        name: String,
+        /// The allowed names, for the message.
+        allowed: String,
     },
     /// The program is not an executable file the daemon can find.
     #[error("drivers.{driver}.command: {program:?} is not an executable file in the daemon's PATH; give its absolute path")]
@@ -171,25 +203,126 @@ pub struct DriverInputs<'a> {
     pub uid0: bool,
     /// The run's temp dir as the child sees it (Codex's home goes there).
     pub temp_dir: &'a str,
-    /// Whether the run reaches the network through the egress proxy.
-    pub proxied: bool,
-    /// The run's allowlist, when proxied: none of its hosts is left in
-    /// `NO_PROXY`.
+    /// The run's allowlist (empty without one): none of its hosts is left
+    /// in `NO_PROXY`.
     pub allow: &'a [AllowEntry],
 }
 
 /// How the agent is started: its argv, the variables set over the child's
-/// environment, the variable that gets the API key, and the endpoint.
+/// environment, and where its gateway forwards.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
     /// The argv.
     pub argv: Vec<String>,
     /// Variables set over the child's environment.
     pub env: BTreeMap<String, String>,
-    /// The key's variable: (the child's name, the daemon's name).
-    pub key: Option<(String, String)>,
-    /// The model endpoint, `host:port`, for the run's allowlist.
+    /// The model endpoint, `host:port`, for the audience's cap.
     pub endpoint: String,
+    /// Where the daemon's gateway forwards the agent's requests.
+    pub upstream: Upstream,
+}
+
+/// The key the agent holds: a placeholder the gateway replaces.
+pub const PLACEHOLDER_KEY: &str = "subagentd-gateway-placeholder";
+
+/// How the vendor expects the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHeader {
+    /// `x-api-key: KEY` (Anthropic).
+    XApiKey,
+    /// `Authorization: Bearer KEY` (OpenAI).
+    Bearer,
+}
+
+/// The configured endpoint the gateway forwards to, taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// TLS (`https`) or plain HTTP.
+    pub https: bool,
+    /// The host as written in the URL (brackets kept for IPv6), lowercase.
+    pub host: String,
+    /// The port (the scheme's when none is given).
+    pub port: u16,
+    /// The path the agent's requests must fall under (`/v1`, or empty).
+    pub base_path: String,
+    /// How the key goes upstream.
+    pub key_header: KeyHeader,
+}
+
+impl Upstream {
+    /// `host:port`, as the `Host` header and the log name it.
+    pub fn authority(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// Whether an agent's request path (origin form, query included)
+    /// falls under the base path.
+    pub fn admits(&self, path: &str) -> bool {
+        let p = path.split(['?', '#']).next().unwrap_or("");
+        p.starts_with('/')
+            && !p.split('/').any(is_dot_segment)
+            && (self.base_path.is_empty()
+                || p == self.base_path
+                || p.strip_prefix(self.base_path.as_str())
+                    .is_some_and(|rest| rest.starts_with('/')))
+    }
+}
+
+/// Whether a path segment means `.` or `..` (also percent-encoded, as an
+/// endpoint may decode it), or holds a backslash some servers read as `/`.
+fn is_dot_segment(seg: &str) -> bool {
+    let decoded = seg.to_ascii_lowercase().replace("%2e", ".");
+    decoded == "."
+        || decoded == ".."
+        || seg.contains('\\')
+        || seg.to_ascii_lowercase().contains("%5c")
+}
+
+/// The configured `base_url` taken apart (`None` unless it is an http(s)
+/// URL with a host and no query or fragment).
+pub fn upstream_of(url: &str, key_header: KeyHeader) -> Option<Upstream> {
+    let endpoint = endpoint_of(url)?;
+    let (scheme, rest) = url.split_once("://")?;
+    if rest.contains(['?', '#']) {
+        return None;
+    }
+    let path = rest.find('/').map_or("", |i| &rest[i..]);
+    let (host, port) = endpoint.rsplit_once(':')?;
+    Some(Upstream {
+        https: scheme.eq_ignore_ascii_case("https"),
+        host: host.to_owned(),
+        port: port.parse().ok()?,
+        base_path: path.trim_end_matches('/').to_owned(),
+        key_header,
+    })
+}
+
+/// The base URL the agent is given: the gateway in its own network
+/// namespace, under the configured path.
+pub fn gateway_url(upstream: &Upstream) -> String {
+    use crate::sandbox::network::{GATEWAY_HOST, GATEWAY_PORT};
+    format!("http://{GATEWAY_HOST}:{GATEWAY_PORT}{}", upstream.base_path)
+}
+
+/// Refuses a request's variables unless each is on the driver's
+/// `env_allow` (the daemon sets every variable the driver itself needs).
+pub fn check_request_env<'a>(
+    driver: Driver,
+    config: &DriverConfig,
+    mut names: impl Iterator<Item = &'a str>,
+) -> Result<(), DriverError> {
+    match names.find(|n| !config.env_allow.iter().any(|a| a == n)) {
+        None => Ok(()),
+        Some(name) => Err(DriverError::EnvNotAllowed {
+            driver: driver.as_str(),
+            name: name.to_owned(),
+            allowed: if config.env_allow.is_empty() {
+                "none".to_owned()
+            } else {
+                config.env_allow.join(", ")
+            },
+        }),
+    }
 }
 
 /// Claude Code's tools for one of ours (empty: it has none).
@@ -290,6 +423,18 @@ impl DriverConfig {
                     url: url.clone(),
                 });
             }
+            if url.contains(['?', '#']) {
+                return Err(DriverError::BaseUrlQuery {
+                    driver: driver.as_str(),
+                    url: url.clone(),
+                });
+            }
+        }
+        if let Some(name) = self.env_allow.iter().find(|n| !valid_var(n)) {
+            return Err(DriverError::EnvName {
+                driver: driver.as_str(),
+                name: name.clone(),
+            });
         }
         if let Some(m) = self.model.as_deref() {
             model_arg(m)?;
@@ -304,15 +449,6 @@ impl DriverConfig {
     }
 }
 
-/// `NO_PROXY` of a proxied driver run ([`network::no_proxy`]), its
-/// endpoint counted as listed, so that a loopback endpoint goes through
-/// the proxy too.
-fn no_proxy(endpoint: &str, allow: &[AllowEntry]) -> String {
-    let mut listed = allow.to_vec();
-    listed.extend(network::parse_entry(endpoint).ok());
-    network::no_proxy(&listed, &[])
-}
-
 /// The invocation of `driver` (`None` for `command`).
 pub fn invocation(driver: Driver, i: &DriverInputs) -> Result<Option<Invocation>, DriverError> {
     i.config.check(driver)?;
@@ -321,12 +457,25 @@ pub fn invocation(driver: Driver, i: &DriverInputs) -> Result<Option<Invocation>
         Driver::ClaudeCode => claude_code(i)?,
         Driver::Codex => codex(i)?,
     };
-    if i.proxied {
-        let list = no_proxy(&inv.endpoint, i.allow);
-        inv.env.insert("NO_PROXY".into(), list.clone());
-        inv.env.insert("no_proxy".into(), list);
-    }
+    // A proxy-aware agent reaches its gateway directly, never by the
+    // proxy, and a listed host never directly.
+    let list = network::no_proxy(i.allow, &[network::GATEWAY_HOST]);
+    inv.env.insert("NO_PROXY".into(), list.clone());
+    inv.env.insert("no_proxy".into(), list);
     Ok(Some(inv))
+}
+
+/// The configured endpoint of `driver` (its default when none is set).
+pub fn upstream(driver: Driver, c: &DriverConfig) -> Result<Upstream, DriverError> {
+    let (default, header) = match driver {
+        Driver::Codex => (OPENAI_URL, KeyHeader::Bearer),
+        _ => (ANTHROPIC_URL, KeyHeader::XApiKey),
+    };
+    let url = c.base_url.as_deref().unwrap_or(default);
+    upstream_of(url, header).ok_or_else(|| DriverError::BaseUrl {
+        driver: driver.as_str(),
+        url: url.to_owned(),
+    })
 }
 
 fn claude_code(i: &DriverInputs) -> Result<Invocation, DriverError> {
@@ -360,16 +509,15 @@ fn claude_code(i: &DriverInputs) -> Result<Invocation, DriverError> {
     if i.uid0 {
         env.insert("IS_SANDBOX".into(), "1".into());
     }
-    // Always set: the endpoint is the config's, never the child's.
-    let url = c.base_url.as_deref().unwrap_or(ANTHROPIC_URL);
-    env.insert("ANTHROPIC_BASE_URL".into(), url.to_owned());
-    let endpoint = endpoint_of(url).unwrap_or_default();
-    let key = key_var(Driver::ClaudeCode, c);
+    // Always set: the agent talks to its gateway only, with no real key.
+    let up = upstream(Driver::ClaudeCode, c)?;
+    env.insert("ANTHROPIC_BASE_URL".into(), gateway_url(&up));
+    env.insert("ANTHROPIC_API_KEY".into(), PLACEHOLDER_KEY.into());
     Ok(Invocation {
         argv,
         env,
-        key,
-        endpoint,
+        endpoint: up.authority(),
+        upstream: up,
     })
 }
 
@@ -420,22 +568,14 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
     if !web {
         settings.push("web_search=\"disabled\"".into());
     }
-    let key_name = "OPENAI_API_KEY";
-    let endpoint = match &c.base_url {
-        Some(url) => {
-            let env_key = match c.api_key_env {
-                Some(_) => format!(", env_key = {}", toml_string(key_name)),
-                None => String::new(),
-            };
-            settings.push("model_provider=\"subagentd\"".into());
-            settings.push(format!(
-                "model_providers.subagentd={{ name = \"subagentd\", base_url = {}, wire_api = \"responses\", request_max_retries = 2, stream_max_retries = 2{env_key} }}",
-                toml_string(url)
-            ));
-            endpoint_of(url).unwrap_or_default()
-        }
-        None => endpoint_of(OPENAI_URL).unwrap_or_default(),
-    };
+    // The agent's provider is the gateway, with a placeholder key.
+    let up = upstream(Driver::Codex, c)?;
+    let url = gateway_url(&up);
+    settings.push("model_provider=\"subagentd\"".into());
+    settings.push(format!(
+        "model_providers.subagentd={{ name = \"subagentd\", base_url = {}, wire_api = \"responses\", request_max_retries = 2, stream_max_retries = 2, env_key = \"OPENAI_API_KEY\" }}",
+        toml_string(&url)
+    ));
     for s in settings {
         argv.extend(["-c".to_owned(), s]);
     }
@@ -446,42 +586,15 @@ fn codex(i: &DriverInputs) -> Result<Invocation, DriverError> {
     // The prompt is read from stdin (first_message.md).
     argv.push("-".into());
     let mut env = BTreeMap::from([("CODEX_HOME".to_owned(), i.temp_dir.to_owned())]);
-    // The built-in provider's endpoint, set so the child's cannot be used.
-    let url = c.base_url.as_deref().unwrap_or(OPENAI_URL);
-    env.insert("OPENAI_BASE_URL".into(), url.to_owned());
-    let key = key_var(Driver::Codex, c);
+    // The built-in provider's endpoint too, so that no other is used.
+    env.insert("OPENAI_BASE_URL".into(), url);
+    env.insert("OPENAI_API_KEY".into(), PLACEHOLDER_KEY.into());
     Ok(Invocation {
         argv,
         env,
-        key,
-        endpoint,
+        endpoint: up.authority(),
+        upstream: up,
     })
-}
-
-/// Whether a request's variable named `name` would steer a driver's agent
-/// (its program, endpoint, config, certificates, proxy or loader).
-pub fn steers_agent(name: &str) -> bool {
-    const EXACT: &[&str] = &[
-        "PATH",
-        "HOME",
-        "NODE_EXTRA_CA_CERTS",
-        "REQUESTS_CA_BUNDLE",
-        "IS_SANDBOX",
-    ];
-    const PREFIXES: &[&str] = &[
-        "ANTHROPIC_",
-        "OPENAI_",
-        "CLAUDE_",
-        "CODEX_",
-        "NODE_",
-        "SSL_CERT_",
-        "LD_",
-        "DISABLE_",
-    ];
-    EXACT.contains(&name)
-        || PREFIXES.iter().any(|p| name.starts_with(p))
-        || name.ends_with("_PROXY")
-        || name.ends_with("_proxy")
 }
 
 /// The placeholders a plain command's argv may hold.
@@ -509,14 +622,12 @@ pub fn expand(argv: &[String], values: [&str; 4]) -> (Vec<String>, Vec<String>) 
     (out, used)
 }
 
-/// The key's variable of `driver`: (the child's name, the daemon's name).
-pub fn key_var(driver: Driver, config: &DriverConfig) -> Option<(String, String)> {
-    let child = match driver {
-        Driver::Command => return None,
-        Driver::ClaudeCode => "ANTHROPIC_API_KEY",
-        Driver::Codex => "OPENAI_API_KEY",
-    };
-    Some((child.to_owned(), config.api_key_env.clone()?))
+/// The daemon's variable holding `driver`'s key, if the config names one.
+pub fn key_var(driver: Driver, config: &DriverConfig) -> Option<&str> {
+    match driver {
+        Driver::Command => None,
+        _ => config.api_key_env.as_deref(),
+    }
 }
 
 #[cfg(test)]
@@ -559,7 +670,6 @@ mod tests {
             max_turns: Some(7),
             uid0: true,
             temp_dir: "/tmp/t/",
-            proxied: true,
             allow: &[],
         }
     }
@@ -605,13 +715,26 @@ mod tests {
         assert_eq!(after(&inv.argv, "--max-turns"), Some("7"));
         assert_eq!(inv.argv.last().map(String::as_str), Some("--extra"));
         assert!(!inv.argv.iter().any(|a| a == "Bash"));
-        assert_eq!(inv.env["ANTHROPIC_BASE_URL"], "http://127.0.0.1:4567");
+        assert_eq!(inv.env["ANTHROPIC_BASE_URL"], "http://127.0.0.2:3129");
+        assert_eq!(inv.env["ANTHROPIC_API_KEY"], PLACEHOLDER_KEY);
         assert_eq!(inv.env["IS_SANDBOX"], "1");
         assert_eq!(inv.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"], "1");
         assert_eq!(inv.env["DISABLE_AUTOUPDATER"], "1");
-        assert_eq!(inv.env["NO_PROXY"], "localhost,::1");
+        assert_eq!(inv.env["NO_PROXY"], "localhost,127.0.0.1,::1,127.0.0.2");
+        assert_eq!(inv.env["no_proxy"], "localhost,127.0.0.1,::1,127.0.0.2");
         assert_eq!(inv.endpoint, "127.0.0.1:4567");
-        assert_eq!(inv.key, Some(("ANTHROPIC_API_KEY".into(), "MY_KEY".into())));
+        assert_eq!(
+            inv.upstream,
+            Upstream {
+                https: false,
+                host: "127.0.0.1".into(),
+                port: 4567,
+                base_path: String::new(),
+                key_header: KeyHeader::XApiKey,
+            }
+        );
+        assert!(!inv.env.values().any(|v| v.contains("MY_KEY")));
+        assert_eq!(key_var(Driver::ClaudeCode, &config), Some("MY_KEY"));
     }
 
     #[test]
@@ -622,8 +745,8 @@ mod tests {
         i.allow = &allow;
         let inv = invocation(Driver::ClaudeCode, &i).unwrap().unwrap();
         assert_eq!(inv.endpoint, "api.anthropic.com:443");
-        assert_eq!(inv.env["NO_PROXY"], "localhost,::1");
-        assert_eq!(inv.env["no_proxy"], "localhost,::1");
+        assert_eq!(inv.env["NO_PROXY"], "localhost,::1,127.0.0.2");
+        assert_eq!(inv.env["no_proxy"], "localhost,::1,127.0.0.2");
     }
 
     #[test]
@@ -632,15 +755,14 @@ mod tests {
         let mut i = inputs(&config, None);
         i.uid0 = false;
         i.model = Some("inherit");
-        i.proxied = false;
         let inv = invocation(Driver::ClaudeCode, &i).unwrap().unwrap();
         assert_eq!(after(&inv.argv, "--tools"), Some(""));
         assert!(!inv.argv.iter().any(|a| a.starts_with("--model")));
         assert!(!inv.env.contains_key("IS_SANDBOX"));
-        assert!(!inv.env.contains_key("NO_PROXY"));
         assert_eq!(inv.endpoint, "api.anthropic.com:443");
-        assert_eq!(inv.env["ANTHROPIC_BASE_URL"], ANTHROPIC_URL);
-        assert_eq!(inv.key, None);
+        assert!(inv.upstream.https);
+        assert_eq!(inv.env["ANTHROPIC_BASE_URL"], "http://127.0.0.2:3129");
+        assert_eq!(key_var(Driver::ClaudeCode, &config), None);
         assert_eq!(invocation(Driver::Command, &i).unwrap(), None);
     }
 
@@ -685,7 +807,7 @@ mod tests {
             .unwrap();
         let parsed: toml::Table = toml::from_str(provider).unwrap();
         let p = &parsed["model_providers"]["subagentd"];
-        assert_eq!(p["base_url"].as_str(), Some("http://127.0.0.1:9/v1"));
+        assert_eq!(p["base_url"].as_str(), Some("http://127.0.0.2:3129/v1"));
         assert_eq!(p["env_key"].as_str(), Some("OPENAI_API_KEY"));
         let dev = settings
             .iter()
@@ -697,8 +819,10 @@ mod tests {
             Some("SYSTEM \"rules\"\n")
         );
         assert_eq!(inv.env["CODEX_HOME"], "/tmp/t/");
-        assert_eq!(inv.env["OPENAI_BASE_URL"], "http://127.0.0.1:9/v1");
-        assert_eq!(inv.key, Some(("OPENAI_API_KEY".into(), "K".into())));
+        assert_eq!(inv.env["OPENAI_BASE_URL"], "http://127.0.0.2:3129/v1");
+        assert_eq!(inv.env["OPENAI_API_KEY"], PLACEHOLDER_KEY);
+        assert_eq!(inv.upstream.key_header, KeyHeader::Bearer);
+        assert_eq!(inv.upstream.base_path, "/v1");
         assert_eq!(inv.endpoint, "127.0.0.1:9");
         let big = "x".repeat(MAX_ARG_BYTES + 1);
         let mut i = inputs(&config, None);
@@ -711,34 +835,68 @@ mod tests {
         let inv = invocation(Driver::Codex, &inputs(&plain, None))
             .unwrap()
             .unwrap();
-        assert_eq!(inv.env["OPENAI_BASE_URL"], OPENAI_URL);
+        assert_eq!(inv.env["OPENAI_BASE_URL"], "http://127.0.0.2:3129/v1");
         assert_eq!(inv.endpoint, "api.openai.com:443");
+        assert!(inv.upstream.https);
     }
 
     #[test]
-    fn variables_that_steer_an_agent() {
-        for n in [
-            "PATH",
-            "HOME",
-            "ANTHROPIC_BASE_URL",
-            "OPENAI_BASE_URL",
-            "CLAUDE_CONFIG_DIR",
-            "CODEX_HOME",
-            "NODE_OPTIONS",
-            "NODE_EXTRA_CA_CERTS",
-            "SSL_CERT_FILE",
-            "REQUESTS_CA_BUNDLE",
-            "HTTPS_PROXY",
-            "all_proxy",
-            "LD_PRELOAD",
-            "DISABLE_AUTOUPDATER",
-            "IS_SANDBOX",
+    fn a_drivers_request_env_is_an_allowlist() {
+        let mut config = DriverConfig::default();
+        let names = |v: &'static [&'static str]| v.iter().copied();
+        let e = check_request_env(Driver::ClaudeCode, &config, names(&["BUN_OPTIONS"]));
+        assert!(
+            matches!(&e, Err(DriverError::EnvNotAllowed { name, .. }) if name == "BUN_OPTIONS"),
+            "{e:?}"
+        );
+        assert!(check_request_env(Driver::Codex, &config, names(&[])).is_ok());
+        config.env_allow = vec!["RUST_LOG".into(), "MY_VAR".into()];
+        assert!(check_request_env(Driver::Codex, &config, names(&["MY_VAR", "RUST_LOG"])).is_ok());
+        let e = check_request_env(Driver::Codex, &config, names(&["MY_VAR", "NODE_OPTIONS"]))
+            .unwrap_err();
+        assert!(e.to_string().contains("(RUST_LOG, MY_VAR)"), "{e}");
+        config.env_allow.push("A-B".into());
+        assert!(matches!(
+            config.check(Driver::Codex),
+            Err(DriverError::EnvName { .. })
+        ));
+    }
+
+    #[test]
+    fn the_upstream_admits_only_paths_under_its_base() {
+        let up = upstream_of("https://Models.example.com:8443/api/v1/", KeyHeader::Bearer).unwrap();
+        assert_eq!(up.authority(), "models.example.com:8443");
+        assert_eq!(up.base_path, "/api/v1");
+        assert_eq!(gateway_url(&up), "http://127.0.0.2:3129/api/v1");
+        for ok in ["/api/v1/responses", "/api/v1", "/api/v1/models?x=1"] {
+            assert!(up.admits(ok), "{ok}");
+        }
+        for bad in [
+            "/api/v10/responses",
+            "/other",
+            "http://evil.example/api/v1/x",
+            "/api/v1/../../admin",
+            "/api/v1/%2e%2e/%2E%2e/admin",
+            "/api/v1/.%2E/x",
+            "/api/v1/..\\..\\admin",
+            "/api/v1/%5c..%5cadmin",
+            "",
+            "*",
         ] {
-            assert!(steers_agent(n), "{n}");
+            assert!(!up.admits(bad), "{bad}");
         }
-        for n in ["RUST_LOG", "MY_VAR", "PATHS", "LANG"] {
-            assert!(!steers_agent(n), "{n}");
-        }
+        let root = upstream_of("http://127.0.0.1:9", KeyHeader::XApiKey).unwrap();
+        assert!(root.admits("/v1/messages?beta=true"));
+        assert!(!root.admits("evil.example:443"));
+        assert_eq!(upstream_of("http://h:1/x?q", KeyHeader::XApiKey), None);
+        let c = DriverConfig {
+            base_url: Some("http://h:1/#f".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            c.check(Driver::ClaudeCode),
+            Err(DriverError::BaseUrlQuery { .. })
+        ));
     }
 
     #[test]

@@ -19,6 +19,8 @@
 //!   watching and finishing runs; used by the daemon and by `subagent run`.
 //! - [`egress`]: the proxy through which runs in allowlist mode reach
 //!   their listed hosts, and their egress.log.
+//! - [`gateway`]: the model gateway through which a driver's agent reaches
+//!   its configured endpoint, the daemon adding the key; and gateway.log.
 //! - [`server`]: the Unix socket listener and one handler per connection.
 //! - [`client`]: a blocking client for the socket.
 //! - [`trust`]: what every client checks of the socket and its listener
@@ -31,6 +33,7 @@ pub mod cli;
 pub mod client;
 pub mod egress;
 pub mod engine;
+pub mod gateway;
 pub mod gitsnap;
 pub mod ids;
 pub mod mcp;

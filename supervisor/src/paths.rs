@@ -259,6 +259,10 @@ impl RunFiles {
     pub fn egress_log(&self) -> PathBuf {
         self.dir.join("egress.log")
     }
+    /// gateway.log: a driver run's requests to its model gateway.
+    pub fn gateway_log(&self) -> PathBuf {
+        self.dir.join("gateway.log")
+    }
     /// observed-before.json: the project's picture at spawn.
     pub fn observed_before(&self) -> PathBuf {
         self.dir.join(crate::observe::BEFORE_FILE)

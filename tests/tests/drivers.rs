@@ -1,7 +1,7 @@
 //! Real coding agents as children: the Claude Code and Codex CLIs (as
 //! scripts/install-agents installs them) run under the `claude-code` and
 //! `codex` drivers against the scripted model server on 127.0.0.1, reached
-//! through the run's egress proxy; and a plain command gets its context
+//! through the daemon's model gateway; and a plain command gets its context
 //! on stdin and through argv placeholders.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -102,8 +102,8 @@ fn result_md(st: &Value) -> String {
 
 /// Claude Code with file_read and file_write only (no shell, no network
 /// tool): it gets system.md and the task, is offered Read/Write-class
-/// tools only, reaches the model through the proxy with the key the
-/// daemon holds, writes a file into the project that lands in the
+/// tools only, reaches the model through the daemon's model gateway,
+/// which adds the key the daemon holds, writes a file into the project that lands in the
 /// session's recent files; the key is nowhere on disk.
 #[test]
 fn claude_code_writes_a_file_through_the_proxy_with_only_its_tools() {
@@ -204,23 +204,28 @@ fn claude_code_writes_a_file_through_the_proxy_with_only_its_tools() {
         .unwrap();
     assert_eq!(wc["recent_files"][0], json!(target), "{wc}");
 
-    assert_eq!(st["network"], "allowlist");
-    let endpoint = format!("127.0.0.1:{}", server.port);
-    assert_eq!(st["network_allow"], json!([endpoint]));
-    let egress = std::fs::read_to_string(
+    // The endpoint is reached through the daemon's model gateway: the run
+    // itself has no network and no allowlist.
+    assert_eq!(st["network"], "none");
+    assert_eq!(st["network_allow"], Value::Null, "{st}");
+    let gateway = std::fs::read_to_string(
         d.state
             .join("sessions")
             .join(&s)
             .join("runs")
             .join(st["run_id"].as_str().unwrap())
-            .join("egress.log"),
+            .join("gateway.log"),
     )
     .unwrap();
-    let line = format!(
-        "\"host\":\"127.0.0.1\",\"port\":{},\"address\":\"127.0.0.1\",\"verdict\":\"allowed\"",
-        server.port
+    let line = format!("\"status\":200,\"upstream\":\"127.0.0.1:{}\"", server.port);
+    assert!(
+        gateway.contains("\"method\":\"POST\",\"path\":\"/v1/messages") && gateway.contains(&line),
+        "{gateway}"
     );
-    assert!(egress.contains(&line), "{egress}");
+    assert_ne!(
+        first.header("x-api-key"),
+        Some("subagentd-gateway-placeholder")
+    );
     assert_nowhere(&d, &secret);
 }
 

@@ -4,7 +4,9 @@
 //! as a descriptor over the Unix socket the daemon handed the runner
 //! (`--egress-fd`). The daemon accepts the run's connections on it: no
 //! path to the daemon exists in the run's view, and the runner copies no
-//! bytes.
+//! bytes. A driver run's model gateway is relayed the same way, from its
+//! own loopback address (127.0.0.2) over a channel of its own
+//! (`--gateway-fd`), with or without an allowlist.
 
 use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType};
 use std::io::IoSlice;
@@ -19,6 +21,11 @@ pub enum EgressError {
         "egress: the run has an allowlist but the runner has no channel to the daemon's proxy"
     )]
     NoChannel,
+    /// The runner was given no channel to the daemon's model gateway.
+    #[error(
+        "gateway: the run has a driver but the runner has no channel to the daemon's model gateway"
+    )]
+    NoGatewayChannel,
     /// A socket call failed.
     #[error("egress: {op}: {source}")]
     Sys {
@@ -60,16 +67,16 @@ fn loopback_up() -> Result<(), EgressError> {
     Ok(())
 }
 
-/// A TCP listener on 127.0.0.1:`port` in the calling process's network
+/// A TCP listener on `addr`:`port` in the calling process's network
 /// namespace.
-fn listener(port: u16) -> Result<OwnedFd, EgressError> {
+fn listener(addr: Ipv4Addr, port: u16) -> Result<OwnedFd, EgressError> {
     let io = |op| {
         move |e: std::io::Error| EgressError::Sys {
             op,
             source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
         }
     };
-    let l = std::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+    let l = std::net::TcpListener::bind(SocketAddrV4::new(addr, port))
         .map_err(io("bind the proxy port"))?;
     l.set_nonblocking(true)
         .map_err(io("make the proxy port non-blocking"))?;
@@ -94,8 +101,23 @@ pub fn send_fd(channel: RawFd, fd: RawFd) -> Result<(), nix::Error> {
 pub fn open_relay(port: u16, channel: Option<RawFd>) -> Result<(), EgressError> {
     let channel = channel.ok_or(EgressError::NoChannel)?;
     loopback_up()?;
-    let l = listener(port)?;
+    let l = listener(Ipv4Addr::LOCALHOST, port)?;
     send_fd(channel, l.as_raw_fd()).map_err(sys("hand the listener to the daemon's proxy"))
+}
+
+/// In a driver run's init: loopback up, the gateway's listener made on
+/// its own loopback address, and handed to the daemon over `channel`.
+pub fn open_gateway(port: u16, channel: Option<RawFd>) -> Result<(), EgressError> {
+    let channel = channel.ok_or(EgressError::NoGatewayChannel)?;
+    loopback_up()?;
+    let addr: Ipv4Addr = policy::sandbox::network::GATEWAY_HOST
+        .parse()
+        .map_err(|_| EgressError::Sys {
+            op: "parse the gateway's address",
+            source: nix::Error::EINVAL,
+        })?;
+    let l = listener(addr, port)?;
+    send_fd(channel, l.as_raw_fd()).map_err(sys("hand the listener to the daemon's gateway"))
 }
 
 #[cfg(test)]
@@ -139,6 +161,10 @@ mod tests {
         assert!(matches!(
             open_relay(3128, None),
             Err(EgressError::NoChannel)
+        ));
+        assert!(matches!(
+            open_gateway(3129, None),
+            Err(EgressError::NoGatewayChannel)
         ));
     }
 }

@@ -90,13 +90,15 @@ pub enum NetRules {
 }
 
 /// The TCP rules of a run: none without network, the proxy port in
-/// allowlist mode, open with full network.
+/// allowlist mode (and the gateway's for a driver run), open with full
+/// network.
 pub fn net_rules(spec: &policy::sandbox::SandboxSpec) -> NetRules {
-    match (&spec.egress, spec.network) {
-        (_, true) => NetRules::Open,
-        (Some(e), false) => NetRules::ConnectOnly(vec![e.proxy_port]),
-        (None, false) => NetRules::ConnectOnly(Vec::new()),
+    if spec.network {
+        return NetRules::Open;
     }
+    let proxy = spec.egress.as_ref().map(|e| e.proxy_port);
+    let gateway = spec.gateway.as_ref().map(|g| g.port);
+    NetRules::ConnectOnly(proxy.into_iter().chain(gateway).collect())
 }
 
 /// Builds the ruleset (opening every rule's path now, while the process

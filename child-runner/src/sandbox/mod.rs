@@ -120,6 +120,8 @@ pub struct Prepared {
     owners: BTreeMap<PathBuf, RawFd>,
     /// The runner's channel to the daemon's proxy (allowlist mode).
     egress_channel: Option<RawFd>,
+    /// The runner's channel to the daemon's model gateway (driver runs).
+    gateway_channel: Option<RawFd>,
     /// What will be enforced once the agent has started.
     pub report: IsolationReport,
 }
@@ -189,13 +191,22 @@ fn landlock_report(spec: &SandboxSpec, abi: i32) -> Enforcement {
             abi + 1
         )
     }];
-    match &spec.egress {
-        Some(e) if abi >= 4 => parts.push(format!(
-            "TCP bind denied, connect only to port {} (the proxy)",
-            e.proxy_port
-        )),
-        _ if !spec.network && abi >= 4 => parts.push("TCP bind and connect denied".into()),
-        _ => {}
+    if !spec.network && abi >= 4 {
+        let mut to: Vec<String> = Vec::new();
+        to.extend(
+            spec.egress
+                .iter()
+                .map(|e| format!("{} (the proxy)", e.proxy_port)),
+        );
+        to.extend(
+            spec.gateway
+                .iter()
+                .map(|g| format!("{} (the model gateway)", g.port)),
+        );
+        parts.push(match to.is_empty() {
+            true => "TCP bind and connect denied".into(),
+            false => format!("TCP bind denied, connect only to port {}", to.join(" and ")),
+        });
     }
     if abi >= 6 {
         parts.push("abstract Unix sockets and signals scoped to the run".into());
@@ -214,12 +225,20 @@ fn network_report(spec: &SandboxSpec, seccomp: bool, landlock_abi: i32) -> Enfor
     if spec.network {
         return Enforcement::off("full: the host's network, granted to this run");
     }
+    let gateway = spec.gateway.as_ref().map(|g| {
+        let host = policy::sandbox::network::GATEWAY_HOST;
+        format!(
+            "{host}:{} relayed to the daemon's model gateway (audited in gateway.log)",
+            g.port
+        )
+    });
     if let Some(e) = &spec.egress {
         let mut how = vec![format!(
             "allowlist: a network namespace of its own with only loopback up; 127.0.0.1:{} relayed to the daemon's proxy, which lets through {} (audited in egress.log)",
             e.proxy_port,
             e.allow.join(", ")
         )];
+        how.extend(gateway);
         if seccomp {
             how.push("seccomp (AF_UNIX, AF_INET and AF_INET6 sockets only)".into());
         }
@@ -228,6 +247,18 @@ fn network_report(spec: &SandboxSpec, seccomp: bool, landlock_abi: i32) -> Enfor
                 "Landlock (TCP connect to port {} only)",
                 e.proxy_port
             ));
+        }
+        return Enforcement::on(how.join("; "));
+    }
+    if let Some(g) = gateway {
+        let mut how = vec![format!(
+            "none: a network namespace of its own with only loopback up; {g}"
+        )];
+        if seccomp {
+            how.push("seccomp (AF_UNIX, AF_INET and AF_INET6 sockets only)".into());
+        }
+        if landlock_abi >= 4 {
+            how.push("Landlock (TCP connect to the gateway's port only)".into());
         }
         return Enforcement::on(how.join("; "));
     }
@@ -468,6 +499,7 @@ pub fn prepare_host(
         _userns: Vec::new(),
         owners: BTreeMap::new(),
         egress_channel: None,
+        gateway_channel: None,
         report,
     })
 }
@@ -487,6 +519,11 @@ impl Prepared {
     /// Hands the attempt the runner's channel to the daemon's proxy.
     pub fn set_egress_channel(&mut self, fd: Option<RawFd>) {
         self.egress_channel = fd;
+    }
+
+    /// Hands the attempt the runner's channel to the daemon's gateway.
+    pub fn set_gateway_channel(&mut self, fd: Option<RawFd>) {
+        self.gateway_channel = fd;
     }
 
     /// The namespaces the attempt is cloned into.
@@ -513,6 +550,9 @@ impl Prepared {
         self.cgroups.join_self()?;
         if let Some(e) = &self.spec.egress {
             egress::open_relay(e.proxy_port, self.egress_channel)?;
+        }
+        if let Some(g) = &self.spec.gateway {
+            egress::open_gateway(g.port, self.gateway_channel)?;
         }
         root::build(&self.spec.mounts, scratch.root(), &self.owners)?;
         if !self.host_privileged {

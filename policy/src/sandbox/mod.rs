@@ -121,6 +121,9 @@ pub struct SandboxSpec {
     /// Allowlist mode: the proxy port inside the run and its list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<network::EgressSpec>,
+    /// A driver run's model gateway (never with full network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<network::GatewaySpec>,
     /// The seccomp deny-list.
     pub seccomp: seccomp::SeccompSpec,
     /// Resource limits by setrlimit.
@@ -210,6 +213,8 @@ pub struct SandboxInputs {
     /// The run's allowlist, when it is in allowlist mode (its grants then
     /// hold no network).
     pub network_allow: Option<Vec<String>>,
+    /// The run's driver talks to the daemon's model gateway.
+    pub gateway: bool,
 }
 
 impl SandboxSpec {
@@ -291,12 +296,21 @@ pub fn sandbox_spec(input: &SandboxInputs) -> SandboxSpec {
     } else {
         network::NetworkMode::None
     };
+    let gateway = (input.gateway && !network).then_some(network::GatewaySpec {
+        port: network::GATEWAY_PORT,
+    });
+    // The gateway is reached by TCP on loopback: IP sockets stay open.
+    let sockets = match mode {
+        network::NetworkMode::None if gateway.is_some() => network::NetworkMode::Allowlist,
+        m => m,
+    };
     SandboxSpec {
         fs,
         mounts,
         network,
         egress,
-        seccomp: seccomp::for_mode(mode, input.grants.exec),
+        gateway,
+        seccomp: seccomp::for_mode(sockets, input.grants.exec),
         rlimits,
         memory_bytes: input.memory_mb.saturating_mul(1024 * 1024),
         pids_max: input.pids,
@@ -335,7 +349,28 @@ mod tests {
             require: None,
             own_uid: true,
             network_allow: None,
+            gateway: false,
         }
+    }
+
+    #[test]
+    fn a_gateway_run_without_network_keeps_ip_sockets_for_loopback() {
+        let mut input = inputs(SandboxRequest::default());
+        input.gateway = true;
+        let spec = sandbox_spec(&input);
+        assert_eq!(spec.network_mode(), network::NetworkMode::None);
+        assert_eq!(
+            spec.gateway,
+            Some(network::GatewaySpec {
+                port: network::GATEWAY_PORT
+            })
+        );
+        assert!(spec.seccomp.only_unix_and_inet_sockets);
+        assert!(spec.require.contains(&Mechanism::NetworkIsolation));
+        assert_eq!(serde_json_roundtrip(&spec), spec);
+        // The host's network has no namespace of the run's own to hold it.
+        input.grants.network = true;
+        assert_eq!(sandbox_spec(&input).gateway, None);
     }
 
     #[test]

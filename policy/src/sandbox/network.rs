@@ -10,6 +10,22 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// The port inside the run's network namespace the proxy is reached at.
 pub const PROXY_PORT: u16 = 3128;
 
+/// The model gateway's address inside the run's network namespace: a
+/// loopback address of its own (all of 127/8 is local on `lo`), so that
+/// no proxy setting naming 127.0.0.1 ever covers it.
+pub const GATEWAY_HOST: &str = "127.0.0.2";
+
+/// The model gateway's port at [`GATEWAY_HOST`].
+pub const GATEWAY_PORT: u16 = 3129;
+
+/// The model gateway part of a driver run's sandbox spec: its listener
+/// in the run's own network namespace, relayed to the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewaySpec {
+    /// The port at [`GATEWAY_HOST`].
+    pub port: u16,
+}
+
 /// How a run reaches the network.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -73,7 +73,7 @@ pub fn channel() -> nix::Result<(OwnedFd, OwnedFd)> {
 
 /// Receives one descriptor from `channel`; `None` at end of file (the
 /// runner is gone).
-async fn recv_fd(channel: &AsyncFd<OwnedFd>) -> std::io::Result<Option<OwnedFd>> {
+pub(crate) async fn recv_fd(channel: &AsyncFd<OwnedFd>) -> std::io::Result<Option<OwnedFd>> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     loop {
         let mut guard = channel.readable().await?;
@@ -116,7 +116,7 @@ async fn recv_fd(channel: &AsyncFd<OwnedFd>) -> std::io::Result<Option<OwnedFd>>
 
 /// A received descriptor as a listening TCP socket; anything else is
 /// refused.
-fn as_listener(fd: OwnedFd) -> std::io::Result<tokio::net::TcpListener> {
+pub(crate) fn as_listener(fd: OwnedFd) -> std::io::Result<tokio::net::TcpListener> {
     let listening = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::AcceptConn)
         .map_err(std::io::Error::from)?;
     let l = std::net::TcpListener::from(fd);

@@ -168,7 +168,6 @@ fn network_plan(
         .iter()
         .chain(from_def)
         .chain(&p.sandbox.network_allow)
-        .chain(endpoint.as_ref())
     {
         if !list.contains(e) {
             list.push(e.clone());
@@ -337,6 +336,13 @@ pub fn plan(
     // The host's network only in full mode (a network tool may get the
     // allowlist instead).
     grants.network = network == NetworkMode::Full;
+    if driver != policy::driver::Driver::Command && network == NetworkMode::Full {
+        let name = driver.as_str();
+        return Err(EngineError::invalid(
+            "driver",
+            format!("the driver {name} runs with network none or allowlist only: its model gateway listens in the run's own network namespace, which full network has not (a listener on the host's loopback would lend the key to any local user); set network_tools = \"allowlist\" in the config, or drop the run's network tools"),
+        ));
+    }
     let command = match driver {
         policy::driver::Driver::Command => pick_command(p, agent.as_ref(), settings)?,
         d => driver_command(p, settings, d)?,
@@ -387,13 +393,15 @@ fn driver_command(
             ),
         ));
     }
-    if let Some(n) = p.env.keys().find(|n| policy::driver::steers_agent(n)) {
-        return Err(EngineError::invalid(
-            &format!("env.{n}"),
-            format!("not with the driver {name}: it would steer the agent (its program, endpoint, config or loader)"),
-        ));
-    }
     let config = settings.drivers.get(driver).cloned().unwrap_or_default();
+    let names = p.env.keys().map(String::as_str);
+    if let Err(e) = policy::driver::check_request_env(driver, &config, names) {
+        let field = match &e {
+            policy::driver::DriverError::EnvNotAllowed { name, .. } => format!("env.{name}"),
+            _ => "env".to_owned(),
+        };
+        return Err(EngineError::invalid(&field, e.to_string()));
+    }
     let path = std::env::var_os("PATH");
     let program = super::driving::resolve_program(driver, &config, path.as_deref())
         .map_err(|e| EngineError::invalid("driver", e.to_string()))?;
@@ -909,6 +917,7 @@ fn sandbox_spec(
         require: Some(inner.cfg.required(plan.grants.network)),
         own_uid,
         network_allow: (plan.network == NetworkMode::Allowlist).then(|| plan.network_allow.clone()),
+        gateway: plan.driver != policy::driver::Driver::Command,
     })
 }
 
@@ -1133,10 +1142,11 @@ pub(crate) fn create_run(
     let handed = start_now.then(|| handed_files(&draft)).flatten();
     let egress = plan.network == NetworkMode::Allowlist;
     // Checked by `deliver`: a key named and not set refused the spawn.
-    let key = super::driving::key_env(&inner.cfg.settings, &inner.daemon_env, plan.driver)
-        .ok()
-        .flatten();
-    let (lease, runner) = publish(inner, draft, handed, egress, key)?;
+    let gateway =
+        super::driving::gateway_setup(&inner.cfg.settings, &inner.daemon_env, plan.driver)
+            .ok()
+            .flatten();
+    let (lease, runner) = publish(inner, draft, handed, egress, gateway)?;
     Ok(Created { rec, lease, runner })
 }
 
@@ -1201,13 +1211,13 @@ fn publish(
     mut draft: RunDraft,
     handed: Option<RunnerFiles>,
     egress: bool,
-    key: Option<(String, String)>,
+    gateway: Option<crate::gateway::Setup>,
 ) -> Result<(Option<UidLease>, Option<Launched>), EngineError> {
     // A runner started at once holds its own copy of the uid lease; without
     // one it is not started here, so a uid is never in use unleased.
     let uid_lock = match draft.lease().map(|l| l.lock().try_clone_to_owned()) {
         Some(Ok(fd)) => Some(fd),
-        Some(Err(_)) => return publish(inner, draft, None, egress, key),
+        Some(Err(_)) => return publish(inner, draft, None, egress, gateway),
         None => None,
     };
     let id = draft.id().clone();
@@ -1220,7 +1230,7 @@ fn publish(
                     uid_lock.as_ref().map(|f| f.as_fd()),
                     true,
                     egress,
-                    key.as_ref(),
+                    gateway.clone(),
                 )
             })
         });

@@ -1,7 +1,7 @@
 //! A run's driver in the engine: which one a spawn gets, how its context
 //! reaches the agent (the driver's argv and env, or a plain command's
-//! placeholders and stdin), the API key handed to the runner (never
-//! written anywhere), and at the end the agent's event stream read from
+//! placeholders and stdin), the model gateway's endpoint and key (the
+//! key kept in the daemon, never in the run), and at the end the agent's event stream read from
 //! child.log and the files it reported, checked on disk and merged.
 
 use super::{EngineError, Inner};
@@ -109,7 +109,6 @@ pub(crate) fn endpoint(settings: &policy::config::Config, driver: Driver) -> Opt
         max_turns: None,
         uid0: false,
         temp_dir: "",
-        proxied: false,
         allow: &[],
     };
     Some(policy::driver::invocation(driver, &inputs).ok()??.endpoint)
@@ -125,26 +124,36 @@ pub struct KeyUnset {
     pub var: String,
 }
 
-/// The API key's variable for the child, with its value from the daemon's
-/// environment; `Ok(None)` when the driver's config names no key.
-pub(crate) fn key_env(
+/// The model gateway of a `driver` run: the configured endpoint, and the
+/// key from the daemon's environment when the config names one; `Ok(None)`
+/// for the command driver (or a driver the config does not set up).
+pub(crate) fn gateway_setup(
     settings: &policy::config::Config,
     daemon_env: &[(String, String)],
     driver: Driver,
-) -> Result<Option<(String, String)>, KeyUnset> {
+) -> Result<Option<crate::gateway::Setup>, KeyUnset> {
     let Some(config) = settings.drivers.get(driver) else {
         return Ok(None);
     };
-    let Some((child, daemon)) = policy::driver::key_var(driver, config) else {
+    if driver == Driver::Command {
+        return Ok(None);
+    }
+    let Ok(upstream) = policy::driver::upstream(driver, config) else {
         return Ok(None);
     };
-    match daemon_env.iter().find(|(k, _)| *k == daemon) {
-        Some((_, v)) if !v.is_empty() => Ok(Some((child, v.clone()))),
-        _ => Err(KeyUnset {
-            driver: driver.as_str(),
-            var: daemon,
-        }),
-    }
+    let key = match policy::driver::key_var(driver, config) {
+        None => None,
+        Some(daemon) => match daemon_env.iter().find(|(k, _)| k == daemon) {
+            Some((_, v)) if !v.is_empty() => Some(v.clone()),
+            _ => {
+                return Err(KeyUnset {
+                    driver: driver.as_str(),
+                    var: daemon.to_owned(),
+                })
+            }
+        },
+    };
+    Ok(Some(crate::gateway::Setup { upstream, key }))
 }
 
 /// The absolute path of `driver`'s program: the configured `command` if
@@ -253,7 +262,7 @@ fn deliver_driver(
     f: &RunFacts,
 ) -> Result<Delivered, EngineError> {
     let settings = &inner.cfg.settings;
-    key_env(settings, &inner.daemon_env, driver)
+    gateway_setup(settings, &inner.daemon_env, driver)
         .map_err(|why| EngineError::invalid("driver", why))?;
     let Some(config) = settings.drivers.get(driver) else {
         return Err(EngineError::invalid("driver", "the driver has no settings"));
@@ -273,7 +282,6 @@ fn deliver_driver(
         max_turns: def.and_then(|d| d.max_turns),
         uid0: f.uid0,
         temp_dir: &temp,
-        proxied: plan.network == policy::sandbox::network::NetworkMode::Allowlist,
         allow: &allow,
     };
     let inv = policy::driver::invocation(driver, &inputs)
@@ -474,7 +482,10 @@ mod tests {
     #[test]
     fn keys_come_from_the_daemons_environment_only() {
         let mut settings = policy::config::Config::default();
-        assert_eq!(key_env(&settings, &[], Driver::ClaudeCode), Ok(None));
+        let setup = |s: &policy::config::Config, env: &[(String, String)], d| {
+            gateway_setup(s, env, d).map(|g| g.map(|g| (g.upstream.authority(), g.key)))
+        };
+        assert_eq!(setup(&settings, &[], Driver::ClaudeCode), Ok(None));
         assert_eq!(endpoint(&settings, Driver::ClaudeCode), None);
         settings.drivers.claude_code = Some(policy::driver::DriverConfig {
             api_key_env: Some("K".into()),
@@ -482,17 +493,22 @@ mod tests {
         });
         let env = vec![("K".to_owned(), "v".to_owned())];
         assert_eq!(
-            key_env(&settings, &env, Driver::ClaudeCode),
-            Ok(Some(("ANTHROPIC_API_KEY".into(), "v".into())))
+            setup(&settings, &env, Driver::ClaudeCode),
+            Ok(Some(("api.anthropic.com:443".into(), Some("v".into()))))
         );
-        let e = key_env(
+        let e = setup(
             &settings,
             &[("K".into(), String::new())],
             Driver::ClaudeCode,
         )
         .unwrap_err();
         assert!(e.to_string().contains("names K"), "{e}");
-        assert_eq!(key_env(&settings, &env, Driver::Command), Ok(None));
+        assert_eq!(setup(&settings, &env, Driver::Command), Ok(None));
+        let debug = format!("{:?}", gateway_setup(&settings, &env, Driver::ClaudeCode));
+        assert!(
+            !debug.contains("\"v\""),
+            "the key is never printed: {debug}"
+        );
         assert_eq!(
             endpoint(&settings, Driver::ClaudeCode).as_deref(),
             Some("api.anthropic.com:443")

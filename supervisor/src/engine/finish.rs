@@ -118,6 +118,7 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: Runne
     // The runner is gone: its connections end, and egress.log is whole
     // before it is summed up.
     slot.stop_egress().await;
+    slot.stop_gateway().await;
     // An adopted runner is not our child: how it exited is not known, but
     // one called off at its gate took its pid out of runner.lock.
     let called_off = matches!(runner, RunnerExit::Unknown)

@@ -49,15 +49,15 @@ pub enum LaunchError {
     /// The gate's pipe could not be made.
     #[error("pipe for the runner's gate: {0}")]
     Gate(#[source] nix::Error),
-    /// The pipe carrying the agent's API key could not be made or filled.
-    #[error("pipe for the agent's key: {0}")]
-    Key(#[source] nix::Error),
     /// The driver's key is not in the daemon's environment.
     #[error(transparent)]
     NoKey(#[from] super::driving::KeyUnset),
     /// The socket pair to the egress proxy could not be made.
     #[error("socket pair for the runner's egress proxy: {0}")]
     Channel(#[source] nix::Error),
+    /// The socket pair to the model gateway could not be made.
+    #[error("socket pair for the runner's model gateway: {0}")]
+    GatewayChannel(#[source] nix::Error),
     /// The runner could not be spawned.
     #[error(transparent)]
     Spawn(#[from] super::spawn::SpawnError),
@@ -84,6 +84,9 @@ pub struct Launched {
     gate: Option<OwnedFd>,
     /// The daemon's end of its channel to the egress proxy, until served.
     egress: Option<OwnedFd>,
+    /// The daemon's end of its channel to the model gateway, and what the
+    /// gateway forwards to, until served.
+    gateway: Option<(OwnedFd, crate::gateway::Setup)>,
 }
 
 /// The numbers the runner finds its descriptors at.
@@ -92,11 +95,7 @@ const SPEC_FD: RawFd = 4;
 const UID_LOCK_FD: RawFd = 5;
 const GATE_FD: RawFd = 6;
 const EGRESS_FD: RawFd = 7;
-const KEY_ENV_FD: RawFd = 8;
-
-/// The most a key pipe carries: it is filled before the runner starts, so
-/// it must fit in the pipe's buffer.
-const MAX_KEY_BYTES: usize = 16 * 1024;
+const GATEWAY_FD: RawFd = 9;
 
 /// A rights refusal with the field it is about in front.
 fn requester_text(e: &crate::rights::RightsError) -> String {
@@ -104,21 +103,6 @@ fn requester_text(e: &crate::rights::RightsError) -> String {
         Some(f) => format!("{f}: {e}"),
         None => e.to_string(),
     }
-}
-
-/// A pipe holding `{"NAME": "value"}` for the runner to add to the agent's
-/// environment, its write end closed: the key never touches a disk.
-fn key_pipe((name, value): &(String, String)) -> Result<OwnedFd, LaunchError> {
-    let body = serde_json::json!({ name: value }).to_string();
-    if body.len() > MAX_KEY_BYTES {
-        return Err(LaunchError::Key(nix::Error::E2BIG));
-    }
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(LaunchError::Key)?;
-    let mut at = 0;
-    while at < body.len() {
-        at += nix::unistd::write(&w, &body.as_bytes()[at..]).map_err(LaunchError::Key)?;
-    }
-    Ok(r)
 }
 
 /// Opens `path` for the runner: runner.log to append to, runner.json to
@@ -165,17 +149,23 @@ impl RunnerFiles {
 /// Starts a runner with `handed`. With `uid_lock` (the run's uid lease),
 /// the runner holds that too. With `gated`, it prepares the first attempt
 /// and waits until [`Launched::open_gate`]. With `egress` (allowlist
-/// mode), it gets one end of a channel to the proxy. With `key`, it gets
-/// a pipe holding the agent's API key variable. Blocking.
+/// mode), it gets one end of a channel to the proxy. With `gateway` (a
+/// driver run), one end of a channel to the model gateway. Blocking.
 pub fn start_runner(
     runner: &Path,
     handed: &RunnerFiles,
     uid_lock: Option<BorrowedFd<'_>>,
     gated: bool,
     egress: bool,
-    key: Option<&(String, String)>,
+    gateway: Option<crate::gateway::Setup>,
 ) -> Result<Launched, LaunchError> {
-    let key = key.map(key_pipe).transpose()?;
+    let gateway = match gateway {
+        Some(g) => Some((
+            crate::egress::channel().map_err(LaunchError::GatewayChannel)?,
+            g,
+        )),
+        None => None,
+    };
     let channel = match egress {
         true => Some(crate::egress::channel().map_err(LaunchError::Channel)?),
         false => None,
@@ -208,9 +198,9 @@ pub fn start_runner(
         fds.push((theirs.as_fd(), EGRESS_FD));
         args.extend(["--egress-fd".to_owned(), EGRESS_FD.to_string()]);
     }
-    if let Some(k) = &key {
-        fds.push((k.as_fd(), KEY_ENV_FD));
-        args.extend(["--key-env-fd".to_owned(), KEY_ENV_FD.to_string()]);
+    if let Some(((_, theirs), _)) = &gateway {
+        fds.push((theirs.as_fd(), GATEWAY_FD));
+        args.extend(["--gateway-fd".to_owned(), GATEWAY_FD.to_string()]);
     }
     // The runner reads its signals through a signalfd, so they are blocked
     // from its first instruction and an early cancel is never lost.
@@ -223,6 +213,7 @@ pub fn start_runner(
     })?;
     let mut l = Launched::of(pid, gate.map(|(_, w)| w))?;
     l.egress = channel.map(|(ours, _)| ours);
+    l.gateway = gateway.map(|((ours, _), g)| (ours, g));
     Ok(l)
 }
 
@@ -250,7 +241,32 @@ impl Launched {
             pidfd,
             gate,
             egress: None,
+            gateway: None,
         })
+    }
+
+    /// Serves the run's gateway channel, if it has one (a driver run):
+    /// the gateway lives as long as the runner holds its end, or until the
+    /// handle stops it.
+    pub(crate) fn serve_gateway(&mut self, rec: &RunRecord) -> Option<crate::gateway::Handle> {
+        let (fd, setup) = self.gateway.take()?;
+        let cap = rec
+            .limits
+            .disk_bytes()
+            .min(crate::gateway::log::MAX_LOG_BYTES);
+        match crate::gateway::RunGateway::new(
+            rec.run_id.clone(),
+            setup,
+            rec.files().gateway_log(),
+            cap,
+        ) {
+            Ok(run) => Some(crate::gateway::start(fd, Arc::new(run))),
+            Err(e) => {
+                // The runner's init then finds no one at the channel's end.
+                tracing::error!(run_id = %rec.run_id, "the run has no model gateway: {e}");
+                None
+            }
+        }
     }
 
     /// Serves the run's egress channel, if it has one (allowlist mode):
@@ -320,7 +336,8 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
         .driver_run
         .as_ref()
         .map_or(Default::default(), |d| d.driver);
-    let key = super::driving::key_env(&sup.inner.cfg.settings, &sup.inner.daemon_env, driver);
+    let gateway =
+        super::driving::gateway_setup(&sup.inner.cfg.settings, &sup.inner.daemon_env, driver);
     let on_behalf = rec.on_behalf.clone();
     let launched = tokio::task::spawn_blocking(move || {
         // Queued since its spawn, or since a restart: what its requester
@@ -330,7 +347,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
         }
         // The runner holds the uid lease from here on; ours goes with
         // this task.
-        let key = key.map_err(LaunchError::NoKey)?;
+        let gateway = gateway.map_err(LaunchError::NoKey)?;
         let handed = RunnerFiles::open(&files)?;
         start_runner(
             &runner,
@@ -338,7 +355,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
             lease.as_ref().map(|l| l.lock()),
             false,
             egress,
-            key.as_ref(),
+            gateway,
         )
     })
     .await
@@ -347,6 +364,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
         Ok(mut l) => {
             *rec = running(rec.clone(), &l);
             slot.set_egress(l.serve_egress(&rec));
+            slot.set_gateway(l.serve_gateway(&rec));
             let fd = slot.set_runner(l);
             drop(rec);
             run_started(sup, slot, permit, fd).await;

@@ -129,6 +129,8 @@ pub(crate) struct Slot {
     adopted: AtomicBool,
     /// Its egress proxy, while it runs in allowlist mode.
     egress: Mutex<Option<crate::egress::Handle>>,
+    /// Its model gateway, while a driver run runs.
+    gateway: Mutex<Option<crate::gateway::Handle>>,
 }
 
 impl Slot {
@@ -140,7 +142,24 @@ impl Slot {
             runner: Mutex::new(None),
             adopted: AtomicBool::new(false),
             egress: Mutex::new(None),
+            gateway: Mutex::new(None),
         })
+    }
+
+    fn set_gateway(&self, h: Option<crate::gateway::Handle>) {
+        *self.gateway.lock().unwrap_or_else(|p| p.into_inner()) = h;
+    }
+
+    /// Ends the run's model gateway and its connections.
+    async fn stop_gateway(&self) {
+        let h = self
+            .gateway
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = h {
+            h.stop().await;
+        }
     }
 
     fn set_egress(&self, h: Option<crate::egress::Handle>) {
@@ -356,7 +375,7 @@ impl Supervisor {
             if let Some(ob) = &on_behalf {
                 crate::rights::check(&ob.requester, &ob.needs)?;
             }
-            driving::key_env(&inner.cfg.settings, &inner.daemon_env, plan.driver)
+            driving::gateway_setup(&inner.cfg.settings, &inner.daemon_env, plan.driver)
                 .map_err(|why| EngineError::invalid("driver", why))?;
             accept::check_required(&inner.probe, &inner.cfg.required(plan.grants.network))?;
             accept::create_run(&inner, &params, &plan, start_now, on_behalf.as_ref())
@@ -374,8 +393,10 @@ impl Supervisor {
             (Some(mut l), Some(permit)) => {
                 let rec = launch::running(created.rec, &l);
                 let egress = l.serve_egress(&rec);
+                let gateway = l.serve_gateway(&rec);
                 let slot = Slot::new(rec);
                 slot.set_egress(egress);
+                slot.set_gateway(gateway);
                 let fd = slot.set_runner(l);
                 self.inner
                     .runs

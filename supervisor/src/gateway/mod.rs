@@ -1,0 +1,225 @@
+//! The model gateway of driver runs. A driver's agent holds no API key:
+//! its base URL is `http://127.0.0.2:3129` inside the run's own network
+//! namespace, with a placeholder key. As for the egress proxy, each
+//! attempt's init sends the listener of that address over a Unix socket
+//! pair the daemon made at the run's start (`--gateway-fd`); the daemon
+//! accepts on it and forwards each HTTP request to the configured endpoint
+//! only ([`forward`]), the agent's auth replaced by the daemon's key
+//! ([`rewrite`]), the answer streamed back, each request logged in the
+//! run's gateway.log ([`log`]).
+
+pub mod forward;
+pub mod log;
+pub mod rewrite;
+
+use policy::driver::Upstream;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// Connections of one run's agent served at once; more are refused.
+pub const MAX_CONNECTIONS: usize = 16;
+/// The most a request head may take (hyper's read buffer).
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// The longest a connection may take to send a request head, and may
+/// stay idle between requests.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Everything the gateway knows of one run.
+pub struct RunGateway {
+    /// The run (for the daemon's log only).
+    pub run_id: String,
+    /// Where every request goes.
+    pub upstream: Upstream,
+    /// The daemon's key; never logged, never in the run's view.
+    key: Option<String>,
+    /// Its gateway.log.
+    pub log: log::GatewayLog,
+    slots: Arc<tokio::sync::Semaphore>,
+    global: Arc<tokio::sync::Semaphore>,
+    client: forward::Client,
+}
+
+/// What a run's gateway is made of, decided when the run is accepted.
+#[derive(Clone)]
+pub struct Setup {
+    /// The configured endpoint.
+    pub upstream: Upstream,
+    /// The key from the daemon's environment, if the config names one.
+    pub key: Option<String>,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key stays out of every log line, a debug print's too.
+        f.debug_struct("Setup")
+            .field("upstream", &self.upstream)
+            .field("key", &self.key.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl RunGateway {
+    /// The gateway of run `run_id`, logging to `log_path` within
+    /// `log_cap` bytes.
+    pub fn new(
+        run_id: String,
+        setup: Setup,
+        log_path: std::path::PathBuf,
+        log_cap: u64,
+    ) -> Result<RunGateway, forward::ClientError> {
+        Ok(RunGateway {
+            run_id,
+            upstream: setup.upstream,
+            key: setup.key,
+            log: log::GatewayLog::new(log_path, log_cap),
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            global: crate::egress::budget::global(),
+            client: forward::client()?,
+        })
+    }
+
+    /// Writes `line`, its duration from `started`.
+    fn log_line(&self, mut line: log::Line, started: Instant) {
+        line.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if let Err(e) = self.log.append(&line) {
+            tracing::warn!(run_id = %self.run_id, "gateway.log: {e}");
+        }
+    }
+}
+
+/// The longest the end of a run's gateway waits for its connections.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// A run's gateway, served on a task of its own.
+pub struct Handle {
+    stop: tokio::sync::watch::Sender<bool>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Handle {
+    /// Ends the gateway and every connection it serves (the run has
+    /// ended).
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(STOP_GRACE * 2, self.done).await;
+    }
+}
+
+/// Serves run `run`'s gateway channel on a task of its own until its
+/// runner is gone or [`Handle::stop`].
+pub fn start(channel: OwnedFd, run: Arc<RunGateway>) -> Handle {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let done = tokio::spawn(serve(channel, run, stopped));
+    Handle { stop, done }
+}
+
+async fn accept(l: Option<&tokio::net::TcpListener>) -> std::io::Result<tokio::net::TcpStream> {
+    match l {
+        Some(l) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves the channel: each listener it sends (one per attempt) replaces
+/// the one before and ends that attempt's connections.
+async fn serve(
+    channel: OwnedFd,
+    run: Arc<RunGateway>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    // SAFETY: the AsyncFd owns the descriptor: it stays open, and the same
+    // one, for as long as it is registered.
+    let channel = match unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) } {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(run_id = %run.run_id, "gateway channel: {e}; the run has no gateway");
+            return;
+        }
+    };
+    let mut listener: Option<tokio::net::TcpListener> = None;
+    let (mut attempt, _) = tokio::sync::watch::channel(false);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            fd = crate::egress::recv_fd(&channel) => {
+                let fd = match fd {
+                    Ok(Some(fd)) => fd,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(run_id = %run.run_id, "gateway channel: {e}");
+                        break;
+                    }
+                };
+                let _ = attempt.send(true);
+                attempt = tokio::sync::watch::channel(false).0;
+                listener = crate::egress::as_listener(fd)
+                    .map_err(|e| tracing::warn!(run_id = %run.run_id, "gateway channel: {e}"))
+                    .ok();
+            }
+            _ = stop.changed() => break,
+            c = accept(listener.as_ref()) => match c {
+                Ok(c) => admit(&run, c, attempt.subscribe(), &mut conns),
+                Err(e) => {
+                    tracing::warn!(run_id = %run.run_id, "gateway accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = attempt.send(true);
+    let drain = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(STOP_GRACE, drain).await.is_err() {
+        tracing::warn!(run_id = %run.run_id, "gateway: connections still open at the run's end are dropped");
+    }
+    conns.shutdown().await;
+    if run.log.dropped() > 0 {
+        tracing::warn!(run_id = %run.run_id, "gateway.log was full: {} lines not written", run.log.dropped());
+    }
+}
+
+/// Serves one connection of the run's agent as HTTP/1.1, within its
+/// share of connections, until it closes or its attempt ends.
+fn admit(
+    run: &Arc<RunGateway>,
+    stream: tokio::net::TcpStream,
+    mut ended: tokio::sync::watch::Receiver<bool>,
+    conns: &mut tokio::task::JoinSet<()>,
+) {
+    let permits = (
+        run.slots.clone().try_acquire_owned(),
+        run.global.clone().try_acquire_owned(),
+    );
+    let (Ok(mine), Ok(all)) = permits else {
+        let mut line = log::Line::new("", "");
+        line.reason = Some(format!(
+            "connection refused: the run has {MAX_CONNECTIONS} open (or the daemon is at its limit)"
+        ));
+        run.log_line(line, Instant::now());
+        return;
+    };
+    let run = run.clone();
+    conns.spawn(async move {
+        let _held = (mine, all);
+        let svc_run = run.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let run = svc_run.clone();
+            async move { Ok::<_, std::convert::Infallible>(forward::handle(run, req).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(MAX_HEAD_BYTES)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+        tokio::select! {
+            r = conn => if let Err(e) = r {
+                tracing::debug!(run_id = %run.run_id, "gateway connection: {e}");
+            },
+            _ = ended.changed() => {}
+        }
+    });
+}
