@@ -95,6 +95,22 @@ fn daemon_for(uid: u32) -> (Daemon, tempfile::TempDir) {
     (d, cfg_dir)
 }
 
+/// Stops the daemon and starts it again with the same config (the
+/// helper's restart would drop `allow_uids`).
+fn restart(d: &mut Daemon, cfg: &tempfile::TempDir) {
+    d.stop();
+    let opts = DaemonOpts {
+        args: vec![
+            "--config".into(),
+            cfg.path().join("c.toml").display().to_string(),
+        ],
+        ..Default::default()
+    };
+    d.child = Daemon::spawn_process(&d.socket, &d.state, d.dir.path(), &opts);
+    d.wait_ready();
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+}
+
 /// A directory under /tmp with `mode`, owned by `owner` (root when None).
 fn dir(prefix: &str, mode: u32, owner: Option<(u32, u32)>) -> tempfile::TempDir {
     let d = tempfile::Builder::new()
@@ -458,4 +474,51 @@ fn the_other_uids_own_session_and_runs_work_fully() {
     // Root sees the other uid's run too.
     let list = d.conn().call("list_agent_runs", json!({})).unwrap();
     assert!(lists(&list, &run, &s), "{list}");
+}
+
+#[test]
+fn owners_are_kept_across_a_daemon_restart() {
+    let Some(ids) = user() else { return };
+    let (mut d, cfg) = daemon_for(ids.0);
+    let roots = session("root");
+    let theirs = d.conn().spawn(&roots, &["/bin/true"], json!({}));
+    d.conn().wait(&theirs);
+    let mine = dir("sa-scope-own-", 0o700, Some(ids));
+    let own_s = session("own");
+    let own = {
+        let mut x = Other::connect(ids, &d.socket);
+        let r = x.call("spawn_agent", spawn_params(&own_s, mine.path(), "true"));
+        let own = r.unwrap()["run_id"].as_str().unwrap().to_owned();
+        x.call(
+            "wait_agent_run",
+            json!({"run_id": own, "timeout_ms": 60_000}),
+        )
+        .unwrap();
+        own
+    };
+    restart(&mut d, &cfg);
+    let mut x = Other::connect(ids, &d.socket);
+    let list = x.call("list_agent_runs", json!({})).unwrap();
+    assert!(lists(&list, &own, &own_s), "{list}");
+    assert!(!lists(&list, &theirs, &roots), "{list}");
+    refused(
+        x.call("check_agent_run", json!({"run_id": theirs})),
+        NOT_FOUND,
+        "check_agent_run",
+    );
+    refused(
+        x.call("take_notices", json!({"session_id": roots})),
+        NOT_OWNED,
+        "take_notices",
+    );
+    let taken = x
+        .call("take_notices", json!({"session_id": own_s}))
+        .unwrap();
+    assert_eq!(taken["notices"][0]["run_id"], own.as_str(), "{taken}");
+    // The session is still the other uid's: root's run may not join it.
+    let e = d.conn().call(
+        "spawn_agent",
+        spawn_params(&own_s, Path::new("/tmp"), "true"),
+    );
+    refused(e, NOT_OWNED, "root's spawn into the other uid's session");
 }
