@@ -1089,8 +1089,7 @@ pub(crate) fn create_run(
             .map_or(p.session.project_dir.clone(), |w| w.dir.clone()),
         worktree,
     };
-    let who = on_behalf.map(|ob| &ob.requester);
-    let mut work = working_context(inner, p, &place.workdir, who)?;
+    let mut work = working_context(inner, p, &place.workdir, on_behalf.map(|o| &o.requester))?;
     let writable = writes_into(plan, p, &place.workdir);
     let before = super::workctx::observe_before(
         inner,
