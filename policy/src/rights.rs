@@ -5,6 +5,10 @@
 //! Pure: the daemon checks each [`Need`] with the requester's credentials
 //! (on a thread of its own), and [`limit_idmaps`] turns the idmapped binds
 //! of paths the requester does not own into plain read-only ones.
+//!
+//! Runs and sessions are owned too: [`may_act_on`] decides whether a
+//! caller may see and act on one, [`may_join`] which session a run may
+//! join.
 
 use crate::sandbox::mounts::{MountPlan, Source};
 use serde::{Deserialize, Serialize};
@@ -218,6 +222,33 @@ pub fn limit_idmaps(
     changed
 }
 
+/// Whose a new run or session is: the requester's uid when another uid
+/// asked for it, else the daemon's.
+pub fn owner_for(requester: Option<&Requester>, daemon: u32) -> u32 {
+    requester.map_or(daemon, |r| r.uid)
+}
+
+/// Whose a recorded run or session is: the uid it records, else (made by
+/// the daemon's uid or root, or before owners were recorded) the daemon's.
+pub fn recorded_owner(recorded: Option<u32>, daemon: u32) -> u32 {
+    recorded.unwrap_or(daemon)
+}
+
+/// Whether a caller may see and act on a run or session of `owner`: the
+/// daemon's uid and root (no requester) on everything, any other uid on
+/// its own only.
+pub fn may_act_on(requester: Option<&Requester>, owner: u32) -> bool {
+    requester.is_none_or(|r| r.uid == owner)
+}
+
+/// Whether a run made for the caller may join a session of
+/// `session_owner` (`None`: the session is new, and becomes the caller's).
+/// Only its owner's runs, whoever asks: a session's context and notices
+/// never mix two users' runs.
+pub fn may_join(requester: Option<&Requester>, daemon: u32, session_owner: Option<u32>) -> bool {
+    session_owner.is_none_or(|o| o == owner_for(requester, daemon))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,5 +439,33 @@ mod tests {
         // The daemon's own places are not the requester's to limit.
         assert_eq!(source_of(&plan, "/state/run/context"), (false, true));
         assert_eq!(source_of(&plan, "/usr"), (false, false));
+    }
+
+    #[test]
+    fn a_foreign_uid_acts_on_its_own_only() {
+        let (daemon, w) = (0, who());
+        assert_eq!(owner_for(Some(&w), daemon), 1001);
+        assert_eq!(owner_for(None, daemon), daemon);
+        assert_eq!(recorded_owner(None, 990), 990, "made before owners");
+        assert_eq!(recorded_owner(Some(1001), 990), 1001);
+        assert!(may_act_on(Some(&w), 1001));
+        assert!(!may_act_on(Some(&w), daemon), "the daemon's run");
+        assert!(!may_act_on(Some(&w), 1002), "another user's run");
+        // The daemon's uid and root see everything.
+        assert!(may_act_on(None, 1001));
+        assert!(may_act_on(None, daemon));
+    }
+
+    #[test]
+    fn a_session_takes_only_its_owners_runs() {
+        let (daemon, w) = (990, who());
+        assert!(may_join(Some(&w), daemon, None), "a new session");
+        assert!(may_join(Some(&w), daemon, Some(1001)));
+        assert!(!may_join(Some(&w), daemon, Some(daemon)));
+        assert!(!may_join(Some(&w), daemon, Some(1002)));
+        assert!(may_join(None, daemon, Some(daemon)));
+        assert!(may_join(None, daemon, None));
+        // Not even root's runs join another user's session.
+        assert!(!may_join(None, daemon, Some(1001)));
     }
 }

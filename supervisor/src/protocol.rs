@@ -42,6 +42,9 @@ pub mod codes {
     /// The connecting uid may not use this daemon (only its own uid, root
     /// and the config's `allow_uids` may).
     pub const UID_NOT_ALLOWED: i64 = -32007;
+    /// The session belongs to another uid: a caller of another uid than
+    /// the daemon's and root may use only its own sessions.
+    pub const SESSION_NOT_OWNED: i64 = -32008;
     /// The daemon is shutting down: it accepts no new runs, and a pending
     /// `wait_agent_run` is answered with this.
     pub const SHUTTING_DOWN: i64 = -32004;

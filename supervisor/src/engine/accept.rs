@@ -660,21 +660,21 @@ struct WorkingContext {
     status: crate::gitsnap::counts::Listing,
 }
 
-/// Records the spawn in the session's working context and takes the git
-/// snapshot of where the child will work. Blocking.
+/// Records the spawn in the session's working context (refused when the
+/// session is not `who`'s) and takes the git snapshot of where the child
+/// will work. Blocking.
 fn working_context(
     inner: &Inner,
     p: &SpawnParams,
     workdir: &Path,
+    who: Option<&Requester>,
 ) -> Result<WorkingContext, EngineError> {
-    let session_state = inner
-        .sessions
-        .on_spawn(
-            &p.session.id,
-            &p.session.project_dir,
-            p.session.recent_files.as_deref(),
-        )
-        .map_err(|e| EngineError::StateDir(e.into()))?;
+    let session_state = inner.sessions.on_spawn(
+        &p.session.id,
+        &p.session.project_dir,
+        p.session.recent_files.as_deref(),
+        who,
+    )?;
     let (git, status) = crate::gitsnap::snapshot_with_paths(workdir, inner.cfg.git_budget, None);
     let block = policy::workctx::render_block(workdir, &session_state.recent_files, &git);
     Ok(WorkingContext { block, git, status })
@@ -1098,7 +1098,7 @@ pub(crate) fn create_run(
             .map_or(p.session.project_dir.clone(), |w| w.dir.clone()),
         worktree,
     };
-    let mut work = working_context(inner, p, &place.workdir)?;
+    let mut work = working_context(inner, p, &place.workdir, on_behalf.map(|o| &o.requester))?;
     let writable = writes_into(plan, p, &place.workdir);
     let before = super::workctx::observe_before(
         inner,

@@ -20,9 +20,14 @@ pub enum EngineError {
         /// What is wrong with it.
         problem: String,
     },
-    /// No run has this id.
+    /// No run has this id (or none the caller may see).
     #[error("run not found: {0}")]
     RunNotFound(String),
+    /// The session is another uid's.
+    #[error(
+        "permission denied: session {0} belongs to another user; use a session id of your own"
+    )]
+    SessionNotOwned(String),
     /// The audience may not spawn subagents.
     #[error(transparent)]
     Audience(#[from] policy::AudienceError),
@@ -75,6 +80,19 @@ impl From<crate::rights::RightsError> for EngineError {
                 mechanism: "requester_rights",
                 why: SandboxCause::Rights(e),
             },
+        }
+    }
+}
+
+impl From<crate::sessions::SessionError> for EngineError {
+    /// Another uid's session is refused as such; any other failure is the
+    /// state dir's.
+    fn from(e: crate::sessions::SessionError) -> EngineError {
+        match e {
+            crate::sessions::SessionError::NotOwned { session } => {
+                EngineError::SessionNotOwned(session)
+            }
+            other => EngineError::StateDir(other.into()),
         }
     }
 }
@@ -201,6 +219,7 @@ impl From<&EngineError> for RpcError {
         let code = match e {
             EngineError::InvalidParams { .. } => codes::INVALID_PARAMS,
             EngineError::RunNotFound(_) => codes::RUN_NOT_FOUND,
+            EngineError::SessionNotOwned(_) => codes::SESSION_NOT_OWNED,
             EngineError::Audience(_) => codes::AUDIENCE_REFUSED,
             EngineError::StateDir(_) => codes::STORAGE,
             EngineError::RunDirs(_) => codes::WORKSPACE,
@@ -246,6 +265,13 @@ mod tests {
                 )),
                 codes::WORKSPACE,
                 "run directories: \"a/b\": not a single path component",
+            ),
+            (
+                EngineError::from(crate::sessions::SessionError::NotOwned {
+                    session: "wc-1".to_owned(),
+                }),
+                codes::SESSION_NOT_OWNED,
+                "permission denied: session wc-1 belongs to another user; use a session id of your own",
             ),
             (
                 EngineError::Unexpected(InternalError::BadRunId),

@@ -358,6 +358,8 @@ impl Supervisor {
         if !self.inner.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
+        self.may_join(&params.session.id, requester.as_ref())
+            .await?;
         if let Some(who) = requester.clone() {
             let p = params.clone();
             blocking(move || accept::check_paths_for(&who, &p)).await?;
@@ -456,6 +458,46 @@ impl Supervisor {
         self.inner.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Refuses a run `who` may not see (another uid's) as if it did not
+    /// exist: the same error as an unknown run id.
+    pub fn check_visible(
+        &self,
+        id: &RunId,
+        who: Option<&policy::rights::Requester>,
+    ) -> Result<(), EngineError> {
+        if policy::rights::may_act_on(who, run_owner(&self.slot(id)?.snapshot())) {
+            return Ok(());
+        }
+        Err(EngineError::RunNotFound(id.to_string()))
+    }
+
+    /// Whether `who` may see the run `run_id` (an unknown one: no).
+    pub fn run_visible(&self, run_id: &str, who: Option<&policy::rights::Requester>) -> bool {
+        RunId::parse(run_id).is_some_and(|id| self.check_visible(&id, who).is_ok())
+    }
+
+    /// Refuses a session `who` may not join with a run (another uid's).
+    async fn may_join(
+        &self,
+        session: &str,
+        who: Option<&policy::rights::Requester>,
+    ) -> Result<(), EngineError> {
+        crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session.id", p))?;
+        let (inner, session, who) = (self.inner.clone(), session.to_owned(), who.cloned());
+        blocking(move || Ok(inner.sessions.may_join(&session, who.as_ref())?)).await
+    }
+
+    /// Refuses a session `who` may not use (another uid's).
+    pub async fn may_use_session(
+        &self,
+        session: &str,
+        who: Option<&policy::rights::Requester>,
+    ) -> Result<(), EngineError> {
+        crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
+        let (inner, session, who) = (self.inner.clone(), session.to_owned(), who.cloned());
+        blocking(move || Ok(inner.sessions.may_use(&session, who.as_ref())?)).await
+    }
+
     /// A run's current status.
     pub fn status(&self, id: &RunId) -> Result<RunStatus, EngineError> {
         Ok(self.slot(id)?.snapshot().status())
@@ -522,6 +564,16 @@ impl Supervisor {
 
     /// Runs, oldest first, optionally of one session and in one state.
     pub fn list(&self, session: Option<&str>, state: Option<RunState>) -> Vec<RunStatus> {
+        self.list_for(session, state, None)
+    }
+
+    /// [`Supervisor::list`] of the runs `who` may see.
+    pub fn list_for(
+        &self,
+        session: Option<&str>,
+        state: Option<RunState>,
+        who: Option<&policy::rights::Requester>,
+    ) -> Vec<RunStatus> {
         let slots: Vec<Arc<Slot>> = self
             .inner
             .runs
@@ -535,17 +587,23 @@ impl Supervisor {
             .map(|s| s.snapshot())
             .filter(|r| session.is_none_or(|s| r.session_id == s))
             .filter(|r| state.is_none_or(|s| r.state == s))
+            .filter(|r| policy::rights::may_act_on(who, run_owner(r)))
             .map(|r| r.status())
             .collect()
     }
 
     /// Takes the session's pending notices, oldest first; each is returned
-    /// by exactly one call.
-    pub async fn take_notices(&self, session: &str) -> Result<Vec<Notice>, EngineError> {
+    /// by exactly one call. Refused when the session is not `who`'s.
+    pub async fn take_notices(
+        &self,
+        session: &str,
+        who: Option<&policy::rights::Requester>,
+    ) -> Result<Vec<Notice>, EngineError> {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
-        let session = session.to_owned();
+        let (session, who) = (session.to_owned(), who.cloned());
         blocking(move || {
+            inner.sessions.may_use(&session, who.as_ref())?;
             inner
                 .notices
                 .take(&session)
@@ -554,32 +612,32 @@ impl Supervisor {
         .await
     }
 
-    /// Puts `files` at the front of the session's recent files.
+    /// Puts `files` at the front of the session's recent files. Refused
+    /// when the session is not `who`'s.
     pub async fn touch_files(
         &self,
         session: &str,
         files: Vec<std::path::PathBuf>,
+        who: Option<&policy::rights::Requester>,
     ) -> Result<crate::sessions::SessionState, EngineError> {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
-        let session = session.to_owned();
-        blocking(move || {
-            inner
-                .sessions
-                .touch(&session, &files)
-                .map_err(|e| EngineError::StateDir(e.into()))
-        })
-        .await
+        let (session, who) = (session.to_owned(), who.cloned());
+        blocking(move || Ok(inner.sessions.touch(&session, &files, who.as_ref())?)).await
     }
 
     /// The session's working context now: its state, a fresh git snapshot,
-    /// and the rendered block.
-    pub async fn working_context(&self, session: &str) -> Result<serde_json::Value, EngineError> {
+    /// and the rendered block. Refused when the session is not `who`'s.
+    pub async fn working_context(
+        &self,
+        session: &str,
+        who: Option<&policy::rights::Requester>,
+    ) -> Result<serde_json::Value, EngineError> {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
-        let session = session.to_owned();
+        let (session, who) = (session.to_owned(), who.cloned());
         blocking(move || {
-            let (state, git) = workctx::current(&inner, &session);
+            let (state, git) = workctx::current(&inner, &session, who.as_ref())?;
             let dir = state.project_dir.clone().unwrap_or_default();
             let block = policy::workctx::render_block(&dir, &state.recent_files, &git);
             Ok(serde_json::json!({
@@ -623,6 +681,13 @@ impl Supervisor {
         }
         saved
     }
+}
+
+/// Whose a run is: its requester's when another uid asked for it, else
+/// the daemon's.
+fn run_owner(rec: &RunRecord) -> u32 {
+    let recorded = rec.on_behalf.as_ref().map(|ob| ob.requester.uid);
+    policy::rights::recorded_owner(recorded, crate::paths::uid())
 }
 
 /// One count in the engine's `waiting` for a spawn that found no free

@@ -461,17 +461,19 @@ pub(crate) fn observe_and_merge(inner: &Inner, rec: &RunRecord, merge: bool) -> 
     report
 }
 
-/// The snapshot and the block for a session right now. Blocking.
+/// The snapshot and the block for a session right now, for `who`
+/// (refused when the session is another uid's). Blocking.
 pub(crate) fn current(
     inner: &Inner,
     session: &str,
-) -> (crate::sessions::SessionState, GitSnapshot) {
-    let state = inner.sessions.get(session);
+    who: Option<&policy::rights::Requester>,
+) -> Result<(crate::sessions::SessionState, GitSnapshot), crate::sessions::SessionError> {
+    let state = inner.sessions.get_for(session, who)?;
     let git = match &state.project_dir {
         Some(d) => crate::gitsnap::snapshot(d, inner.cfg.git_budget),
         None => GitSnapshot::Unavailable {
             reason: "the session has no project dir yet".into(),
         },
     };
-    (state, git)
+    Ok((state, git))
 }

@@ -67,6 +67,9 @@ impl From<DaemonError> for ToolError {
             DaemonError::Rpc(e) if e.code == codes::SHUTTING_DOWN => {
                 ". Wait a little and call again."
             }
+            DaemonError::Rpc(e) if e.code == codes::SESSION_NOT_OWNED => {
+                ". Calling again will not help: ask the user to start subagent mcp with a --session of their own."
+            }
             DaemonError::Rpc(_) => "",
             DaemonError::Untrusted(crate::trust::TrustError::Peer { .. }) => {
                 ". Calling again will not help: ask the user what listens on that socket."
@@ -229,5 +232,11 @@ mod tests {
         ))
         .into();
         assert!(e.to_string().contains("list_agent_runs"), "{e}");
+        let e: ToolError = DaemonError::Rpc(crate::protocol::RpcError::new(
+            codes::SESSION_NOT_OWNED,
+            "permission denied: session s belongs to another user",
+        ))
+        .into();
+        assert!(e.to_string().contains("--session"), "{e}");
     }
 }

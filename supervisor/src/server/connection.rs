@@ -238,13 +238,14 @@ impl Connection {
         id: Option<Value>,
         session: Option<String>,
     ) -> Result<(), Close> {
-        let result = match check_subscription(&session) {
+        let result = match self.check_subscription(&session).await {
             Ok(()) => {
                 if let Some(old) = self.subscription.take() {
                     old.abort();
                     let _ = old.await;
                 }
-                let (task, v) = subscribe(&self.sup, session, &self.tx, &self.close);
+                let who = self.requester.clone();
+                let (task, v) = subscribe(&self.sup, session, who, &self.tx, &self.close);
                 self.subscription = Some(task);
                 Ok(v)
             }
@@ -272,6 +273,20 @@ impl Connection {
             }
             drop(permit);
         });
+        Ok(())
+    }
+
+    /// Checks a subscribe's params: a session, when named, must be one the
+    /// caller may use.
+    async fn check_subscription(&self, session: &Option<String>) -> Result<(), RpcError> {
+        if let Some(s) = session {
+            crate::ids::check_session_id(s)
+                .map_err(|e| RpcError::invalid_params("session_id", e))?;
+            self.sup
+                .may_use_session(s, self.requester.as_ref())
+                .await
+                .map_err(|e| RpcError::from(&e))?;
+        }
         Ok(())
     }
 
@@ -329,30 +344,27 @@ fn reply(id: &Value, result: Result<Value, RpcError>) -> Vec<u8> {
     }
 }
 
-/// Checks a subscribe's params.
-fn check_subscription(session: &Option<String>) -> Result<(), RpcError> {
-    if let Some(s) = session {
-        crate::ids::check_session_id(s).map_err(|e| RpcError::invalid_params("session_id", e))?;
-    }
-    Ok(())
-}
-
-/// Starts forwarding finished-run notices (of one session, or all) to this
-/// connection; `session` was checked by [`check_subscription`].
+/// Starts forwarding finished-run notices (of one session, or all; of the
+/// runs `who` may see) to this connection; `session` was checked by
+/// [`Connection::check_subscription`].
 fn subscribe(
     sup: &Supervisor,
     session: Option<String>,
+    who: Option<Requester>,
     tx: &mpsc::Sender<Vec<u8>>,
     close: &Arc<Notify>,
 ) -> (tokio::task::JoinHandle<()>, Value) {
     let mut rx = sup.subscribe();
-    let (tx, close) = (tx.clone(), close.clone());
+    let (sup, tx, close) = (sup.clone(), tx.clone(), close.clone());
     let filter = session.clone();
     let task = tokio::spawn(async move {
         loop {
             match rx.recv().await {
                 Ok(n) => {
                     if filter.as_ref().is_some_and(|s| *s != n.session_id) {
+                        continue;
+                    }
+                    if who.is_some() && !sup.run_visible(&n.run_id, who.as_ref()) {
                         continue;
                     }
                     let params = serde_json::to_value(&n).unwrap_or(Value::Null);

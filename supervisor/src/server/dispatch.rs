@@ -11,25 +11,40 @@ fn run_id(s: &str) -> Result<RunId, RpcError> {
         .ok_or_else(|| RpcError::invalid_params("run_id", format!("{s:?} is not a run id")))
 }
 
+/// The run id, when `who` may see that run (another uid's: not found).
+fn visible_run(
+    sup: &Supervisor,
+    s: &str,
+    who: Option<&policy::rights::Requester>,
+) -> Result<RunId, RpcError> {
+    let id = run_id(s)?;
+    sup.check_visible(&id, who)
+        .map_err(|e| RpcError::from(&e))?;
+    Ok(id)
+}
+
 fn to_value<T: serde::Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
 /// Executes `call` (every method but `subscribe`, which belongs to the
-/// connection); a spawn is for `requester` (None: the daemon's uid or root).
+/// connection) for `requester` (None: the daemon's uid or root, who see
+/// everything). Another uid acts on its own runs and sessions only: a run
+/// of someone else's is answered as unknown, a session refused.
 pub async fn execute(
     sup: &Supervisor,
     call: Call,
     requester: Option<policy::rights::Requester>,
 ) -> Result<Value, RpcError> {
     let r = |e: crate::engine::EngineError| RpcError::from(&e);
+    let who = requester.as_ref();
     match call {
         Call::SpawnAgent(p) => {
             let id = sup.spawn_for(*p, requester).await.map_err(r)?;
             Ok(json!({"run_id": id.as_str(), "state": "accepted"}))
         }
         Call::CheckAgentRun(p) => {
-            let id = run_id(&p.run_id)?;
+            let id = visible_run(sup, &p.run_id, who)?;
             let status = if p.cancel {
                 sup.cancel(&id).await.map_err(r)?
             } else {
@@ -38,7 +53,7 @@ pub async fn execute(
             Ok(to_value(&status))
         }
         Call::WaitAgentRun(p) => {
-            let id = run_id(&p.run_id)?;
+            let id = visible_run(sup, &p.run_id, who)?;
             let status = sup
                 .wait(&id, p.timeout_ms.map(Duration::from_millis))
                 .await
@@ -46,7 +61,7 @@ pub async fn execute(
             Ok(to_value(&status))
         }
         Call::CancelAgentRun(p) => {
-            let id = run_id(&p.run_id)?;
+            let id = visible_run(sup, &p.run_id, who)?;
             Ok(to_value(&sup.cancel(&id).await.map_err(r)?))
         }
         Call::ListAgentRuns(p) => {
@@ -54,18 +69,21 @@ pub async fn execute(
                 crate::ids::check_session_id(s)
                     .map_err(|e| RpcError::invalid_params("session_id", e))?;
             }
-            let runs = sup.list(p.session_id.as_deref(), p.state);
+            let runs = sup.list_for(p.session_id.as_deref(), p.state, who);
             Ok(json!({ "runs": runs }))
         }
         Call::TakeNotices(p) => {
-            let notices = sup.take_notices(&p.session_id).await.map_err(r)?;
+            let notices = sup.take_notices(&p.session_id, who).await.map_err(r)?;
             Ok(json!({ "notices": notices }))
         }
         Call::TouchFiles(p) => {
-            let state = sup.touch_files(&p.session_id, p.files).await.map_err(r)?;
+            let state = sup
+                .touch_files(&p.session_id, p.files, who)
+                .await
+                .map_err(r)?;
             Ok(json!({ "recent_files": state.recent_files }))
         }
-        Call::WorkingContext(p) => sup.working_context(&p.session_id).await.map_err(r),
+        Call::WorkingContext(p) => sup.working_context(&p.session_id, who).await.map_err(r),
         Call::Ping => Ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),
