@@ -22,6 +22,7 @@
 //! - [`gateway`]: the model gateway through which a driver's agent reaches
 //!   its configured endpoint, the daemon adding the key; and gateway.log.
 //! - [`runlog`]: the bounded JSON-lines writer both of those logs use.
+//! - [`runservice`]: the stop handle and accept both of those services use.
 //! - [`server`]: the Unix socket listener and one handler per connection.
 //! - [`client`]: a blocking client for the socket.
 //! - [`trust`]: what every client checks of the socket and its listener
@@ -47,6 +48,7 @@ pub mod result_md;
 pub mod rights;
 pub mod runas;
 pub mod runlog;
+pub mod runservice;
 pub mod sanitize;
 pub mod securedir;
 pub mod selfcheck;
