@@ -7,6 +7,7 @@
 
 pub mod agents;
 pub mod modelserver;
+pub mod otheruser;
 pub mod sleepers;
 
 use serde_json::{json, Value};

@@ -17,12 +17,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 use subagentd_e2e::{is_root, runnable, session, wait_until, Daemon, DaemonOpts};
 
-/// The ordinary user the attacks are made as.
-const USER: &str = "subagent-ci";
+// The ordinary user the attacks are made as.
+use subagentd_e2e::otheruser::{self, USER};
 
 /// `session_not_owned`: another user's session.
 const NOT_OWNED: i64 = -32008;
@@ -48,37 +47,7 @@ fn user() -> Option<(u32, u32)> {
             return None;
         }
     }
-    static IDS: OnceLock<(u32, u32)> = OnceLock::new();
-    Some(*IDS.get_or_init(|| {
-        let id = |flag: &str| {
-            Command::new("id")
-                .args([flag, USER])
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .map(|o| {
-                    String::from_utf8_lossy(&o.stdout)
-                        .trim()
-                        .parse::<u32>()
-                        .unwrap()
-                })
-        };
-        if id("-u").is_none() {
-            let st = Command::new("useradd")
-                .args([
-                    "--system",
-                    "--no-create-home",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    USER,
-                ])
-                .status()
-                .unwrap();
-            // Another test process may have made it meanwhile.
-            assert!(st.success() || id("-u").is_some(), "useradd {USER}");
-        }
-        (id("-u").unwrap(), id("-g").unwrap())
-    }))
+    Some(otheruser::ids())
 }
 
 /// A root daemon that lets `uid` connect (`allow_uids`, socket 0666).
