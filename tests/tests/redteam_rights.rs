@@ -17,8 +17,8 @@ use std::process::Command;
 use std::time::Duration;
 use subagentd_e2e::{is_root, runnable, session, wait_until, Daemon, DaemonOpts};
 
-// The ordinary user the attacks are made as.
-use subagentd_e2e::otheruser::{self, USER};
+// The ordinary user the attacks are made as is otheruser::USER.
+use subagentd_e2e::otheruser;
 
 // ---------------------------------------------------------------------------
 // Helpers

@@ -20,8 +20,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 use subagentd_e2e::{is_root, runnable, session, wait_until, Daemon, DaemonOpts};
 
-// The ordinary user the attacks are made as.
-use subagentd_e2e::otheruser::{self, USER};
+// The ordinary user the attacks are made as is otheruser::USER.
+use subagentd_e2e::otheruser;
 
 /// `session_not_owned`: another user's session.
 const NOT_OWNED: i64 = -32008;
