@@ -12,11 +12,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use subagentd_e2e::mcpstdio::LineChild;
 use subagentd_e2e::{bin, is_root, runnable, wait_until, Daemon};
 
 /// The task text every attack tries to steal.
@@ -279,9 +279,7 @@ fn venv_python() -> Option<PathBuf> {
 
 /// One `subagent mcp` and the client talking to it.
 struct Mcp {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
+    io: LineChild,
     /// The Python client (its driver's line protocol), else raw JSON-RPC.
     python: bool,
     next_id: u64,
@@ -323,23 +321,9 @@ impl Mcp {
                 c
             }
         };
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
+        let io = LineChild::spawn(&mut cmd);
         let mut m = Mcp {
-            child,
-            stdin,
-            lines,
+            io,
             python: py.is_some(),
             next_id: 1,
             errlog,
@@ -371,17 +355,14 @@ impl Mcp {
     }
 
     fn read(&self) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|e| {
-                panic!("no answer from the MCP server ({e}); log:\n{}", self.log())
-            });
+        let line = self.io.recv(Duration::from_secs(120)).unwrap_or_else(|e| {
+            panic!("no answer from the MCP server ({e}); log:\n{}", self.log())
+        });
         serde_json::from_str(&line).unwrap()
     }
 
     fn write(&mut self, v: Value) {
-        writeln!(self.stdin, "{v}").unwrap();
+        self.io.write(&v);
     }
 
     /// A raw JSON-RPC request; notifications meanwhile are skipped.
@@ -422,13 +403,6 @@ impl Mcp {
         let r = self.call(name, args.clone());
         assert_eq!(r["isError"], false, "{name} {args} -> {r}");
         r["structuredContent"].clone()
-    }
-}
-
-impl Drop for Mcp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
