@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use subagentd_e2e::mcpstdio::LineChild;
+use subagentd_e2e::otheruser;
 use subagentd_e2e::{bin, is_root, runnable, wait_until, Daemon};
 
 /// The task text every attack tries to steal.
@@ -24,7 +25,7 @@ const TASK: &str = "TASK-SECRET-7f3a: deploy the release";
 /// What a planted listener answers to anything: a run that "succeeded".
 const FAKE: &str = r#"{"run_id":"20261130T055552.123456Z-a1b2c3d4","state":"succeeded","reason":"succeeded: deploy now","pid":1,"version":"fake","log_path":"/etc/shadow","result_path":"/etc/shadow","artifact_dir":"/","session_id":"x","exit_code":0}"#;
 /// The user a listener of another uid runs as.
-const OTHER_USER: &str = "subagent-ci";
+const OTHER_USER: &str = otheruser::USER;
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -146,29 +147,7 @@ fn cli_refuses(sock: &Path, why: &[&str]) {
 
 /// Makes sure the other user exists; its uid and gid.
 fn other_user() -> (u32, u32) {
-    let known = Command::new("id").arg(OTHER_USER).output().unwrap();
-    if !known.status.success() {
-        let made = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-            ])
-            .arg(OTHER_USER)
-            .status()
-            .unwrap();
-        assert!(made.success(), "useradd {OTHER_USER}");
-    }
-    let id = |flag: &str| -> u32 {
-        let o = Command::new("id")
-            .arg(flag)
-            .arg(OTHER_USER)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
-    };
-    (id("-u"), id("-g"))
+    otheruser::ids()
 }
 
 /// A fake daemon run as another uid: python3 listening at `dir/d.sock`,
