@@ -150,6 +150,15 @@ fn other_user() -> (u32, u32) {
     otheruser::ids()
 }
 
+/// What a planted listener received: its own READY, never the task.
+fn assert_nothing_sent(got: &str) {
+    assert!(
+        !got.contains("TASK-SECRET"),
+        "the planted listener got the task: {got}"
+    );
+    assert_eq!(got.trim(), "READY", "nothing was sent: {got}");
+}
+
 /// A fake daemon run as another uid: python3 listening at `dir/d.sock`,
 /// recording what it is sent in `dir/got`.
 struct Foreign {
@@ -416,12 +425,7 @@ fn a_socket_dir_of_another_uid_gets_no_task() {
     let owner = format!("owned by uid {uid}");
     cli_refuses(&f.sock, &[dir.to_str().unwrap(), &owner]);
     mcp_refuses(&f.sock, &[dir.to_str().unwrap(), &owner]);
-    let got = f.received();
-    assert!(
-        !got.contains("TASK-SECRET"),
-        "the planted listener got the task: {got}"
-    );
-    assert_eq!(got.trim(), "READY", "nothing was sent: {got}");
+    assert_nothing_sent(&f.received());
 }
 
 #[test]
@@ -438,12 +442,7 @@ fn a_listener_of_another_uid_in_a_trusted_dir_gets_no_task() {
     let runs_as = format!("runs as uid {uid}");
     cli_refuses(&f.sock, &[&runs_as]);
     mcp_refuses(&f.sock, &[&runs_as]);
-    let got = f.received();
-    assert!(
-        !got.contains("TASK-SECRET"),
-        "the planted listener got the task: {got}"
-    );
-    assert_eq!(got.trim(), "READY", "nothing was sent: {got}");
+    assert_nothing_sent(&f.received());
 }
 
 #[test]
