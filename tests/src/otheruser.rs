@@ -42,3 +42,17 @@ pub fn ids() -> (u32, u32) {
         (id("-u").unwrap(), id("-g").unwrap())
     })
 }
+
+/// [`ids`], or `None` (after `SKIPPED: …`) when not root (`why_root` says
+/// what root is needed for) or the host cannot enforce the sandbox.
+pub fn ids_or_skip(why_root: &str) -> Option<(u32, u32)> {
+    if !crate::runnable(crate::is_root(), "root", why_root) {
+        return None;
+    }
+    for m in crate::missing_mechanisms() {
+        if !crate::runnable(false, &m, &format!("this host cannot enforce {m}")) {
+            return None;
+        }
+    }
+    Some(ids())
+}

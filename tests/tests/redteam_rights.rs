@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use subagentd_e2e::{is_root, runnable, session, wait_until, Daemon, DaemonOpts};
+use subagentd_e2e::{session, wait_until, Daemon, DaemonOpts};
 
 // The ordinary user the attacks are made as is otheruser::USER.
 use subagentd_e2e::otheruser;
@@ -27,19 +27,7 @@ use subagentd_e2e::otheruser;
 /// The test user's uid and gid, made when missing; `None` (after
 /// `SKIPPED: …`) when not root or the host cannot enforce the sandbox.
 fn user() -> Option<(u32, u32)> {
-    if !runnable(
-        is_root(),
-        "root",
-        "these attacks need root to make a user and root-owned victims",
-    ) {
-        return None;
-    }
-    for m in subagentd_e2e::missing_mechanisms() {
-        if !runnable(false, &m, &format!("this host cannot enforce {m}")) {
-            return None;
-        }
-    }
-    Some(otheruser::ids())
+    otheruser::ids_or_skip("these attacks need root to make a user and root-owned victims")
 }
 
 /// A root daemon that lets `uid` connect (`allow_uids`, socket 0666).

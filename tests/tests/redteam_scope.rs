@@ -18,7 +18,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
-use subagentd_e2e::{is_root, runnable, session, wait_until, Daemon, DaemonOpts};
+use subagentd_e2e::{session, wait_until, Daemon, DaemonOpts};
 
 // The ordinary user the attacks are made as is otheruser::USER.
 use subagentd_e2e::otheruser;
@@ -35,19 +35,7 @@ const NOT_FOUND: i64 = -32000;
 /// The test user's uid and gid, made when missing; `None` (after
 /// `SKIPPED: …`) when not root or the host cannot enforce the sandbox.
 fn user() -> Option<(u32, u32)> {
-    if !runnable(
-        is_root(),
-        "root",
-        "these attacks need root to make a user and a root daemon it may use",
-    ) {
-        return None;
-    }
-    for m in subagentd_e2e::missing_mechanisms() {
-        if !runnable(false, &m, &format!("this host cannot enforce {m}")) {
-            return None;
-        }
-    }
-    Some(otheruser::ids())
+    otheruser::ids_or_skip("these attacks need root to make a user and a root daemon it may use")
 }
 
 /// A root daemon that lets `uid` connect (`allow_uids`, socket 0666).
