@@ -33,31 +33,22 @@ fn file_name(path: &Path) -> String {
         .into_owned()
 }
 
-/// What a log counts against its cap when it is opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Start {
-    /// What the file already holds.
-    FileLength,
-    /// Nothing: only the lines written through this writer.
-    Empty,
-}
-
-/// A log file opened on its first line; lines past `cap` bytes are refused.
+/// A log file opened on its first line; what it already holds counts
+/// against `cap` (a log served again after a restart stays bounded), and
+/// lines past it are refused.
 pub struct LineFile {
     path: PathBuf,
     cap: u64,
-    start: Start,
     file: Option<std::fs::File>,
     len: u64,
 }
 
 impl LineFile {
     /// The log at `path`, holding at most `cap` bytes.
-    pub fn new(path: PathBuf, cap: u64, start: Start) -> LineFile {
+    pub fn new(path: PathBuf, cap: u64) -> LineFile {
         LineFile {
             path,
             cap,
-            start,
             file: None,
             len: 0,
         }
@@ -89,9 +80,7 @@ impl LineFile {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&self.path)
                 .map_err(io)?;
-            if self.start == Start::FileLength {
-                self.len = f.metadata().map_err(io)?.len();
-            }
+            self.len = f.metadata().map_err(io)?.len();
             self.file = Some(f);
         }
         if !self.fits(line.len()) {
@@ -138,20 +127,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn what_the_file_holds_counts_only_when_asked() {
+    fn what_the_file_holds_counts_against_the_cap() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.log");
         std::fs::write(&path, "12345\n").unwrap();
-        let mut counted = LineFile::new(path.clone(), 10, Start::FileLength);
+        let mut counted = LineFile::new(path.clone(), 10);
         let err = counted.append(b"abcde\n").unwrap_err();
         assert_eq!(
             err.to_string(),
             "x.log has reached the run's disk budget (10 bytes)"
         );
         assert!(!counted.has_room());
-        let mut fresh = LineFile::new(path.clone(), 10, Start::Empty);
+        assert_eq!(std::fs::read(&path).unwrap(), b"12345\n");
+        let mut fresh = LineFile::new(dir.path().join("y.log"), 10);
         fresh.append(b"abcde\n").unwrap();
         assert!(!fresh.fits(5));
-        assert_eq!(std::fs::read(&path).unwrap(), b"12345\nabcde\n");
     }
 }

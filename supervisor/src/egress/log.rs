@@ -2,7 +2,7 @@
 //! folder, within the run's disk budget; and the summary that
 //! check_agent_run and result.md show.
 
-use crate::runlog::{LineFile, RunLogError, Start};
+use crate::runlog::{LineFile, RunLogError};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -118,7 +118,7 @@ impl EgressLog {
     pub fn new(path: PathBuf, cap: u64) -> EgressLog {
         EgressLog {
             state: Mutex::new(LogState {
-                file: LineFile::new(path, cap, Start::FileLength),
+                file: LineFile::new(path, cap),
                 window: None,
                 refused_lines: 0,
                 held: 0,

@@ -2,7 +2,7 @@
 //! model gateway (method, path, status, bytes, time; never a header, so
 //! never the key), in the run folder, within the run's disk budget.
 
-use crate::runlog::{LineFile, RunLogError, Start};
+use crate::runlog::{LineFile, RunLogError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -77,7 +77,7 @@ impl GatewayLog {
     pub fn new(path: PathBuf, cap: u64) -> GatewayLog {
         GatewayLog {
             state: Mutex::new(State {
-                file: LineFile::new(path, cap, Start::Empty),
+                file: LineFile::new(path, cap),
                 dropped: 0,
             }),
         }
