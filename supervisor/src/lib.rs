@@ -21,6 +21,8 @@
 //!   their listed hosts, and their egress.log.
 //! - [`gateway`]: the model gateway through which a driver's agent reaches
 //!   its configured endpoint, the daemon adding the key; and gateway.log.
+//! - [`runlog`]: the bounded JSON-lines writer both of those logs use.
+//! - [`runservice`]: the stop handle and accept both of those services use.
 //! - [`server`]: the Unix socket listener and one handler per connection.
 //! - [`client`]: a blocking client for the socket.
 //! - [`trust`]: what every client checks of the socket and its listener
@@ -45,6 +47,8 @@ pub mod record;
 pub mod result_md;
 pub mod rights;
 pub mod runas;
+pub mod runlog;
+pub mod runservice;
 pub mod sanitize;
 pub mod securedir;
 pub mod selfcheck;

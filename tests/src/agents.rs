@@ -51,3 +51,32 @@ pub fn require(find: fn() -> Result<PathBuf, String>, mechanism: &str) -> Option
         }
     }
 }
+
+/// The daemon variable a driver test's config names for the key.
+pub const KEY_VAR: &str = "SUBAGENT_TEST_MODEL_KEY";
+
+/// A daemon whose config sets `driver`'s program, endpoint and key (in
+/// [`KEY_VAR`]); `extra` goes into the driver's table (what comes before
+/// a line `[]` in it, at the top); and the home holding the config.
+pub fn daemon(
+    driver: &str,
+    program: &std::path::Path,
+    base_url: &str,
+    extra: &str,
+    key: &str,
+) -> (crate::Daemon, tempfile::TempDir) {
+    let home = tempfile::tempdir_in("/tmp").unwrap();
+    let cfg = home.path().join("config.toml");
+    let (top, extra) = extra.split_once("\n[]\n").unwrap_or(("", extra));
+    let text = format!(
+        "{top}\n[drivers.{driver}]\ncommand = {:?}\nbase_url = {base_url:?}\napi_key_env = {KEY_VAR:?}\n{extra}",
+        program.display().to_string()
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let d = crate::Daemon::start_with(crate::DaemonOpts {
+        env: vec![(KEY_VAR.to_owned(), key.to_owned())],
+        args: vec!["--config".into(), cfg.display().to_string()],
+        ..Default::default()
+    });
+    (d, home)
+}

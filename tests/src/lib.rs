@@ -6,7 +6,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod agents;
+pub mod mcpstdio;
 pub mod modelserver;
+pub mod otheruser;
 pub mod sleepers;
 
 use serde_json::{json, Value};

@@ -12,39 +12,13 @@ use subagentd_e2e::agents;
 use subagentd_e2e::modelserver::{ModelServer, Turn};
 use subagentd_e2e::{session, Daemon, DaemonOpts};
 
-/// The daemon variable the config names for the key.
-const KEY_VAR: &str = "SUBAGENT_TEST_MODEL_KEY";
-
 /// A key no file should ever hold.
 fn key() -> String {
     format!("sk-test-{}", session("key"))
 }
 
-/// A daemon whose config sets `driver`'s program, endpoint and key;
-/// `extra` goes into the driver's table (what comes before a line `[]`
-/// in it, at the top).
-fn daemon(
-    driver: &str,
-    program: &Path,
-    base_url: &str,
-    extra: &str,
-    key: &str,
-) -> (Daemon, tempfile::TempDir) {
-    let home = tempfile::tempdir_in("/tmp").unwrap();
-    let cfg = home.path().join("config.toml");
-    let (top, extra) = extra.split_once("\n[]\n").unwrap_or(("", extra));
-    let text = format!(
-        "{top}\n[drivers.{driver}]\ncommand = {:?}\nbase_url = {base_url:?}\napi_key_env = {KEY_VAR:?}\n{extra}",
-        program.display().to_string()
-    );
-    std::fs::write(&cfg, text).unwrap();
-    let d = Daemon::start_with(DaemonOpts {
-        env: vec![(KEY_VAR.to_owned(), key.to_owned())],
-        args: vec!["--config".into(), cfg.display().to_string()],
-        ..Default::default()
-    });
-    (d, home)
-}
+// A daemon for `driver`: agents::daemon.
+use subagentd_e2e::agents::daemon;
 
 /// A project dir the run's uid can write (idmapped to its owner).
 fn project() -> tempfile::TempDir {

@@ -5,11 +5,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::{Command, Stdio};
 use std::time::Duration;
+use subagentd_e2e::mcpstdio::LineChild;
 use subagentd_e2e::{
     alive, bin, runnable, sleep_marker, sleeping, unsafe_kill, wait_until, Conn, Daemon,
 };
@@ -41,9 +40,7 @@ fn python() -> Option<PathBuf> {
 
 /// A Python MCP client connected to one `subagent mcp`.
 struct Client {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
+    io: LineChild,
     /// What `initialize` returned.
     init: Value,
     /// The server's stderr (and the driver's).
@@ -61,25 +58,13 @@ impl Client {
             "command": bin("subagent"), "args": args, "env": env, "cwd": "/tmp",
             "errlog": errlog, "client_name": "py test",
         });
-        let mut child = Command::new(py)
-            .arg(repo().join("tests/mcp/driver.py"))
-            .arg(cfg.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
+        let io = LineChild::spawn(
+            Command::new(py)
+                .arg(repo().join("tests/mcp/driver.py"))
+                .arg(cfg.to_string()),
+        );
         let mut c = Client {
-            child,
-            stdin,
-            lines,
+            io,
             init: Value::Null,
             errlog,
             _dir: dir,
@@ -99,14 +84,14 @@ impl Client {
 
     fn read(&self) -> Value {
         let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(120))
+            .io
+            .recv(Duration::from_secs(120))
             .unwrap_or_else(|e| panic!("no answer from the driver ({e}); log:\n{}", self.log()));
         serde_json::from_str(&line).unwrap()
     }
 
     fn send(&mut self, cmd: Value) -> Value {
-        writeln!(self.stdin, "{cmd}").unwrap();
+        self.io.write(&cmd);
         let v = self.read();
         assert!(
             v.get("error").is_none(),
@@ -133,13 +118,6 @@ impl Client {
         let r = self.send(json!({"op": op, "name": name, "args": args}))["result"].clone();
         assert_eq!(r["isError"], true, "{name} {args} -> {r}");
         r["content"][0]["text"].as_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -959,7 +937,7 @@ fn a_daemon_restart_during_a_wait_is_a_tool_error_and_the_session_goes_on() {
     let wait = json!({"op": "call", "name": "wait_agent_run",
                       "args": {"run_id": run, "timeout_s": 40}});
     let at_rest = sockets(server[0]);
-    writeln!(c.stdin, "{wait}").unwrap();
+    c.io.write(&wait);
     wait_until(
         Duration::from_secs(20),
         "the wait to reach the daemon",

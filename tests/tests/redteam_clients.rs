@@ -12,11 +12,12 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use subagentd_e2e::mcpstdio::LineChild;
+use subagentd_e2e::otheruser;
 use subagentd_e2e::{bin, is_root, runnable, wait_until, Daemon};
 
 /// The task text every attack tries to steal.
@@ -24,7 +25,7 @@ const TASK: &str = "TASK-SECRET-7f3a: deploy the release";
 /// What a planted listener answers to anything: a run that "succeeded".
 const FAKE: &str = r#"{"run_id":"20261130T055552.123456Z-a1b2c3d4","state":"succeeded","reason":"succeeded: deploy now","pid":1,"version":"fake","log_path":"/etc/shadow","result_path":"/etc/shadow","artifact_dir":"/","session_id":"x","exit_code":0}"#;
 /// The user a listener of another uid runs as.
-const OTHER_USER: &str = "subagent-ci";
+const OTHER_USER: &str = otheruser::USER;
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -146,29 +147,16 @@ fn cli_refuses(sock: &Path, why: &[&str]) {
 
 /// Makes sure the other user exists; its uid and gid.
 fn other_user() -> (u32, u32) {
-    let known = Command::new("id").arg(OTHER_USER).output().unwrap();
-    if !known.status.success() {
-        let made = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-            ])
-            .arg(OTHER_USER)
-            .status()
-            .unwrap();
-        assert!(made.success(), "useradd {OTHER_USER}");
-    }
-    let id = |flag: &str| -> u32 {
-        let o = Command::new("id")
-            .arg(flag)
-            .arg(OTHER_USER)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
-    };
-    (id("-u"), id("-g"))
+    otheruser::ids()
+}
+
+/// What a planted listener received: its own READY, never the task.
+fn assert_nothing_sent(got: &str) {
+    assert!(
+        !got.contains("TASK-SECRET"),
+        "the planted listener got the task: {got}"
+    );
+    assert_eq!(got.trim(), "READY", "nothing was sent: {got}");
 }
 
 /// A fake daemon run as another uid: python3 listening at `dir/d.sock`,
@@ -279,9 +267,7 @@ fn venv_python() -> Option<PathBuf> {
 
 /// One `subagent mcp` and the client talking to it.
 struct Mcp {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
+    io: LineChild,
     /// The Python client (its driver's line protocol), else raw JSON-RPC.
     python: bool,
     next_id: u64,
@@ -323,23 +309,9 @@ impl Mcp {
                 c
             }
         };
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
+        let io = LineChild::spawn(&mut cmd);
         let mut m = Mcp {
-            child,
-            stdin,
-            lines,
+            io,
             python: py.is_some(),
             next_id: 1,
             errlog,
@@ -371,17 +343,14 @@ impl Mcp {
     }
 
     fn read(&self) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|e| {
-                panic!("no answer from the MCP server ({e}); log:\n{}", self.log())
-            });
+        let line = self.io.recv(Duration::from_secs(120)).unwrap_or_else(|e| {
+            panic!("no answer from the MCP server ({e}); log:\n{}", self.log())
+        });
         serde_json::from_str(&line).unwrap()
     }
 
     fn write(&mut self, v: Value) {
-        writeln!(self.stdin, "{v}").unwrap();
+        self.io.write(&v);
     }
 
     /// A raw JSON-RPC request; notifications meanwhile are skipped.
@@ -425,13 +394,6 @@ impl Mcp {
     }
 }
 
-impl Drop for Mcp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `subagent mcp`'s spawn_agent at `sock` must be refused naming `why`.
 fn mcp_refuses(sock: &Path, why: &[&str]) {
     let s = sock.to_str().unwrap();
@@ -463,12 +425,7 @@ fn a_socket_dir_of_another_uid_gets_no_task() {
     let owner = format!("owned by uid {uid}");
     cli_refuses(&f.sock, &[dir.to_str().unwrap(), &owner]);
     mcp_refuses(&f.sock, &[dir.to_str().unwrap(), &owner]);
-    let got = f.received();
-    assert!(
-        !got.contains("TASK-SECRET"),
-        "the planted listener got the task: {got}"
-    );
-    assert_eq!(got.trim(), "READY", "nothing was sent: {got}");
+    assert_nothing_sent(&f.received());
 }
 
 #[test]
@@ -485,12 +442,7 @@ fn a_listener_of_another_uid_in_a_trusted_dir_gets_no_task() {
     let runs_as = format!("runs as uid {uid}");
     cli_refuses(&f.sock, &[&runs_as]);
     mcp_refuses(&f.sock, &[&runs_as]);
-    let got = f.received();
-    assert!(
-        !got.contains("TASK-SECRET"),
-        "the planted listener got the task: {got}"
-    );
-    assert_eq!(got.trim(), "READY", "nothing was sent: {got}");
+    assert_nothing_sent(&f.received());
 }
 
 #[test]

@@ -13,10 +13,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use subagentd_e2e::agents;
 use subagentd_e2e::modelserver::{ModelServer, Turn};
-use subagentd_e2e::{session, Daemon, DaemonOpts};
-
-/// The daemon variable the config names for the key.
-const KEY_VAR: &str = "SUBAGENT_TEST_MODEL_KEY";
+use subagentd_e2e::{session, Daemon};
 
 /// A key no file, environment or log of the run may hold.
 fn key() -> String {
@@ -30,28 +27,8 @@ fn daemon(program: &Path, base_url: &str, extra: &str, key: &str) -> (Daemon, te
     daemon_for("claude-code", program, base_url, extra, key)
 }
 
-/// [`daemon`] for `driver`.
-fn daemon_for(
-    driver: &str,
-    program: &Path,
-    base_url: &str,
-    extra: &str,
-    key: &str,
-) -> (Daemon, tempfile::TempDir) {
-    let home = tempfile::tempdir_in("/tmp").unwrap();
-    let cfg = home.path().join("config.toml");
-    let text = format!(
-        "[drivers.{driver}]\ncommand = {:?}\nbase_url = {base_url:?}\napi_key_env = {KEY_VAR:?}\n{extra}",
-        program.display().to_string()
-    );
-    std::fs::write(&cfg, text).unwrap();
-    let d = Daemon::start_with(DaemonOpts {
-        env: vec![(KEY_VAR.to_owned(), key.to_owned())],
-        args: vec!["--config".into(), cfg.display().to_string()],
-        ..Default::default()
-    });
-    (d, home)
-}
+// `daemon` for any driver.
+use subagentd_e2e::agents::daemon as daemon_for;
 
 fn project() -> tempfile::TempDir {
     let p = tempfile::Builder::new()

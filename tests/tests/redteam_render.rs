@@ -15,12 +15,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::{Command, Stdio};
 use std::time::Duration;
+use subagentd_e2e::mcpstdio::LineChild;
 use subagentd_e2e::{bin, runnable, script, session, Daemon, DaemonOpts};
 
 /// The daemon variable the config names for the driver's key.
@@ -86,42 +85,25 @@ fn driver_daemon() -> (Daemon, tempfile::TempDir) {
 /// A minimal MCP client on `subagent mcp`'s stdio (newline-delimited
 /// JSON-RPC), initialized.
 struct Mcp {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
+    io: LineChild,
     next_id: u64,
 }
 
 impl Mcp {
     fn start(d: &Daemon, project: &Path, home: &Path) -> Mcp {
-        let mut child = Command::new(bin("subagent"))
-            .arg("--state-dir")
-            .arg(&d.state)
-            .args(["mcp", "--no-start-daemon", "--project-dir"])
-            .arg(project)
-            .env("SUBAGENTD_SOCKET", &d.socket)
-            .env("HOME", home)
-            .env("XDG_CONFIG_HOME", home.join(".config"))
-            .env_remove("SUBAGENTD_CONFIG")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
-        let mut m = Mcp {
-            child,
-            stdin,
-            lines,
-            next_id: 1,
-        };
+        let io = LineChild::spawn(
+            Command::new(bin("subagent"))
+                .arg("--state-dir")
+                .arg(&d.state)
+                .args(["mcp", "--no-start-daemon", "--project-dir"])
+                .arg(project)
+                .env("SUBAGENTD_SOCKET", &d.socket)
+                .env("HOME", home)
+                .env("XDG_CONFIG_HOME", home.join(".config"))
+                .env_remove("SUBAGENTD_CONFIG")
+                .stderr(Stdio::null()),
+        );
+        let mut m = Mcp { io, next_id: 1 };
         let init = m.request(
             "initialize",
             json!({"protocolVersion": "2025-06-18", "capabilities": {},
@@ -133,8 +115,7 @@ impl Mcp {
     }
 
     fn send(&mut self, msg: Value) {
-        writeln!(self.stdin, "{msg}").unwrap();
-        self.stdin.flush().unwrap();
+        self.io.write(&msg);
     }
 
     /// Sends a request and returns its result (an error fails the test).
@@ -144,8 +125,8 @@ impl Mcp {
         self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         loop {
             let line = self
-                .lines
-                .recv_timeout(Duration::from_secs(90))
+                .io
+                .recv(Duration::from_secs(90))
                 .expect("an answer from subagent mcp");
             let msg: Value = serde_json::from_str(&line).unwrap();
             if msg["id"] == json!(id) {
@@ -160,13 +141,6 @@ impl Mcp {
         let r = self.request("tools/call", json!({"name": name, "arguments": args}));
         assert_eq!(r["isError"], false, "{name} -> {r}");
         r["content"][0]["text"].as_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Mcp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -14,12 +14,11 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
-use subagentd_e2e::{is_root, runnable, session, wait_until, Daemon, DaemonOpts};
+use subagentd_e2e::{session, wait_until, Daemon, DaemonOpts};
 
-/// The ordinary user the attacks are made as.
-const USER: &str = "subagent-ci";
+// The ordinary user the attacks are made as is otheruser::USER.
+use subagentd_e2e::otheruser;
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -28,49 +27,7 @@ const USER: &str = "subagent-ci";
 /// The test user's uid and gid, made when missing; `None` (after
 /// `SKIPPED: …`) when not root or the host cannot enforce the sandbox.
 fn user() -> Option<(u32, u32)> {
-    if !runnable(
-        is_root(),
-        "root",
-        "these attacks need root to make a user and root-owned victims",
-    ) {
-        return None;
-    }
-    for m in subagentd_e2e::missing_mechanisms() {
-        if !runnable(false, &m, &format!("this host cannot enforce {m}")) {
-            return None;
-        }
-    }
-    static IDS: OnceLock<(u32, u32)> = OnceLock::new();
-    Some(*IDS.get_or_init(|| {
-        let id = |flag: &str| {
-            Command::new("id")
-                .args([flag, USER])
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .map(|o| {
-                    String::from_utf8_lossy(&o.stdout)
-                        .trim()
-                        .parse::<u32>()
-                        .unwrap()
-                })
-        };
-        if id("-u").is_none() {
-            let st = Command::new("useradd")
-                .args([
-                    "--system",
-                    "--no-create-home",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    USER,
-                ])
-                .status()
-                .unwrap();
-            // Another test process may have made it meanwhile.
-            assert!(st.success() || id("-u").is_some(), "useradd {USER}");
-        }
-        (id("-u").unwrap(), id("-g").unwrap())
-    }))
+    otheruser::ids_or_skip("these attacks need root to make a user and root-owned victims")
 }
 
 /// A root daemon that lets `uid` connect (`allow_uids`, socket 0666).

@@ -2,8 +2,8 @@
 //! folder, within the run's disk budget; and the summary that
 //! check_agent_run and result.md show.
 
+use crate::runlog::{LineFile, RunLogError};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -86,56 +86,25 @@ pub const REFUSED_LINES_PER_S: u32 = 20;
 /// The longest host a line or a summary shows, in bytes (a DNS name's).
 pub const MAX_HOST_BYTES: usize = 253;
 
-/// `s` cut to at most `max` bytes, at a character boundary.
-pub fn clip(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
+pub use crate::runlog::clip;
 
 /// A child-chosen host as shown: at most [`MAX_HOST_BYTES`] of it, every
 /// character but printable ASCII escaped.
 pub fn shown_host(host: &str) -> String {
-    let mut out = String::new();
-    for c in clip(host, MAX_HOST_BYTES).chars() {
-        match c {
-            '!'..='~' => out.push(c),
-            _ => out.extend(c.escape_default()),
-        }
-    }
-    out
+    crate::runlog::shown(host, MAX_HOST_BYTES)
 }
 
 /// egress.log could not be written.
-#[derive(Debug, thiserror::Error)]
-pub enum LogError {
-    /// Opening or writing failed.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// egress.log.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-    /// The run's disk budget is used up.
-    #[error("egress.log has reached the run's disk budget ({0} bytes)")]
-    Full(u64),
-}
+pub type LogError = RunLogError;
 
 /// The run's egress.log, appended to, never past `cap` bytes; refusals
 /// over [`REFUSED_LINES_PER_S`] are counted, not written one by one.
 pub struct EgressLog {
-    path: PathBuf,
-    cap: u64,
     state: Mutex<LogState>,
 }
 
-#[derive(Default)]
 struct LogState {
-    file: Option<std::fs::File>,
-    len: u64,
+    file: LineFile,
     /// The second refused lines are counted in, and how many it wrote.
     window: Option<std::time::Instant>,
     refused_lines: u32,
@@ -148,16 +117,20 @@ impl EgressLog {
     /// The log at `path`, holding at most `cap` bytes.
     pub fn new(path: PathBuf, cap: u64) -> EgressLog {
         EgressLog {
-            path,
-            cap,
-            state: Mutex::new(LogState::default()),
+            state: Mutex::new(LogState {
+                file: LineFile::new(path, cap),
+                window: None,
+                refused_lines: 0,
+                held: 0,
+                held_reason: String::new(),
+            }),
         }
     }
 
     /// Whether another line may still be written.
     pub fn has_room(&self) -> bool {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.len < self.cap
+        st.file.has_room()
     }
 
     /// Records one attempt: a line of its own, or, for a refusal over the
@@ -211,30 +184,7 @@ impl EgressLog {
     fn write(&self, st: &mut LogState, entry: &Entry) -> Result<(), LogError> {
         let mut line = serde_json::to_vec(entry).unwrap_or_default();
         line.push(b'\n');
-        let io = |source| LogError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        if st.file.is_none() {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&self.path)
-                .map_err(io)?;
-            st.len = f.metadata().map_err(io)?.len();
-            st.file = Some(f);
-        }
-        if st.len + line.len() as u64 > self.cap {
-            st.len = self.cap;
-            return Err(LogError::Full(self.cap));
-        }
-        if let Some(f) = st.file.as_mut() {
-            f.write_all(&line).map_err(io)?;
-        }
-        st.len += line.len() as u64;
-        Ok(())
+        st.file.append(&line)
     }
 }
 

@@ -128,24 +128,8 @@ pub(crate) fn as_listener(fd: OwnedFd) -> std::io::Result<tokio::net::TcpListene
     tokio::net::TcpListener::from_std(l)
 }
 
-/// The longest the end of a run's proxy waits for its connections to
-/// write their lines before it drops them.
-const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// A run's proxy, served on a task of its own.
-pub struct Handle {
-    stop: tokio::sync::watch::Sender<bool>,
-    done: tokio::task::JoinHandle<()>,
-}
-
-impl Handle {
-    /// Ends the proxy and every connection it serves (the run has ended);
-    /// returns once their lines are written, or after [`STOP_GRACE`].
-    pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = tokio::time::timeout(STOP_GRACE * 2, self.done).await;
-    }
-}
+pub use crate::runservice::Handle;
+use crate::runservice::{accept, STOP_GRACE};
 
 /// Worker threads of the proxy's own runtime.
 const WORKERS: usize = 2;
@@ -184,21 +168,13 @@ pub fn start_runtime() {
 /// Serves run `run`'s channel on a task of its own, on the proxy's
 /// runtime, until its runner is gone or [`Handle::stop`].
 pub fn start(channel: OwnedFd, run: Arc<RunProxy>) -> Handle {
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let task = serve(channel, run, stopped);
-    let done = match runtime() {
-        Some(rt) => rt.spawn(task),
-        None => tokio::spawn(task),
-    };
-    Handle { stop, done }
-}
-
-/// Accepts on the attempt's listener, if there is one yet.
-async fn accept(l: Option<&tokio::net::TcpListener>) -> std::io::Result<tokio::net::TcpStream> {
-    match l {
-        Some(l) => l.accept().await.map(|(s, _)| s),
-        None => std::future::pending().await,
-    }
+    Handle::start(|stopped| {
+        let task = serve(channel, run, stopped);
+        match runtime() {
+            Some(rt) => rt.spawn(task),
+            None => tokio::spawn(task),
+        }
+    })
 }
 
 /// Serves run `run`'s channel: each listener it sends (one per attempt)

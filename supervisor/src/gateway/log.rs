@@ -2,9 +2,8 @@
 //! model gateway (method, path, status, bytes, time; never a header, so
 //! never the key), in the run folder, within the run's disk budget.
 
+use crate::runlog::{LineFile, RunLogError};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -39,15 +38,7 @@ pub struct Line {
 
 /// `s` as a line shows it: at most [`MAX_PATH_BYTES`], printable ASCII.
 pub fn shown(s: &str) -> String {
-    let clipped = crate::egress::log::clip(s, MAX_PATH_BYTES);
-    let mut out = String::with_capacity(clipped.len());
-    for c in clipped.chars() {
-        match c {
-            '!'..='~' => out.push(c),
-            _ => out.extend(c.escape_default()),
-        }
-    }
-    out
+    crate::runlog::shown(s, MAX_PATH_BYTES)
 }
 
 impl Line {
@@ -68,30 +59,16 @@ impl Line {
 }
 
 /// gateway.log could not be written.
-#[derive(Debug, thiserror::Error)]
-pub enum LogError {
-    /// Opening or writing failed.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// gateway.log.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-}
+pub type LogError = RunLogError;
 
-/// The run's gateway.log, appended to; lines past `cap` bytes are counted,
+/// The run's gateway.log, appended to; lines past its cap are counted,
 /// not written.
 pub struct GatewayLog {
-    path: PathBuf,
-    cap: u64,
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
-    file: Option<std::fs::File>,
-    len: u64,
+    file: LineFile,
     dropped: u64,
 }
 
@@ -99,9 +76,10 @@ impl GatewayLog {
     /// The log at `path`, holding at most `cap` bytes.
     pub fn new(path: PathBuf, cap: u64) -> GatewayLog {
         GatewayLog {
-            path,
-            cap,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                file: LineFile::new(path, cap),
+                dropped: 0,
+            }),
         }
     }
 
@@ -110,39 +88,16 @@ impl GatewayLog {
         let mut text = serde_json::to_string(line).unwrap_or_default();
         text.push('\n');
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.len + text.len() as u64 > self.cap {
+        if !st.file.fits(text.len()) {
             st.dropped += 1;
             return Ok(());
         }
-        self.write(&mut st, text.as_bytes())
+        st.file.append(text.as_bytes())
     }
 
     /// How many lines did not fit.
     pub fn dropped(&self) -> u64 {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).dropped
-    }
-
-    fn write(&self, st: &mut State, bytes: &[u8]) -> Result<(), LogError> {
-        let io = |source| LogError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        if st.file.is_none() {
-            // The run folder is the daemon's; a link there is refused anyway.
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&self.path)
-                .map_err(io)?;
-            st.file = Some(f);
-        }
-        if let Some(f) = st.file.as_mut() {
-            f.write_all(bytes).map_err(io)?;
-            st.len += bytes.len() as u64;
-        }
-        Ok(())
     }
 }
 

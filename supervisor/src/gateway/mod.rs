@@ -90,37 +90,13 @@ impl RunGateway {
     }
 }
 
-/// The longest the end of a run's gateway waits for its connections.
-const STOP_GRACE: Duration = Duration::from_secs(2);
-
-/// A run's gateway, served on a task of its own.
-pub struct Handle {
-    stop: tokio::sync::watch::Sender<bool>,
-    done: tokio::task::JoinHandle<()>,
-}
-
-impl Handle {
-    /// Ends the gateway and every connection it serves (the run has
-    /// ended).
-    pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = tokio::time::timeout(STOP_GRACE * 2, self.done).await;
-    }
-}
+pub use crate::runservice::Handle;
+use crate::runservice::{accept, STOP_GRACE};
 
 /// Serves run `run`'s gateway channel on a task of its own until its
 /// runner is gone or [`Handle::stop`].
 pub fn start(channel: OwnedFd, run: Arc<RunGateway>) -> Handle {
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let done = tokio::spawn(serve(channel, run, stopped));
-    Handle { stop, done }
-}
-
-async fn accept(l: Option<&tokio::net::TcpListener>) -> std::io::Result<tokio::net::TcpStream> {
-    match l {
-        Some(l) => l.accept().await.map(|(s, _)| s),
-        None => std::future::pending().await,
-    }
+    Handle::start(|stopped| tokio::spawn(serve(channel, run, stopped)))
 }
 
 /// Serves the channel: each listener it sends (one per attempt) replaces
