@@ -56,3 +56,19 @@ pub fn ids_or_skip(why_root: &str) -> Option<(u32, u32)> {
     }
     Some(ids())
 }
+
+/// A root daemon that lets `uid` connect (`allow_uids`, then `extra` in
+/// its config; socket 0666, its dir 0755), and the dir of that config.
+pub fn daemon_allowing(uid: u32, extra: &str) -> (crate::Daemon, tempfile::TempDir) {
+    use std::os::unix::fs::PermissionsExt;
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_dir.path().join("c.toml");
+    std::fs::write(&cfg, format!("allow_uids = [{uid}]\n{extra}")).unwrap();
+    let d = crate::Daemon::start_with(crate::DaemonOpts {
+        args: vec!["--config".into(), cfg.display().to_string()],
+        ..Default::default()
+    });
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    (d, cfg_dir)
+}

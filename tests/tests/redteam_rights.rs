@@ -30,20 +30,6 @@ fn user() -> Option<(u32, u32)> {
     otheruser::ids_or_skip("these attacks need root to make a user and root-owned victims")
 }
 
-/// A root daemon that lets `uid` connect (`allow_uids`, socket 0666).
-fn daemon_for(uid: u32, extra: &str) -> (Daemon, tempfile::TempDir) {
-    let cfg_dir = tempfile::tempdir().unwrap();
-    let cfg = cfg_dir.path().join("c.toml");
-    std::fs::write(&cfg, format!("allow_uids = [{uid}]\n{extra}")).unwrap();
-    let d = Daemon::start_with(DaemonOpts {
-        args: vec!["--config".into(), cfg.display().to_string()],
-        ..Default::default()
-    });
-    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    (d, cfg_dir)
-}
-
 /// A directory under /tmp with `mode`, owned by `owner` (root when None).
 fn dir(prefix: &str, mode: u32, owner: Option<(u32, u32)>) -> tempfile::TempDir {
     let d = tempfile::Builder::new()
@@ -125,7 +111,7 @@ fn ended(d: &Daemon, resp: &Value) -> Option<Value> {
 #[test]
 fn a_root_only_project_dir_is_refused_naming_path_and_right() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let victim = dir("sa-rights-root-", 0o700, None);
     root_file(&victim.path().join("secret"), "ROOT-SECRET\n", 0o600);
     let p = spawn_params(victim.path(), "cat secret", json!({}));
@@ -138,7 +124,7 @@ fn a_root_only_project_dir_is_refused_naming_path_and_right() {
 #[test]
 fn a_root_only_secret_under_read_paths_is_refused() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let project = dir("sa-rights-own-", 0o700, Some(ids));
     let holder = dir("sa-rights-ro-", 0o755, None);
     let secret = holder.path().join("secret");
@@ -159,7 +145,7 @@ fn a_root_only_secret_under_read_paths_is_refused() {
 #[test]
 fn a_root_owned_dir_as_write_path_is_refused_and_its_file_unchanged() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let project = dir("sa-rights-own-", 0o700, Some(ids));
     let victim = dir("sa-rights-rw-", 0o755, None);
     let file = victim.path().join("config");
@@ -179,7 +165,7 @@ fn a_root_owned_dir_as_write_path_is_refused_and_its_file_unchanged() {
 #[test]
 fn a_root_owned_project_with_write_project_is_refused_and_its_file_unchanged() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let victim = dir("sa-rights-rw-", 0o755, None);
     let file = victim.path().join("config");
     root_file(&file, "original\n", 0o640);
@@ -197,7 +183,7 @@ fn a_root_owned_project_with_write_project_is_refused_and_its_file_unchanged() {
 #[test]
 fn a_readable_root_project_is_not_bound_as_roots_own() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     // The requester may list and read the project, not its secret: the
     // run must not read the secret through a bind that shows root's files
     // as the run's own.
@@ -225,7 +211,7 @@ fn a_readable_root_project_is_not_bound_as_roots_own() {
 #[test]
 fn a_directory_the_requester_owns_works() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let project = dir("sa-rights-own-", 0o700, Some(ids));
     let extra = dir("sa-rights-extra-", 0o700, Some(ids));
     let script = format!(
@@ -254,7 +240,7 @@ fn a_directory_the_requester_owns_works() {
 #[test]
 fn a_queued_run_is_checked_again_before_it_starts() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "max_concurrent = 1\n");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "max_concurrent = 1\n");
     let project = dir("sa-rights-own-", 0o755, Some(ids));
     let shared = dir("sa-rights-shared-", 0o755, None);
     let go = project.path().join("go");
@@ -305,7 +291,7 @@ fn a_queued_run_is_checked_again_before_it_starts() {
 #[test]
 fn a_root_only_definition_in_the_requesters_project_is_refused() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let project = dir("sa-rights-own-", 0o755, Some(ids));
     let defs = project.path().join(".subagents");
     std::fs::create_dir(&defs).unwrap();
@@ -328,7 +314,7 @@ fn a_root_only_definition_in_the_requesters_project_is_refused() {
 #[test]
 fn a_root_only_program_is_refused() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let project = dir("sa-rights-own-", 0o700, Some(ids));
     let bin = dir("sa-rights-bin-", 0o700, None);
     let tool = bin.path().join("tool");
@@ -343,7 +329,7 @@ fn a_root_only_program_is_refused() {
 #[test]
 fn what_exists_where_the_requester_cannot_look_is_not_told() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0, "");
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let project = dir("sa-rights-own-", 0o700, Some(ids));
     let hidden = dir("sa-rights-root-", 0o700, None);
     root_file(&hidden.path().join("there"), "x\n", 0o644);

@@ -38,20 +38,6 @@ fn user() -> Option<(u32, u32)> {
     otheruser::ids_or_skip("these attacks need root to make a user and a root daemon it may use")
 }
 
-/// A root daemon that lets `uid` connect (`allow_uids`, socket 0666).
-fn daemon_for(uid: u32) -> (Daemon, tempfile::TempDir) {
-    let cfg_dir = tempfile::tempdir().unwrap();
-    let cfg = cfg_dir.path().join("c.toml");
-    std::fs::write(&cfg, format!("allow_uids = [{uid}]\n")).unwrap();
-    let d = Daemon::start_with(DaemonOpts {
-        args: vec!["--config".into(), cfg.display().to_string()],
-        ..Default::default()
-    });
-    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    (d, cfg_dir)
-}
-
 /// Stops the daemon and starts it again with the same config (the
 /// helper's restart would drop `allow_uids`).
 fn restart(d: &mut Daemon, cfg: &tempfile::TempDir) {
@@ -209,7 +195,7 @@ fn lists(list: &Value, run: &str, session: &str) -> bool {
 #[test]
 fn roots_runs_are_not_listed_to_another_uid() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0);
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let gate = dir("sa-scope-gate-", 0o755, None);
     let go = gate.path().join("go");
     let (s, run) = roots_run(&d, &go);
@@ -232,7 +218,7 @@ fn roots_runs_are_not_listed_to_another_uid() {
 #[test]
 fn roots_run_answers_another_uid_like_an_unknown_id_and_is_not_cancelled() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0);
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let gate = dir("sa-scope-gate-", 0o755, None);
     let go = gate.path().join("go");
     let (_s, run) = roots_run(&d, &go);
@@ -271,7 +257,7 @@ fn roots_run_answers_another_uid_like_an_unknown_id_and_is_not_cancelled() {
 #[test]
 fn roots_notices_stay_roots() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0);
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let s = session("root");
     let run = d.conn().spawn(&s, &["/bin/true"], json!({}));
     assert_eq!(d.conn().wait(&run)["state"], "succeeded");
@@ -299,7 +285,7 @@ fn roots_notices_stay_roots() {
 #[test]
 fn another_uid_may_not_spawn_into_or_touch_roots_session() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0);
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let s = session("root");
     let recent = json!({"recent_files": ["/tmp/roots-file"]});
     let mut p = spawn_params(&s, Path::new("/tmp"), "true");
@@ -347,7 +333,7 @@ fn another_uid_may_not_spawn_into_or_touch_roots_session() {
 #[test]
 fn another_uid_hears_only_of_its_own_runs() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0);
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let mine = dir("sa-scope-own-", 0o700, Some(ids));
     let mut x = Other::connect(ids, &d.socket);
     x.call("subscribe", json!({})).unwrap();
@@ -392,7 +378,7 @@ fn another_uid_hears_only_of_its_own_runs() {
 #[test]
 fn the_other_uids_own_session_and_runs_work_fully() {
     let Some(ids) = user() else { return };
-    let (d, _cfg) = daemon_for(ids.0);
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "");
     let mine = dir("sa-scope-own-", 0o700, Some(ids));
     let s = session("own");
     let mut x = Other::connect(ids, &d.socket);
@@ -436,7 +422,7 @@ fn the_other_uids_own_session_and_runs_work_fully() {
 #[test]
 fn owners_are_kept_across_a_daemon_restart() {
     let Some(ids) = user() else { return };
-    let (mut d, cfg) = daemon_for(ids.0);
+    let (mut d, cfg) = otheruser::daemon_allowing(ids.0, "");
     let roots = session("root");
     let theirs = d.conn().spawn(&roots, &["/bin/true"], json!({}));
     d.conn().wait(&theirs);
