@@ -2,6 +2,8 @@
 //! child-runner or policy, and no production file over 700 lines. The
 //! layer order is docs/architecture.md's module map.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use subagentd_e2e::modgraph::{production_lines, show, Graph};
 
