@@ -6,12 +6,12 @@ use super::draft::{create_file, RunDraft, Sync};
 use super::error::{InternalError, SandboxCause, StorageError};
 use super::launch::{start_runner, Launched, RunnerFiles};
 use super::probe::HostProbe;
-use super::workctx::Worktree;
 use super::{EngineError, Inner};
 use crate::ids::{check_session_id, RunId};
 use crate::paths::RunFiles;
 use crate::protocol::{SpawnParams, MAX_TASK};
 use crate::record::{RunRecord, RunState, RECORD_FORMAT};
+use crate::run::worktree::Worktree;
 use crate::uids::UidLease;
 use policy::rights::{OnBehalf, Requested, Requester};
 use policy::sandbox::network::{self, AllowEntry, NetworkMode};
@@ -989,7 +989,7 @@ fn accepted_record(
     git: policy::workctx::GitSnapshot,
     max_attempts: u32,
     uid: Option<u32>,
-    driver_run: super::driving::DriverRun,
+    driver_run: crate::run::driver::DriverRun,
 ) -> RunRecord {
     RunRecord {
         format: RECORD_FORMAT,

@@ -10,7 +10,7 @@
 //! `launch`) overlaps the wait.
 
 use super::error::{StorageError, WorkspaceError};
-use super::workctx::Worktree;
+use crate::run::worktree::Worktree;
 use super::EngineError;
 use crate::ids::RunId;
 use crate::paths::RunFiles;

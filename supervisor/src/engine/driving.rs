@@ -8,68 +8,12 @@ use super::{EngineError, Inner};
 use crate::record::{RunRecord, RunState};
 use policy::agentstream::AgentReport;
 use policy::driver::{Driver, DriverInputs};
-use serde::{Deserialize, Serialize};
+use crate::run::driver::{Delivery, DriverRun, ReportedFiles};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The most of child.log read for the event stream (its end).
 pub const MAX_STREAM_BYTES: u64 = 32 << 20;
-
-/// How a run's agent was started and what it reported.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DriverRun {
-    /// The driver.
-    pub driver: Driver,
-    /// How the composed context reached the agent.
-    pub delivered: Delivery,
-    /// What its event stream said, once the run has ended (drivers only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub report: Option<AgentReport>,
-    /// The files the stream reported written or edited, checked on disk.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reported_files: Option<ReportedFiles>,
-    /// Whether the run could write its project (what its observation
-    /// needs too); `None` in records made before it was kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub writes_project: Option<bool>,
-}
-
-/// How the context reached the agent, besides the files in its context
-/// dir.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Delivery {
-    /// The context file on its stdin (`first_message.md`), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stdin: Option<String>,
-    /// What its argv carries: placeholders expanded, or the driver's
-    /// `system.md` option.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub argv: Vec<String>,
-}
-
-impl Delivery {
-    /// One line: how the context was delivered.
-    pub fn describe(&self) -> String {
-        let mut ways = Vec::new();
-        if let Some(s) = &self.stdin {
-            ways.push(format!("{s} on stdin"));
-        }
-        if !self.argv.is_empty() {
-            ways.push(format!("argv: {}", self.argv.join(", ")));
-        }
-        if ways.is_empty() {
-            "files only (in $SUBAGENT_CONTEXT_DIR; the agent must read them itself)".into()
-        } else {
-            format!(
-                "{}; the files are in $SUBAGENT_CONTEXT_DIR",
-                ways.join("; ")
-            )
-        }
-    }
-}
-
-/// The reported files, judged as a delta's claims are.
-pub type ReportedFiles = super::workctx::DeltaReport;
 
 /// The run's driver: the request's, else a user-level definition's, else
 /// the config's, else `command`. A project definition (child-writable) may
@@ -617,17 +561,5 @@ mod tests {
         };
         apply_report(&mut error, Some(report));
         assert!(!failed_only_by_writes(&error));
-    }
-
-    #[test]
-    fn the_delivery_is_said_plainly() {
-        assert!(Delivery::default().describe().starts_with("files only"));
-        let d = Delivery {
-            stdin: Some("first_message.md".into()),
-            argv: vec!["{system}".into()],
-        };
-        assert!(d
-            .describe()
-            .starts_with("first_message.md on stdin; argv: {system}"));
     }
 }

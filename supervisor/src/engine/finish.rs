@@ -321,7 +321,7 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
         let report = if succeeded {
             super::workctx::merge_delta(&sup.inner, &rec)
         } else {
-            super::workctx::DeltaReport {
+            crate::run::delta::DeltaReport {
                 note: Some(format!("nothing merged: the run {}", rec.state.as_str())),
                 ..Default::default()
             }

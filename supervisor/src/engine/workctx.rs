@@ -8,19 +8,11 @@ use super::{EngineError, Inner};
 use crate::record::RunRecord;
 use policy::observed::ObservedReport;
 use policy::workctx::{
-    claims, judge, parse_delta, FileFacts, GitSnapshot, Outcome, Verdict, DELTA_MAX_BYTES,
+    claims, judge, parse_delta, FileFacts, GitSnapshot, Outcome, DELTA_MAX_BYTES,
 };
-use serde::{Deserialize, Serialize};
+use crate::run::delta::DeltaReport;
+use crate::run::worktree::Worktree;
 use std::path::{Path, PathBuf};
-
-/// A child's git worktree.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Worktree {
-    /// Its directory (`<session>/worktrees/<run_id>`).
-    pub dir: PathBuf,
-    /// Its branch (`subagent/<run_id>`).
-    pub branch: String,
-}
 
 /// A run's worktree could not be made, given away or removed.
 #[derive(Debug, thiserror::Error)]
@@ -236,18 +228,6 @@ fn remove_admin_dir(common_dir: &Path, name: &str) -> Result<(), WorktreeError> 
         Err(e) => Err(e),
     };
     removed.map_err(io("remove", &common_dir.join("worktrees").join(name)))
-}
-
-/// What became of a run's delta.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeltaReport {
-    /// Paths merged into the session's recent files, in merge order.
-    pub accepted: Vec<Verdict>,
-    /// Paths not merged, each with the reason.
-    pub rejected: Vec<Verdict>,
-    /// Why nothing was merged, when nothing was.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
 }
 
 fn facts(claimed: &str, base: &Path) -> FileFacts {
