@@ -4,7 +4,8 @@
 //! key kept in the daemon, never in the run), and at the end the agent's event stream read from
 //! child.log and the files it reported, checked on disk and merged.
 
-use super::{EngineError, Inner};
+use super::error::EngineError;
+use super::state::Inner;
 use crate::record::{RunRecord, RunState};
 use policy::agentstream::AgentReport;
 use policy::driver::{Driver, DriverInputs};

@@ -3,8 +3,10 @@
 //! back, verified on disk and merged exactly once, with what the
 //! supervisor observed the run change.
 
+use super::config::daemon_skip;
 use super::error::StorageError;
-use super::{EngineError, Inner};
+use super::error::EngineError;
+use super::state::Inner;
 use crate::record::RunRecord;
 use policy::observed::ObservedReport;
 use policy::workctx::{
@@ -362,13 +364,9 @@ pub(crate) fn observe_before(
     crate::observe::before(
         workdir,
         git,
-        &daemon_skip(inner, workdir),
+        &daemon_skip(&inner.cfg, workdir),
         inner.cfg.git_budget,
     )
-}
-
-fn daemon_skip(inner: &Inner, root: &Path) -> crate::observe::Skip {
-    crate::observe::Skip::within(root, &[&inner.cfg.state_dir, &inner.cfg.temp_base])
 }
 
 /// Reads the first picture back: the daemon wrote it, in the run folder.
@@ -400,7 +398,7 @@ pub(crate) fn observe_and_merge(inner: &Inner, rec: &RunRecord, merge: bool) -> 
         crate::observe::Before::Yes { root, picture } => (root, picture),
         crate::observe::Before::No { why } => return ObservedReport::none(why),
     };
-    let skip = daemon_skip(inner, &root);
+    let skip = daemon_skip(&inner.cfg, &root);
     let (second, note) = match crate::observe::after(&first, &root, &skip, inner.cfg.git_budget) {
         Ok(p) => p,
         Err(e) => return ObservedReport::none(format!("not observed at the end: {e}")),
