@@ -52,7 +52,7 @@ pub enum LaunchError {
     Gate(#[source] nix::Error),
     /// The driver's key is not in the daemon's environment.
     #[error(transparent)]
-    NoKey(#[from] super::driving::KeyUnset),
+    NoKey(#[from] super::drivers::KeyUnset),
     /// The socket pair to the egress proxy could not be made.
     #[error("socket pair for the runner's egress proxy: {0}")]
     Channel(#[source] nix::Error),
@@ -338,7 +338,7 @@ pub(crate) async fn run_lifecycle(inner: Arc<Inner>, slot: Arc<Slot>, permit: Ow
         .as_ref()
         .map_or(Default::default(), |d| d.driver);
     let gateway =
-        super::driving::gateway_setup(&inner.cfg.settings, &inner.daemon_env, driver);
+        super::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, driver);
     let on_behalf = rec.on_behalf.clone();
     let launched = tokio::task::spawn_blocking(move || {
         // Queued since its spawn, or since a restart: what its requester

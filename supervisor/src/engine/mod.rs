@@ -16,7 +16,7 @@
 pub mod accept;
 mod config;
 pub mod draft;
-pub mod driving;
+pub mod drivers;
 pub mod error;
 pub mod finish;
 pub mod instructions;
@@ -28,7 +28,7 @@ pub mod program;
 pub mod recover;
 pub mod spawn;
 mod state;
-pub mod workctx;
+pub mod worktree;
 
 pub use config::{default_max_concurrent, Config};
 pub use error::EngineError;
@@ -177,26 +177,16 @@ impl Supervisor {
             .await?;
         if let Some(who) = requester.clone() {
             let p = params.clone();
-            blocking(move || accept::check_paths_for(&who, &p)).await?;
+            blocking(move || accept::validate::check_paths_for(&who, &p)).await?;
         }
-        accept::validate(&params)?;
+        accept::validate::validate(&params)?;
         let permit = self.inner.free_slot();
         // A spawn that found no slot counts as waiting from now on, so that
         // a later one cannot start before it.
         let waiting = Waiting::new(&self.inner.waiting, permit.is_none());
         let start_now = permit.is_some();
         let inner = self.inner.clone();
-        let created = blocking(move || {
-            let plan = accept::plan(&inner.tools, &inner.cfg.settings, &params)?;
-            let on_behalf = requester.map(|who| accept::on_behalf(who, &params, &plan));
-            if let Some(ob) = &on_behalf {
-                crate::rights::check(&ob.requester, &ob.needs)?;
-            }
-            driving::gateway_setup(&inner.cfg.settings, &inner.daemon_env, plan.driver)
-                .map_err(|why| EngineError::invalid("driver", why))?;
-            accept::check_required(&inner.probe, &inner.cfg.required(plan.grants.network))?;
-            accept::create_run(&inner, &params, &plan, start_now, on_behalf.as_ref())
-        })
+        let created = blocking(move || accept::accept(&inner, &params, requester, start_now))
         .await?;
         let id = created
             .rec
@@ -415,7 +405,7 @@ impl Supervisor {
         let inner = self.inner.clone();
         let (session, who) = (session.to_owned(), who.cloned());
         blocking(move || {
-            let (state, git) = workctx::current(&inner, &session, who.as_ref())?;
+            let (state, git) = current(&inner, &session, who.as_ref())?;
             let dir = state.project_dir.clone().unwrap_or_default();
             let block = policy::workctx::render_block(&dir, &state.recent_files, &git);
             Ok(serde_json::json!({
@@ -438,6 +428,23 @@ impl Supervisor {
         self.inner.accepting.store(false, Ordering::SeqCst);
     }
 
+}
+
+/// The snapshot and the block for a session right now, for `who`
+/// (refused when the session is another uid's). Blocking.
+fn current(
+    inner: &Inner,
+    session: &str,
+    who: Option<&policy::rights::Requester>,
+) -> Result<(crate::sessions::SessionState, policy::workctx::GitSnapshot), crate::sessions::SessionError> {
+    let state = inner.sessions.get_for(session, who)?;
+    let git = match &state.project_dir {
+        Some(d) => crate::gitsnap::snapshot(d, inner.cfg.git_budget),
+        None => policy::workctx::GitSnapshot::Unavailable {
+            reason: "the session has no project dir yet".into(),
+        },
+    };
+    Ok((state, git))
 }
 
 /// Whose a run is: its requester's when another uid asked for it, else

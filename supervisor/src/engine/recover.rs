@@ -289,13 +289,6 @@ fn live_runner(rec: &RunRecord, files: &crate::paths::RunFiles) -> Option<i32> {
     }
 }
 
-/// The pid a runner wrote into the run's runner.lock, if any.
-pub(crate) fn runner_pid_in_lock(files: &crate::paths::RunFiles) -> Option<i32> {
-    lockfile::open(&files.runner_lock())
-        .ok()
-        .and_then(|mut f| lockfile::read_pid(&mut f))
-}
-
 /// How long recovery waits for a runner that holds its lock to write its
 /// pid there.
 const RUNNER_PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -4,6 +4,10 @@
 //! idempotent, so a crash part-way is finished again on restart without
 //! doubling anything.
 
+mod delta;
+mod observed;
+mod report;
+
 use super::pidfd::RunnerExit;
 use super::state::{Inner, Slot};
 use crate::protocol::Notice;
@@ -138,7 +142,7 @@ pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: Run
         let (exit, log, report) = {
             let r = next.clone();
             let load = move || {
-                let report = super::driving::read_report(&r);
+                let report = report::read_report(&r);
                 (ExitRecord::load(&exit_path), runner_log_tail(&r), report)
             };
             match tokio::task::spawn_blocking(load).await {
@@ -148,7 +152,7 @@ pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: Run
         };
         let no_record = !matches!(exit, Ok(Some(_)));
         apply_exit(&mut next, exit, runner, &log);
-        super::driving::apply_report(&mut next, report);
+        report::apply_report(&mut next, report);
         if no_record {
             // The runner died without cleaning up: whatever the child
             // started is still in the run's cgroups. End it.
@@ -184,7 +188,7 @@ async fn requeue_called_off(inner: &Arc<Inner>, slot: &Arc<Slot>) -> bool {
     let mut rec = slot.rec.lock().await;
     let files = rec.files();
     let started = tokio::task::spawn_blocking(move || {
-        files.exit().exists() || super::recover::runner_pid_in_lock(&files).is_some()
+        files.exit().exists() || super::lockfile::runner_pid_in_lock(&files.runner_lock()).is_some()
     })
     .await
     .unwrap_or(true);
@@ -319,7 +323,7 @@ fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> Finalized {
         let observed = observe_end(inner, &mut rec);
         let succeeded = rec.state == RunState::Succeeded;
         let report = if succeeded {
-            super::workctx::merge_delta(inner, &rec)
+            delta::merge_delta(inner, &rec)
         } else {
             crate::run::delta::DeltaReport {
                 note: Some(format!("nothing merged: the run {}", rec.state.as_str())),
@@ -371,13 +375,13 @@ fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> Finalized {
 /// anyway (the agent recovered): both are known only here. Blocking.
 fn observe_end(inner: &Inner, rec: &mut RunRecord) -> policy::observed::ObservedReport {
     let succeeded = rec.state == RunState::Succeeded;
-    let observed = super::workctx::observe_and_merge(inner, rec, succeeded);
+    let observed = observed::observe_and_merge(inner, rec, succeeded);
     let changed = !observed.created.is_empty() || !observed.modified.is_empty();
-    if !(changed && super::driving::failed_only_by_writes(rec)) {
+    if !(changed && report::failed_only_by_writes(rec)) {
         return observed;
     }
-    super::driving::rescue(rec);
-    super::workctx::observe_and_merge(inner, rec, true)
+    report::rescue(rec);
+    observed::observe_and_merge(inner, rec, true)
 }
 
 /// The files the agent's event stream reported, checked and merged once
@@ -390,7 +394,7 @@ fn merge_reported_once(inner: &Inner, rec: &mut RunRecord) {
     if !pending {
         return;
     }
-    let files = super::driving::merge_reported(inner, rec);
+    let files = report::merge_reported(inner, rec);
     let merged = files.as_ref().is_some_and(|f| !f.accepted.is_empty());
     if let Some(d) = rec.driver_run.as_mut() {
         d.reported_files = files;
