@@ -10,10 +10,10 @@
 //! `launch`) overlaps the wait.
 
 use super::error::{StorageError, WorkspaceError};
-use crate::run::worktree::Worktree;
 use super::EngineError;
 use crate::ids::RunId;
 use crate::paths::RunFiles;
+use crate::run::worktree::Worktree;
 use crate::uids::UidLease;
 use std::fs::OpenOptions;
 use std::io::Write;

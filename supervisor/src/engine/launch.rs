@@ -324,7 +324,11 @@ impl Slot {
 
 /// Starts a queued run, watches it, and finishes it. Holds a concurrency
 /// slot until the run has ended.
-pub(crate) async fn run_lifecycle(inner: Arc<Inner>, slot: Arc<Slot>, permit: OwnedSemaphorePermit) {
+pub(crate) async fn run_lifecycle(
+    inner: Arc<Inner>,
+    slot: Arc<Slot>,
+    permit: OwnedSemaphorePermit,
+) {
     let mut rec = slot.rec.lock().await;
     if rec.state != RunState::Accepted {
         return;
@@ -337,8 +341,7 @@ pub(crate) async fn run_lifecycle(inner: Arc<Inner>, slot: Arc<Slot>, permit: Ow
         .driver_run
         .as_ref()
         .map_or(Default::default(), |d| d.driver);
-    let gateway =
-        super::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, driver);
+    let gateway = super::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, driver);
     let on_behalf = rec.on_behalf.clone();
     let launched = tokio::task::spawn_blocking(move || {
         // Queued since its spawn, or since a restart: what its requester

@@ -3,15 +3,22 @@
 //! through a pidfd and finishes the run exactly once. The daemon serves it
 //! over the socket; `subagent run` embeds it in-process.
 //!
-//! - [`accept`]: validating a spawn and recording it durably; [`draft`]:
-//!   a run folder being made, undone unless published.
-//! - [`launch`]: starting a runner process; [`spawn`]: the `posix_spawn`
-//!   that does it.
-//! - [`finish`]: turning exit.json into the terminal state, result.md and
-//!   the notice.
-//! - [`recover`]: picking up the state dir's runs when the engine starts.
-//! - [`program`]: the agent program's chain, for its execute rules;
-//!   [`instructions`]: the project's instructions file.
+//! This module is the engine's API ([`Supervisor`], [`Config`]); it calls
+//! the phases, which share `state` and never name what is defined here.
+//! In layers, each using only those below it:
+//! - the phases: [`accept`] (validate, plan, place, context, delivery,
+//!   sandbox, run folder) and [`recover`] (picking up the state dir's runs
+//!   at start), over [`launch`] (starting a runner; [`spawn`]: the
+//!   `posix_spawn` that does it), over [`finish`] (exit.json to the
+//!   terminal state, the delta, the observation, the agent's report,
+//!   result.md and the notice);
+//! - what they share: `state` (the daemon's state and its locking rules)
+//!   and [`program`] (the agent program's chain, for its execute rules)
+//!   over `config`; [`draft`] (a run folder being made, undone unless
+//!   published) over [`worktree`]; [`drivers`]; [`instructions`] (the
+//!   project's instructions file);
+//! - at the bottom: [`error`] (every error, each with its protocol code),
+//!   [`lockfile`], [`pidfd`], [`probe`]; and `crate::run`, the run's data.
 
 pub mod accept;
 mod config;
@@ -186,8 +193,8 @@ impl Supervisor {
         let waiting = Waiting::new(&self.inner.waiting, permit.is_none());
         let start_now = permit.is_some();
         let inner = self.inner.clone();
-        let created = blocking(move || accept::accept(&inner, &params, requester, start_now))
-        .await?;
+        let created =
+            blocking(move || accept::accept(&inner, &params, requester, start_now)).await?;
         let id = created
             .rec
             .id()
@@ -427,7 +434,6 @@ impl Supervisor {
     pub fn stop_accepting(&self) {
         self.inner.accepting.store(false, Ordering::SeqCst);
     }
-
 }
 
 /// The snapshot and the block for a session right now, for `who`
@@ -436,7 +442,10 @@ fn current(
     inner: &Inner,
     session: &str,
     who: Option<&policy::rights::Requester>,
-) -> Result<(crate::sessions::SessionState, policy::workctx::GitSnapshot), crate::sessions::SessionError> {
+) -> Result<
+    (crate::sessions::SessionState, policy::workctx::GitSnapshot),
+    crate::sessions::SessionError,
+> {
     let state = inner.sessions.get_for(session, who)?;
     let git = match &state.project_dir {
         Some(d) => crate::gitsnap::snapshot(d, inner.cfg.git_budget),
@@ -491,7 +500,9 @@ async fn dispatch(sup: Supervisor, mut rx: mpsc::UnboundedReceiver<RunId>) {
             return;
         };
         sup.inner.waiting.fetch_sub(1, Ordering::SeqCst);
-        let Ok(slot) = sup.inner.slot(&id) else { continue };
+        let Ok(slot) = sup.inner.slot(&id) else {
+            continue;
+        };
         tokio::spawn(launch::run_lifecycle(sup.inner.clone(), slot, permit));
     }
 }

@@ -5,8 +5,8 @@
 //! - a run accepted but never started is queued again, in FIFO order;
 //! - a run that ended but was not finalized is finalized.
 
-use super::error::StorageError;
 use super::error::EngineError;
+use super::error::StorageError;
 use super::state::{Inner, Slot};
 use super::{finish, launch, lockfile, pidfd};
 use crate::paths::StateLayout;
@@ -294,12 +294,7 @@ fn live_runner(rec: &RunRecord, files: &crate::paths::RunFiles) -> Option<i32> {
 const RUNNER_PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Records the run as running with runner `pid` and watches it again.
-async fn watch_again(
-    inner: &Arc<Inner>,
-    slot: &Arc<Slot>,
-    pid: i32,
-    fd: std::os::fd::OwnedFd,
-) {
+async fn watch_again(inner: &Arc<Inner>, slot: &Arc<Slot>, pid: i32, fd: std::os::fd::OwnedFd) {
     slot.adopted
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let fd = Arc::new(fd);
@@ -325,7 +320,9 @@ async fn watch_again(
 /// Finishes, in a task of its own, a run whose runner nobody saw end.
 fn finish_later(inner: &Arc<Inner>, slot: &Arc<Slot>) {
     let (inner, slot) = (inner.clone(), slot.clone());
-    tokio::spawn(async move { finish::finish_run(&inner, &slot, pidfd::RunnerExit::Unknown).await });
+    tokio::spawn(
+        async move { finish::finish_run(&inner, &slot, pidfd::RunnerExit::Unknown).await },
+    );
 }
 
 /// Why a queued run could not get its uid back, or another.

@@ -134,8 +134,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(super) fn slot(&self, id: &RunId) -> Result<Arc<Slot>, EngineError> {
-        self
-            .runs
+        self.runs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
@@ -146,8 +145,7 @@ impl Inner {
     pub(super) fn insert(&self, rec: RunRecord) -> Option<Arc<Slot>> {
         let id = rec.id()?;
         let slot = Slot::new(rec);
-        self
-            .runs
+        self.runs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, slot.clone());

@@ -26,7 +26,6 @@ use crate::uids::UidLease;
 use context::{compose_input, observe_before, working_context, write_context_files};
 use deliver::with_delivery;
 use folder::{accepted_record, handed_files, lease_uid, publish, writes_into};
-use place::RunPlace;
 use plan::Plan;
 use policy::rights::{OnBehalf, Requester};
 use policy::sandbox::network::NetworkMode;
@@ -62,22 +61,7 @@ pub(crate) fn create_run(
         RunId::new(),
         lease_uid(inner)?,
     )?;
-    let temp_dir = draft.make_temp_dir(&inner.cfg.temp_base, session)?;
-    let worktree = match p.isolation {
-        Some(crate::protocol::Isolation::Worktree) => {
-            Some(draft.make_worktree(&p.session.project_dir, &inner.layout.session_dir(session))?)
-        }
-        _ => None,
-    };
-    let place = RunPlace {
-        id: draft.id().clone(),
-        files: draft.files(),
-        temp_dir,
-        workdir: worktree
-            .as_ref()
-            .map_or(p.session.project_dir.clone(), |w| w.dir.clone()),
-        worktree,
-    };
+    let place = place::make(inner, p, &mut draft)?;
     let mut work = working_context(inner, p, &place.workdir, on_behalf.map(|o| &o.requester))?;
     let writable = writes_into(plan, p, &place.workdir);
     let before = observe_before(

@@ -37,7 +37,11 @@ pub struct Plan {
 
 /// Refuses an entry of `list` (the request's or the definition's) that no
 /// entry of the audience's cap holds.
-pub(super) fn check_cap(cap: Option<&[AllowEntry]>, list: &[String], field: &str) -> Result<(), EngineError> {
+pub(super) fn check_cap(
+    cap: Option<&[AllowEntry]>,
+    list: &[String],
+    field: &str,
+) -> Result<(), EngineError> {
     let Some(cap) = cap else { return Ok(()) };
     for (i, text) in list.iter().enumerate() {
         let field = format!("{field}[{i}]");

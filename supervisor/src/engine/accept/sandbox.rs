@@ -95,7 +95,11 @@ pub(super) fn daemon_places(inner: &Inner, roots: &[&Path]) -> Places {
 /// in one (see [`policy::sandbox::places`]): the project with the write
 /// right, the request's and the config's write paths. A worktree is not
 /// asked: the daemon makes it, new, in the state dir. Blocking.
-pub(super) fn check_writable_roots(inner: &Inner, p: &SpawnParams, plan: &Plan) -> Result<(), EngineError> {
+pub(super) fn check_writable_roots(
+    inner: &Inner,
+    p: &SpawnParams,
+    plan: &Plan,
+) -> Result<(), EngineError> {
     let project = &p.session.project_dir;
     let mut roots: Vec<(String, &Path)> = Vec::new();
     let worktree = matches!(p.isolation, Some(crate::protocol::Isolation::Worktree));

@@ -136,7 +136,9 @@ pub(super) fn check_env(env: &BTreeMap<String, String>) -> Result<(), EngineErro
 }
 
 /// Checks the sandbox's allowlist entries: each `host:port`.
-pub(super) fn check_network_allow(sandbox: &policy::sandbox::SandboxRequest) -> Result<(), EngineError> {
+pub(super) fn check_network_allow(
+    sandbox: &policy::sandbox::SandboxRequest,
+) -> Result<(), EngineError> {
     network::parse_list(&sandbox.network_allow)
         .map(|_| ())
         .map_err(|(i, e)| {
