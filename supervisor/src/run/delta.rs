@@ -1,5 +1,6 @@
 //! What became of a run's delta (and of any list of files a run claims),
 //! as run.json records it.
+//! Uses policy and serde only.
 
 use policy::workctx::Verdict;
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,6 @@
 //! A run's driver as run.json records it: which one, how the context
 //! reached the agent, and what its event stream reported.
+//! Uses policy and serde only.
 
 use policy::agentstream::AgentReport;
 use policy::driver::Driver;

@@ -1,4 +1,5 @@
 //! The counts of a run's egress, as run.json records them.
+//! Uses serde only.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,5 @@
 //! A run's git worktree, as run.json records it.
+//! Uses serde only.
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

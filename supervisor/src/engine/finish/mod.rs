@@ -3,6 +3,13 @@
 //! dir's removal, and finally `finalized` in run.json. Each step is
 //! idempotent, so a crash part-way is finished again on restart without
 //! doubling anything.
+//!
+//! The end's halves of a run's data live beside: `delta` (the child's
+//! delta, judged and merged), `observed` (what the supervisor saw
+//! change), `report` (the agent's event stream and the files it
+//! reported). May use the engine's state, lockfile and pidfd, the record,
+//! result_md, notices, egress's summary, securedir and the run's data;
+//! never recover or launch.
 
 mod delta;
 mod observed;
