@@ -7,6 +7,8 @@
 //! - [`runas`]: the unprivileged user children may run as.
 //! - [`rights`]: checking what a requester of another uid may reach, as it.
 //! - [`record`]: run.json, the durable record of a run, and its states.
+//! - [`run`]: the run's data run.json holds (worktree, delta, driver,
+//!   egress counts), below everything that acts on a run.
 //! - [`protocol`]: the JSON-RPC wire types and error codes (docs/protocol.md).
 //! - [`gitsnap`]: the git snapshot taken at spawn, under a time budget.
 //! - [`sessions`]: each parent session's recent files, persisted.
@@ -46,6 +48,7 @@ pub mod protocol;
 pub mod record;
 pub mod result_md;
 pub mod rights;
+pub mod run;
 pub mod runas;
 pub mod runlog;
 pub mod runservice;

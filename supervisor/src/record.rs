@@ -150,11 +150,11 @@ pub struct RunRecord {
     pub git: Option<policy::workctx::GitSnapshot>,
     /// The child's worktree, with `isolation: worktree`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub worktree: Option<crate::engine::workctx::Worktree>,
+    pub worktree: Option<crate::run::worktree::Worktree>,
     /// What became of the child's delta; set exactly once, when the run
     /// ended (merged only when it succeeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delta: Option<crate::engine::workctx::DeltaReport>,
+    pub delta: Option<crate::run::delta::DeltaReport>,
     /// What the supervisor saw the run change in its project; set with
     /// `delta`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -184,7 +184,7 @@ pub struct RunRecord {
     pub network_allow: Vec<String>,
     /// What its egress.log holds, once the run has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress: Option<crate::egress::log::EgressSummary>,
+    pub egress: Option<crate::run::egress::EgressSummary>,
     /// What the spawn said about its definition (a project one over the
     /// user's, a network_allow ignored).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -192,7 +192,7 @@ pub struct RunRecord {
     /// Its driver, how its context was delivered, and what the agent's
     /// event stream reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver_run: Option<crate::engine::driving::DriverRun>,
+    pub driver_run: Option<crate::run::driver::DriverRun>,
 }
 
 fn one() -> u32 {
@@ -416,7 +416,7 @@ pub struct RunStatus {
     pub worktree_branch: Option<String>,
     /// The delta's accepted and rejected paths, once the run has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delta: Option<crate::engine::workctx::DeltaReport>,
+    pub delta: Option<crate::run::delta::DeltaReport>,
     /// What the supervisor saw the run change, once it has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed: Option<policy::observed::ObservedReport>,
@@ -435,14 +435,14 @@ pub struct RunStatus {
     pub network_allow: Vec<String>,
     /// Its egress so far (allowlist mode): counts, refused hosts, bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress: Option<crate::egress::log::EgressSummary>,
+    pub egress: Option<crate::run::egress::EgressSummary>,
     /// What the spawn said about its definition.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
     /// The driver, how the context was delivered, and (once the run has
     /// ended) what the agent's event stream reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver: Option<crate::engine::driving::DriverRun>,
+    pub driver: Option<crate::run::driver::DriverRun>,
 }
 
 #[cfg(test)]

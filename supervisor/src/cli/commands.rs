@@ -384,7 +384,7 @@ fn remove_worktree(ctx: &Ctx, run: &str) -> Result<u8> {
         .worktree
         .as_ref()
         .ok_or_else(|| anyhow!("run {run} has no worktree"))?;
-    crate::engine::workctx::remove_worktree(&rec.project_dir, wt, &rec.run_id)
+    crate::engine::worktree::remove_worktree(&rec.project_dir, wt, &rec.run_id)
         .map_err(anyhow::Error::msg)?;
     stdout::line(&format!(
         "removed {} and branch {}",

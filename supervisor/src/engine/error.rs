@@ -140,10 +140,70 @@ pub enum StorageError {
 pub enum WorkspaceError {
     /// The run's worktree.
     #[error(transparent)]
-    Worktree(#[from] super::workctx::WorktreeError),
+    Worktree(#[from] WorktreeError),
     /// The run's temp dir.
     #[error(transparent)]
     TempDir(#[from] crate::securedir::SecureDirError),
+}
+
+/// A run's worktree could not be made, given away or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorktreeError {
+    /// Earlier git work on the repository has not ended.
+    #[error("git worktree add: earlier git work on the repository is still running")]
+    Busy,
+    /// The checkout passed the worktree limit.
+    #[error("git worktree add: not done after {secs} s")]
+    TimedOut {
+        /// The limit, in seconds.
+        secs: u64,
+    },
+    /// No thread could be started for the checkout.
+    #[error("git worktree add: could not start a thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The run's branch could not be made.
+    #[error("create branch {branch}: {}", source.message())]
+    Branch {
+        /// The branch.
+        branch: String,
+        /// The underlying error.
+        source: git2::Error,
+    },
+    /// The worktree could not be checked out.
+    #[error("git worktree add {}: {}", dir.display(), source.message())]
+    Add {
+        /// Its directory.
+        dir: PathBuf,
+        /// The underlying error.
+        source: git2::Error,
+    },
+    /// A file-system step on the worktree failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// The step (`chown`, `list`, `remove`).
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The repository no longer passes the check.
+    #[error(transparent)]
+    Check(#[from] crate::gitsnap::precheck::PrecheckError),
+    /// The repository could not be opened.
+    #[error(transparent)]
+    Open(#[from] crate::gitsnap::OpenError),
+    /// The repository's git dir is reached through a symbolic link now.
+    #[error("{} is a symbolic link; the worktree's record is left alone", .0.display())]
+    Linked(PathBuf),
+    /// The run's branch could not be deleted.
+    #[error("delete branch {branch}: {}", source.message())]
+    DeleteBranch {
+        /// The branch.
+        branch: String,
+        /// The underlying error.
+        source: git2::Error,
+    },
 }
 
 /// Something that should not happen.

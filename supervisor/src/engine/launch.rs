@@ -7,7 +7,8 @@
 //! records durable, and starts the agent only when the daemon opens the
 //! gate (see `subagent_runner::gate`).
 
-use super::{finish, pidfd, Slot, Supervisor};
+use super::state::{Inner, Slot};
+use super::{finish, pidfd};
 use crate::paths::RunFiles;
 use crate::record::{RunRecord, RunState};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
@@ -51,7 +52,7 @@ pub enum LaunchError {
     Gate(#[source] nix::Error),
     /// The driver's key is not in the daemon's environment.
     #[error(transparent)]
-    NoKey(#[from] super::driving::KeyUnset),
+    NoKey(#[from] super::drivers::KeyUnset),
     /// The socket pair to the egress proxy could not be made.
     #[error("socket pair for the runner's egress proxy: {0}")]
     Channel(#[source] nix::Error),
@@ -323,21 +324,24 @@ impl Slot {
 
 /// Starts a queued run, watches it, and finishes it. Holds a concurrency
 /// slot until the run has ended.
-pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: OwnedSemaphorePermit) {
+pub(crate) async fn run_lifecycle(
+    inner: Arc<Inner>,
+    slot: Arc<Slot>,
+    permit: OwnedSemaphorePermit,
+) {
     let mut rec = slot.rec.lock().await;
     if rec.state != RunState::Accepted {
         return;
     }
     let files = rec.files();
     let egress = rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist);
-    let runner = sup.inner.cfg.runner.clone();
-    let lease = rec.id().and_then(|id| sup.take_lease(&id));
+    let runner = inner.cfg.runner.clone();
+    let lease = rec.id().and_then(|id| inner.take_lease(&id));
     let driver = rec
         .driver_run
         .as_ref()
         .map_or(Default::default(), |d| d.driver);
-    let gateway =
-        super::driving::gateway_setup(&sup.inner.cfg.settings, &sup.inner.daemon_env, driver);
+    let gateway = super::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, driver);
     let on_behalf = rec.on_behalf.clone();
     let launched = tokio::task::spawn_blocking(move || {
         // Queued since its spawn, or since a restart: what its requester
@@ -367,7 +371,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
             slot.set_gateway(l.serve_gateway(&rec));
             let fd = slot.set_runner(l);
             drop(rec);
-            run_started(sup, slot, permit, fd).await;
+            run_started(inner, slot, permit, fd).await;
         }
         Err(reason) => {
             let mut next = rec.clone();
@@ -375,11 +379,11 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
             next.state = RunState::Failed;
             next.reason = Some(format!("could not start the runner: {reason}"));
             next.ended_at_ms = Some(crate::timefmt::now_ms());
-            if let Err(e) = sup.persist(&slot, &mut rec, next).await {
+            if let Err(e) = inner.persist(&slot, &mut rec, next).await {
                 tracing::error!("{e}");
             }
             drop(rec);
-            finish::finalize(&sup, &slot).await;
+            finish::finalize(&inner, &slot).await;
         }
     }
 }
@@ -388,7 +392,7 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
 /// and publishes it, then watches the runner (`fd`) and finishes the run.
 /// Holds `permit` until the run has ended.
 pub(crate) async fn run_started(
-    sup: Supervisor,
+    inner: Arc<Inner>,
     slot: Arc<Slot>,
     permit: OwnedSemaphorePermit,
     fd: Arc<OwnedFd>,
@@ -405,12 +409,12 @@ pub(crate) async fn run_started(
     slot.published.send_replace(rec.clone());
     tracing::info!(run_id = %id, runner_pid = pid, "run started");
     drop(rec);
-    watch(sup, slot, fd).await;
+    watch(inner, slot, fd).await;
     drop(permit);
 }
 
 /// Waits for the runner behind `fd` to exit, then finishes the run.
-pub(crate) async fn watch(sup: Supervisor, slot: Arc<Slot>, fd: Arc<OwnedFd>) {
+pub(crate) async fn watch(inner: Arc<Inner>, slot: Arc<Slot>, fd: Arc<OwnedFd>) {
     // SAFETY: the Arc keeps the pidfd open, and always the same descriptor,
     // for as long as the AsyncFd (which holds a clone of it) lives.
     let registered = unsafe { AsyncFd::register_with_interest(fd.clone(), Interest::READABLE) };
@@ -433,5 +437,5 @@ pub(crate) async fn watch(sup: Supervisor, slot: Arc<Slot>, fd: Arc<OwnedFd>) {
     }
     let status = pidfd::reap(&fd);
     *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    finish::finish_run(&sup, &slot, status).await;
+    finish::finish_run(&inner, &slot, status).await;
 }

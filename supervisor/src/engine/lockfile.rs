@@ -102,6 +102,11 @@ pub fn is_held(path: &Path) -> Option<bool> {
     Some(!try_lock(&file).unwrap_or(false))
 }
 
+/// The pid a runner wrote into its runner.lock at `path`, if any.
+pub fn runner_pid_in_lock(path: &Path) -> Option<i32> {
+    open(path).ok().and_then(|mut f| read_pid(&mut f))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,8 +5,10 @@
 //! - a run accepted but never started is queued again, in FIFO order;
 //! - a run that ended but was not finalized is finalized.
 
+use super::error::EngineError;
 use super::error::StorageError;
-use super::{finish, launch, lockfile, pidfd, EngineError, Supervisor};
+use super::state::{Inner, Slot};
+use super::{finish, launch, lockfile, pidfd};
 use crate::paths::StateLayout;
 use crate::record::{RunRecord, RunState};
 use std::os::unix::fs::DirBuilderExt;
@@ -173,14 +175,14 @@ enum Recovered {
 }
 
 /// Reconciles every loaded run with reality.
-pub async fn recover(sup: &Supervisor) {
-    let layout = sup.inner.layout.clone();
+pub(crate) async fn recover(inner: &Arc<Inner>) {
+    let layout = inner.layout.clone();
     let recs = tokio::task::spawn_blocking(move || load_all(&layout))
         .await
         .unwrap_or_default();
     let (mut alive, mut ended, mut queued) = (0, 0, 0);
     for rec in recs {
-        match reconcile(sup, rec).await {
+        match reconcile(inner, rec).await {
             Recovered::Watched => alive += 1,
             Recovered::Ended => ended += 1,
             Recovered::Queued => queued += 1,
@@ -198,16 +200,16 @@ pub async fn recover(sup: &Supervisor) {
 }
 
 /// Reconciles one loaded run with reality.
-async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
+async fn reconcile(inner: &Arc<Inner>, rec: RunRecord) -> Recovered {
     let state = rec.state;
     let files = rec.files();
-    let Some(slot) = sup.insert(rec.clone()) else {
+    let Some(slot) = inner.insert(rec.clone()) else {
         return Recovered::Settled;
     };
     if state.is_terminal() {
         if !rec.finalized {
-            let (sup, slot) = (sup.clone(), slot.clone());
-            tokio::spawn(async move { finish::finalize(&sup, &slot).await });
+            let (inner, slot) = (inner.clone(), slot.clone());
+            tokio::spawn(async move { finish::finalize(&inner, &slot).await });
         }
         return Recovered::Settled;
     }
@@ -220,12 +222,12 @@ async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
     match (state, live) {
         (_, Some(pid)) => match pidfd::open(pid) {
             Ok(fd) => {
-                watch_again(sup, &slot, pid, fd).await;
+                watch_again(inner, &slot, pid, fd).await;
                 Recovered::Watched
             }
             Err(e) => {
                 tracing::warn!("{e}");
-                finish_later(sup, &slot);
+                finish_later(inner, &slot);
                 Recovered::Ended
             }
         },
@@ -235,24 +237,24 @@ async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
             };
             // A queued run keeps the uid it was given, or gets another
             // when a run of another supervisor took it meanwhile.
-            if let (Some(pool), Some(uid)) = (&sup.inner.uids, rec.uid) {
+            if let (Some(pool), Some(uid)) = (&inner.uids, rec.uid) {
                 let lease = match pool.relock(uid) {
-                    Err(crate::uids::UidError::Taken(_)) => reassign_uid(sup, &slot).await,
+                    Err(crate::uids::UidError::Taken(_)) => reassign_uid(inner, &slot).await,
                     other => other.map_err(ReuidError::from),
                 };
                 match lease {
-                    Ok(lease) => sup.hold_lease(&id, lease),
+                    Ok(lease) => inner.hold_lease(&id, lease),
                     Err(why) => {
-                        fail_queued(sup, &slot, why.to_string()).await;
+                        fail_queued(inner, &slot, why.to_string()).await;
                         return Recovered::Ended;
                     }
                 }
             }
-            let _ = sup.enqueue(id);
+            let _ = inner.enqueue(id);
             Recovered::Queued
         }
         _ => {
-            finish_later(sup, &slot);
+            finish_later(inner, &slot);
             Recovered::Ended
         }
     }
@@ -287,24 +289,12 @@ fn live_runner(rec: &RunRecord, files: &crate::paths::RunFiles) -> Option<i32> {
     }
 }
 
-/// The pid a runner wrote into the run's runner.lock, if any.
-pub(crate) fn runner_pid_in_lock(files: &crate::paths::RunFiles) -> Option<i32> {
-    lockfile::open(&files.runner_lock())
-        .ok()
-        .and_then(|mut f| lockfile::read_pid(&mut f))
-}
-
 /// How long recovery waits for a runner that holds its lock to write its
 /// pid there.
 const RUNNER_PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Records the run as running with runner `pid` and watches it again.
-async fn watch_again(
-    sup: &Supervisor,
-    slot: &Arc<super::Slot>,
-    pid: i32,
-    fd: std::os::fd::OwnedFd,
-) {
+async fn watch_again(inner: &Arc<Inner>, slot: &Arc<Slot>, pid: i32, fd: std::os::fd::OwnedFd) {
     slot.adopted
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let fd = Arc::new(fd);
@@ -314,23 +304,25 @@ async fn watch_again(
         next.state = RunState::Running;
         next.runner_pid = Some(pid);
         next.started_at_ms = next.started_at_ms.or(Some(crate::timefmt::now_ms()));
-        if let Err(e) = sup.persist(slot, &mut r, next).await {
+        if let Err(e) = inner.persist(slot, &mut r, next).await {
             tracing::error!("{e}");
         }
     }
     *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), pid));
-    let permit = sup.inner.slots.clone().try_acquire_owned().ok();
-    let (sup, slot) = (sup.clone(), slot.clone());
+    let permit = inner.slots.clone().try_acquire_owned().ok();
+    let (inner, slot) = (inner.clone(), slot.clone());
     tokio::spawn(async move {
-        launch::watch(sup, slot, fd).await;
+        launch::watch(inner, slot, fd).await;
         drop(permit);
     });
 }
 
 /// Finishes, in a task of its own, a run whose runner nobody saw end.
-fn finish_later(sup: &Supervisor, slot: &Arc<super::Slot>) {
-    let (sup, slot) = (sup.clone(), slot.clone());
-    tokio::spawn(async move { finish::finish_run(&sup, &slot, pidfd::RunnerExit::Unknown).await });
+fn finish_later(inner: &Arc<Inner>, slot: &Arc<Slot>) {
+    let (inner, slot) = (inner.clone(), slot.clone());
+    tokio::spawn(
+        async move { finish::finish_run(&inner, &slot, pidfd::RunnerExit::Unknown).await },
+    );
 }
 
 /// Why a queued run could not get its uid back, or another.
@@ -356,10 +348,10 @@ enum ReuidError {
 /// Gives a queued run, which never started and so owns nothing, a new uid
 /// of its own: leased, written into its runner.json and its record.
 async fn reassign_uid(
-    sup: &Supervisor,
-    slot: &Arc<super::Slot>,
+    inner: &Arc<Inner>,
+    slot: &Arc<Slot>,
 ) -> Result<crate::uids::UidLease, ReuidError> {
-    let pool = sup.inner.uids.as_ref().ok_or(ReuidError::NoPool)?;
+    let pool = inner.uids.as_ref().ok_or(ReuidError::NoPool)?;
     let lease = pool.lease()?;
     let mut r = slot.rec.lock().await;
     let spec_path = r.files().runner_spec();
@@ -376,21 +368,21 @@ async fn reassign_uid(
     tokio::task::spawn_blocking(rewrite).await??;
     let mut next = r.clone();
     next.uid = Some(uid);
-    sup.persist(slot, &mut r, next).await?;
+    inner.persist(slot, &mut r, next).await?;
     tracing::info!(run_id = %r.run_id, uid, "its uid was taken while it was queued; it has another");
     Ok(lease)
 }
 
 /// Ends a queued run that cannot start again after a restart.
-async fn fail_queued(sup: &Supervisor, slot: &Arc<super::Slot>, why: String) {
+async fn fail_queued(inner: &Arc<Inner>, slot: &Arc<Slot>, why: String) {
     let mut r = slot.rec.lock().await;
     let mut next = r.clone();
     next.state = RunState::Failed;
     next.reason = Some(format!("could not be started after a restart: {why}"));
     next.ended_at_ms = Some(crate::timefmt::now_ms());
-    if let Err(e) = sup.persist(slot, &mut r, next).await {
+    if let Err(e) = inner.persist(slot, &mut r, next).await {
         tracing::error!("{e}");
     }
     drop(r);
-    finish::finalize(sup, slot).await;
+    finish::finalize(inner, slot).await;
 }

@@ -1,0 +1,12 @@
+//! The run's data: the types run.json holds besides the record itself
+//! (its worktree, its delta report, its driver and delivery, its egress
+//! counts), with their serde form and small pure methods.
+//!
+//! May use `ids`, `timefmt`, `paths`, policy and subagent_runner types,
+//! std and serde; imports nothing from engine, protocol, egress, gateway,
+//! cli, server or mcp.
+
+pub mod delta;
+pub mod driver;
+pub mod egress;
+pub mod worktree;
