@@ -13,6 +13,7 @@
 //! - [`notices`]: the durable finished-run notices of each session.
 //! - [`observe`]: the pictures of a project that tell what a run changed.
 //! - [`result_md`]: the result.md a finished run leaves.
+//! - [`isolation`]: the isolation report's rows, for result.md and `--check`.
 //! - [`sanitize`]: showing what a child or a definition wrote, on a
 //!   terminal, to a model and in Markdown, without letting it act.
 //! - [`engine`]: the supervisor itself: accepting, queueing, launching,
@@ -38,6 +39,7 @@ pub mod engine;
 pub mod gateway;
 pub mod gitsnap;
 pub mod ids;
+pub mod isolation;
 pub mod mcp;
 pub mod notices;
 pub mod observe;

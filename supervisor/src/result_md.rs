@@ -497,24 +497,13 @@ fn isolation(s: &mut String, rec: &RunRecord) {
         return;
     };
     let _ = writeln!(s, "\n## Isolation\n");
-    let rows = [
-        ("landlock", &iso.landlock),
-        ("seccomp", &iso.seccomp),
-        ("network", &iso.network),
-        ("cgroup", &iso.cgroup),
-        ("capabilities", &iso.capabilities),
-        ("namespaces", &iso.namespaces),
-        ("root", &iso.root),
-        ("disk", &iso.disk),
-    ];
     // A record without a word on a mechanism shows no line for it.
-    for (name, e) in rows.into_iter().filter(|(_, e)| !e.detail.is_empty()) {
-        let mark = if e.enforced {
-            "enforced"
-        } else {
-            "NOT enforced"
-        };
-        let _ = writeln!(s, "- {name}: {mark}: {}", md::text(&e.detail));
+    for row in crate::isolation::rows(iso)
+        .into_iter()
+        .filter(|r| !r.state.detail.is_empty())
+    {
+        let (name, mark) = (row.name, row.mark());
+        let _ = writeln!(s, "- {name}: {mark}: {}", md::text(&row.state.detail));
     }
     let _ = writeln!(s, "- user: {}", md::text(&iso.user));
     let _ = writeln!(s, "- no_new_privs: {}", iso.no_new_privs);
