@@ -7,6 +7,7 @@
 //! - [`runas`]: the unprivileged user children may run as.
 //! - [`rights`]: checking what a requester of another uid may reach, as it.
 //! - [`record`]: run.json, the durable record of a run, and its states.
+//! - [`status`]: a run's status as the protocol returns it, from its record.
 //! - [`protocol`]: the JSON-RPC wire types and error codes (docs/protocol.md).
 //! - [`gitsnap`]: the git snapshot taken at spawn, under a time budget.
 //! - [`sessions`]: each parent session's recent files, persisted.
@@ -56,6 +57,7 @@ pub mod securedir;
 pub mod selfcheck;
 pub mod server;
 pub mod sessions;
+pub mod status;
 pub mod timefmt;
 pub mod trust;
 pub mod uids;

@@ -109,7 +109,7 @@ fn say(line: &str) {
 }
 
 /// What the check run got, as its isolation report says.
-fn print_check_run(status: &subagentd::record::RunStatus) {
+fn print_check_run(status: &subagentd::status::RunStatus) {
     let reason = status.reason.as_deref().unwrap_or("");
     say(&format!("a run here: {} ({reason})", status.state.as_str()));
     let Some(iso) = &status.isolation else { return };

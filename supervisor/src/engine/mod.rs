@@ -34,7 +34,8 @@ use crate::ids::RunId;
 use crate::notices::NoticeStore;
 use crate::paths::StateLayout;
 use crate::protocol::{Notice, SpawnParams};
-use crate::record::{RunRecord, RunState, RunStatus};
+use crate::record::{EndState, RunRecord, RunState};
+use crate::status::RunStatus;
 use error::{InternalError, StorageError};
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -317,7 +318,7 @@ impl Supervisor {
     }
 
     fn insert(&self, rec: RunRecord) -> Option<Arc<Slot>> {
-        let id = rec.id()?;
+        let id = rec.run_id.clone();
         let slot = Slot::new(rec);
         self.inner
             .runs
@@ -383,10 +384,7 @@ impl Supervisor {
             accept::create_run(&inner, &params, &plan, start_now, on_behalf.as_ref())
         })
         .await?;
-        let id = created
-            .rec
-            .id()
-            .ok_or(EngineError::Unexpected(InternalError::BadRunId))?;
+        let id = created.rec.run_id.clone();
         tracing::info!(run_id = %id, "run accepted");
         if let Some(l) = created.lease {
             self.hold_lease(&id, l);
@@ -500,7 +498,7 @@ impl Supervisor {
 
     /// A run's current status.
     pub fn status(&self, id: &RunId) -> Result<RunStatus, EngineError> {
-        Ok(self.slot(id)?.snapshot().status())
+        Ok(RunStatus::from(&self.slot(id)?.snapshot()))
     }
 
     /// Waits until the run has ended (and its result.md and notice exist),
@@ -521,7 +519,7 @@ impl Supervisor {
                 let _ = wait.await;
             }
         }
-        Ok(slot.snapshot().status())
+        Ok(RunStatus::from(&slot.snapshot()))
     }
 
     /// Asks a run to stop: a queued run is cancelled at once; a running one
@@ -530,13 +528,12 @@ impl Supervisor {
     pub async fn cancel(&self, id: &RunId) -> Result<RunStatus, EngineError> {
         let slot = self.slot(id)?;
         let mut rec = slot.rec.lock().await;
-        match rec.state {
+        match rec.state() {
             RunState::Accepted => {
                 let mut next = rec.clone();
-                next.state = RunState::Cancelled;
                 next.cancel_requested = true;
-                next.reason = Some("cancelled before it started".into());
-                next.ended_at_ms = Some(crate::timefmt::now_ms());
+                let why = "cancelled before it started".into();
+                next.ended(EndState::Cancelled, why, crate::timefmt::now_ms());
                 self.persist(&slot, &mut rec, next).await?;
                 drop(rec);
                 finish::finalize(self, &slot).await;
@@ -559,7 +556,7 @@ impl Supervisor {
             }
             _ => {}
         }
-        Ok(slot.snapshot().status())
+        Ok(RunStatus::from(&slot.snapshot()))
     }
 
     /// Runs, oldest first, optionally of one session and in one state.
@@ -586,9 +583,9 @@ impl Supervisor {
             .iter()
             .map(|s| s.snapshot())
             .filter(|r| session.is_none_or(|s| r.session_id == s))
-            .filter(|r| state.is_none_or(|s| r.state == s))
+            .filter(|r| state.is_none_or(|s| r.state() == s))
             .filter(|r| policy::rights::may_act_on(who, run_owner(r)))
-            .map(|r| r.status())
+            .map(|r| RunStatus::from(&r))
             .collect()
     }
 
@@ -675,7 +672,7 @@ impl Supervisor {
             blocking(move || to_save.save().map_err(|e| EngineError::StateDir(e.into()))).await;
         if saved.is_ok() {
             *current = next;
-            if !current.state.is_terminal() || current.settled() {
+            if !current.state().is_terminal() || current.settled() {
                 slot.published.send_replace(current.clone());
             }
         }
