@@ -79,6 +79,20 @@ impl fmt::Display for RunId {
     }
 }
 
+impl serde::Serialize for RunId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+/// Accepts only a well-formed id: a record naming another fails to load.
+impl<'de> serde::Deserialize<'de> for RunId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RunId, D::Error> {
+        let s = String::deserialize(d)?;
+        RunId::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("malformed run id {s:?}")))
+    }
+}
+
 /// Eight random lowercase hex digits, from the kernel's CSPRNG.
 pub fn random_hex8() -> String {
     let mut buf = [0u8; 4];

@@ -9,12 +9,14 @@
 //! - [`record`]: run.json, the durable record of a run, and its states.
 //! - [`run`]: the run's data run.json holds (worktree, delta, driver,
 //!   egress counts), below everything that acts on a run.
+//! - [`status`]: a run's status as the protocol returns it, from its record.
 //! - [`protocol`]: the JSON-RPC wire types and error codes (docs/protocol.md).
 //! - [`gitsnap`]: the git snapshot taken at spawn, under a time budget.
 //! - [`sessions`]: each parent session's recent files, persisted.
 //! - [`notices`]: the durable finished-run notices of each session.
 //! - [`observe`]: the pictures of a project that tell what a run changed.
 //! - [`result_md`]: the result.md a finished run leaves.
+//! - [`isolation`]: the isolation report's rows, for result.md and `--check`.
 //! - [`sanitize`]: showing what a child or a definition wrote, on a
 //!   terminal, to a model and in Markdown, without letting it act.
 //! - [`engine`]: the supervisor itself: accepting, queueing, launching,
@@ -40,6 +42,7 @@ pub mod engine;
 pub mod gateway;
 pub mod gitsnap;
 pub mod ids;
+pub mod isolation;
 pub mod mcp;
 pub mod notices;
 pub mod observe;
@@ -57,6 +60,7 @@ pub mod securedir;
 pub mod selfcheck;
 pub mod server;
 pub mod sessions;
+pub mod status;
 pub mod timefmt;
 pub mod trust;
 pub mod uids;

@@ -5,8 +5,9 @@ use crate::client::{Client, ClientError};
 use crate::ids::RunId;
 use crate::paths::StateLayout;
 use crate::protocol::{SessionParams, SpawnParams};
-use crate::record::{RunState, RunStatus};
+use crate::record::RunState;
 use crate::sanitize::{for_terminal, json_text, one_line};
+use crate::status::RunStatus;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -384,7 +385,7 @@ fn remove_worktree(ctx: &Ctx, run: &str) -> Result<u8> {
         .worktree
         .as_ref()
         .ok_or_else(|| anyhow!("run {run} has no worktree"))?;
-    crate::engine::worktree::remove_worktree(&rec.project_dir, wt, &rec.run_id)
+    crate::engine::worktree::remove_worktree(&rec.project_dir, wt, rec.run_id.as_str())
         .map_err(anyhow::Error::msg)?;
     stdout::line(&format!(
         "removed {} and branch {}",

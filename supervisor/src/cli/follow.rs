@@ -21,8 +21,8 @@ pub fn run_ended(dir: &Path) -> bool {
         return true;
     }
     match RunRecord::load(&dir.join("run.json")) {
-        Ok(r) if r.state.is_terminal() => true,
-        Ok(r) if r.state == RunState::Running => {
+        Ok(r) if r.state().is_terminal() => true,
+        Ok(r) if r.state() == RunState::Running => {
             crate::engine::lockfile::is_held(&dir.join("runner.lock")) == Some(false)
         }
         _ => false,

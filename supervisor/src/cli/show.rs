@@ -4,8 +4,8 @@
 //! ([`crate::sanitize::quoted`]): a child's text cannot add a line or
 //! drive the terminal.
 
-use crate::record::RunStatus;
 use crate::sanitize::{one_line, quoted};
+use crate::status::RunStatus;
 use crate::timefmt::{human_duration, now_ms, parse_rfc3339_ms};
 use std::fmt::Write as _;
 

@@ -10,7 +10,7 @@
 use super::state::{Inner, Slot};
 use super::{finish, pidfd};
 use crate::paths::RunFiles;
-use crate::record::{RunRecord, RunState};
+use crate::record::{EndState, RunRecord, RunState};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -256,7 +256,7 @@ impl Launched {
             .disk_bytes()
             .min(crate::gateway::log::MAX_LOG_BYTES);
         match crate::gateway::RunGateway::new(
-            rec.run_id.clone(),
+            rec.run_id.to_string(),
             setup,
             rec.files().gateway_log(),
             cap,
@@ -277,7 +277,7 @@ impl Launched {
         let fd = self.egress.take()?;
         let allow = policy::sandbox::network::parse_list(&rec.network_allow).unwrap_or_default();
         let run = crate::egress::RunProxy::new(
-            rec.run_id.clone(),
+            rec.run_id.to_string(),
             allow,
             rec.files().egress_log(),
             rec.limits
@@ -306,10 +306,7 @@ impl Launched {
 
 /// `rec` as running with runner `l`.
 pub(crate) fn running(mut rec: RunRecord, l: &Launched) -> RunRecord {
-    rec.state = RunState::Running;
-    rec.started_at_ms = Some(crate::timefmt::now_ms());
-    rec.runner_pid = Some(l.pid);
-    rec.runner_start_ticks = Some(l.start_ticks);
+    rec.started(l.pid, l.start_ticks, crate::timefmt::now_ms());
     rec
 }
 
@@ -330,13 +327,13 @@ pub(crate) async fn run_lifecycle(
     permit: OwnedSemaphorePermit,
 ) {
     let mut rec = slot.rec.lock().await;
-    if rec.state != RunState::Accepted {
+    if rec.state() != RunState::Accepted {
         return;
     }
     let files = rec.files();
     let egress = rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist);
     let runner = inner.cfg.runner.clone();
-    let lease = rec.id().and_then(|id| inner.take_lease(&id));
+    let lease = inner.take_lease(&rec.run_id);
     let driver = rec
         .driver_run
         .as_ref()
@@ -376,9 +373,8 @@ pub(crate) async fn run_lifecycle(
         Err(reason) => {
             let mut next = rec.clone();
             tracing::error!(run_id = %next.run_id, "{reason}");
-            next.state = RunState::Failed;
-            next.reason = Some(format!("could not start the runner: {reason}"));
-            next.ended_at_ms = Some(crate::timefmt::now_ms());
+            let why = format!("could not start the runner: {reason}");
+            next.ended(EndState::Failed, why, crate::timefmt::now_ms());
             if let Err(e) = inner.persist(&slot, &mut rec, next).await {
                 tracing::error!("{e}");
             }
@@ -398,7 +394,7 @@ pub(crate) async fn run_started(
     fd: Arc<OwnedFd>,
 ) {
     let rec = slot.rec.lock().await;
-    let (id, pid) = (rec.run_id.clone(), rec.runner_pid.unwrap_or(0));
+    let (id, pid) = (rec.run_id.to_string(), rec.runner_pid().unwrap_or(0));
     let to_save = rec.clone();
     match tokio::task::spawn_blocking(move || to_save.save()).await {
         Ok(Ok(())) => {}

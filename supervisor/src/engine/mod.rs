@@ -44,7 +44,8 @@ use crate::ids::RunId;
 use crate::notices::NoticeStore;
 use crate::paths::StateLayout;
 use crate::protocol::{Notice, SpawnParams};
-use crate::record::{RunRecord, RunState, RunStatus};
+use crate::record::{EndState, RunRecord, RunState};
+use crate::status::RunStatus;
 use error::InternalError;
 use state::{blocking, Inner, Slot};
 use std::collections::BTreeMap;
@@ -195,10 +196,7 @@ impl Supervisor {
         let inner = self.inner.clone();
         let created =
             blocking(move || accept::accept(&inner, &params, requester, start_now)).await?;
-        let id = created
-            .rec
-            .id()
-            .ok_or(EngineError::Unexpected(InternalError::BadRunId))?;
+        let id = created.rec.run_id.clone();
         tracing::info!(run_id = %id, "run accepted");
         if let Some(l) = created.lease {
             self.inner.hold_lease(&id, l);
@@ -275,7 +273,7 @@ impl Supervisor {
 
     /// A run's current status.
     pub fn status(&self, id: &RunId) -> Result<RunStatus, EngineError> {
-        Ok(self.inner.slot(id)?.snapshot().status())
+        Ok(RunStatus::from(&self.inner.slot(id)?.snapshot()))
     }
 
     /// Waits until the run has ended (and its result.md and notice exist),
@@ -296,7 +294,7 @@ impl Supervisor {
                 let _ = wait.await;
             }
         }
-        Ok(slot.snapshot().status())
+        Ok(RunStatus::from(&slot.snapshot()))
     }
 
     /// Asks a run to stop: a queued run is cancelled at once; a running one
@@ -305,13 +303,12 @@ impl Supervisor {
     pub async fn cancel(&self, id: &RunId) -> Result<RunStatus, EngineError> {
         let slot = self.inner.slot(id)?;
         let mut rec = slot.rec.lock().await;
-        match rec.state {
+        match rec.state() {
             RunState::Accepted => {
                 let mut next = rec.clone();
-                next.state = RunState::Cancelled;
                 next.cancel_requested = true;
-                next.reason = Some("cancelled before it started".into());
-                next.ended_at_ms = Some(crate::timefmt::now_ms());
+                let why = "cancelled before it started".into();
+                next.ended(EndState::Cancelled, why, crate::timefmt::now_ms());
                 self.inner.persist(&slot, &mut rec, next).await?;
                 drop(rec);
                 finish::finalize(&self.inner, &slot).await;
@@ -334,7 +331,7 @@ impl Supervisor {
             }
             _ => {}
         }
-        Ok(slot.snapshot().status())
+        Ok(RunStatus::from(&slot.snapshot()))
     }
 
     /// Runs, oldest first, optionally of one session and in one state.
@@ -361,9 +358,9 @@ impl Supervisor {
             .iter()
             .map(|s| s.snapshot())
             .filter(|r| session.is_none_or(|s| r.session_id == s))
-            .filter(|r| state.is_none_or(|s| r.state == s))
+            .filter(|r| state.is_none_or(|s| r.state() == s))
             .filter(|r| policy::rights::may_act_on(who, run_owner(r)))
-            .map(|r| r.status())
+            .map(|r| RunStatus::from(&r))
             .collect()
     }
 

@@ -10,7 +10,7 @@ use super::error::StorageError;
 use super::state::{Inner, Slot};
 use super::{finish, launch, lockfile, pidfd};
 use crate::paths::StateLayout;
-use crate::record::{RunRecord, RunState};
+use crate::record::{EndState, Ended, Phase, RunRecord, RunState};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 
@@ -83,7 +83,7 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
     let now = crate::timefmt::now_ms();
     let rec = RunRecord {
         format: crate::record::RECORD_FORMAT,
-        run_id: id.to_string(),
+        run_id: id,
         session_id: session.to_owned(),
         audience: policy::Audience::Personal,
         project_dir: "/".into(),
@@ -93,43 +93,28 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
         env: Default::default(),
         limits: Default::default(),
         keep_temp: true,
-        state: RunState::Lost,
-        exit_code: None,
-        signal: None,
         reason: Some(format!(
             "run.json was corrupt ({why}); kept as run.json.corrupt"
         )),
         cancel_requested: false,
         created_at_ms: now,
-        started_at_ms: None,
-        ended_at_ms: Some(now),
         temp_dir: "/nonexistent".into(),
         run_dir: dir.to_path_buf(),
-        runner_pid: None,
-        runner_start_ticks: None,
         log_truncated: false,
-        finalized: false,
-        finalize_error: None,
         sandbox: Default::default(),
-        isolation: None,
-        resources: None,
         agent: None,
         tools: None,
         rights: None,
         git: None,
         worktree: None,
-        delta: None,
-        observed: None,
         max_attempts: 1,
-        attempts: None,
-        kept: None,
         uid: None,
         on_behalf: None,
         network: None,
         network_allow: Vec::new(),
-        egress: None,
         notes: Vec::new(),
         driver_run: None,
+        phase: Phase::Ended(Box::new(Ended::bare(EndState::Lost, None, now, None))),
     };
     rec.save().ok()?;
     Some(rec)
@@ -201,13 +186,13 @@ pub(crate) async fn recover(inner: &Arc<Inner>) {
 
 /// Reconciles one loaded run with reality.
 async fn reconcile(inner: &Arc<Inner>, rec: RunRecord) -> Recovered {
-    let state = rec.state;
+    let state = rec.state();
     let files = rec.files();
     let Some(slot) = inner.insert(rec.clone()) else {
         return Recovered::Settled;
     };
     if state.is_terminal() {
-        if !rec.finalized {
+        if !rec.finalized() {
             let (inner, slot) = (inner.clone(), slot.clone());
             tokio::spawn(async move { finish::finalize(&inner, &slot).await });
         }
@@ -232,9 +217,7 @@ async fn reconcile(inner: &Arc<Inner>, rec: RunRecord) -> Recovered {
             }
         },
         (RunState::Accepted, None) if never_started(&files) => {
-            let Some(id) = rec.id() else {
-                return Recovered::Settled;
-            };
+            let id = rec.run_id.clone();
             // A queued run keeps the uid it was given, or gets another
             // when a run of another supervisor took it meanwhile.
             if let (Some(pool), Some(uid)) = (&inner.uids, rec.uid) {
@@ -263,8 +246,8 @@ async fn reconcile(inner: &Arc<Inner>, rec: RunRecord) -> Recovered {
 /// The pid of the run's runner, when one is alive.
 fn live_runner(rec: &RunRecord, files: &crate::paths::RunFiles) -> Option<i32> {
     let pid = rec
-        .runner_pid
-        .filter(|&p| runner_alive(p, rec.runner_start_ticks));
+        .runner_pid()
+        .filter(|&p| runner_alive(p, rec.runner_start_ticks()));
     if pid.is_some() || lockfile::is_held(&files.runner_lock()) != Some(true) {
         return pid;
     }
@@ -301,9 +284,7 @@ async fn watch_again(inner: &Arc<Inner>, slot: &Arc<Slot>, pid: i32, fd: std::os
     {
         let mut r = slot.rec.lock().await;
         let mut next = r.clone();
-        next.state = RunState::Running;
-        next.runner_pid = Some(pid);
-        next.started_at_ms = next.started_at_ms.or(Some(crate::timefmt::now_ms()));
+        next.adopted(pid, crate::timefmt::now_ms());
         if let Err(e) = inner.persist(slot, &mut r, next).await {
             tracing::error!("{e}");
         }
@@ -377,9 +358,8 @@ async fn reassign_uid(
 async fn fail_queued(inner: &Arc<Inner>, slot: &Arc<Slot>, why: String) {
     let mut r = slot.rec.lock().await;
     let mut next = r.clone();
-    next.state = RunState::Failed;
-    next.reason = Some(format!("could not be started after a restart: {why}"));
-    next.ended_at_ms = Some(crate::timefmt::now_ms());
+    let why = format!("could not be started after a restart: {why}");
+    next.ended(EndState::Failed, why, crate::timefmt::now_ms());
     if let Err(e) = inner.persist(slot, &mut r, next).await {
         tracing::error!("{e}");
     }

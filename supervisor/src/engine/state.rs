@@ -143,7 +143,7 @@ impl Inner {
     }
 
     pub(super) fn insert(&self, rec: RunRecord) -> Option<Arc<Slot>> {
-        let id = rec.id()?;
+        let id = rec.run_id.clone();
         let slot = Slot::new(rec);
         self.runs
             .lock()
@@ -204,7 +204,7 @@ impl Inner {
             blocking(move || to_save.save().map_err(|e| EngineError::StateDir(e.into()))).await;
         if saved.is_ok() {
             *current = next;
-            if !current.state.is_terminal() || current.settled() {
+            if !current.state().is_terminal() || current.settled() {
                 slot.published.send_replace(current.clone());
             }
         }

@@ -10,7 +10,7 @@ use crate::engine::error::EngineError;
 use crate::engine::launch::{start_runner, Launched, RunnerFiles};
 use crate::engine::state::Inner;
 use crate::protocol::SpawnParams;
-use crate::record::{RunRecord, RunState, RECORD_FORMAT};
+use crate::record::{Phase, RunRecord, RECORD_FORMAT};
 use crate::run::driver::DriverRun;
 use crate::uids::UidLease;
 use std::os::fd::AsFd;
@@ -28,7 +28,7 @@ pub(super) fn accepted_record(
 ) -> RunRecord {
     RunRecord {
         format: RECORD_FORMAT,
-        run_id: place.id.to_string(),
+        run_id: place.id.clone(),
         session_id: p.session.id.clone(),
         audience: p.session.audience,
         project_dir: p.session.project_dir.clone(),
@@ -38,41 +38,26 @@ pub(super) fn accepted_record(
         env: p.env.clone(),
         limits: plan.limits,
         keep_temp: p.keep_temp,
-        state: RunState::Accepted,
-        exit_code: None,
-        signal: None,
         reason: None,
         cancel_requested: false,
         created_at_ms: crate::timefmt::now_ms(),
-        started_at_ms: None,
-        ended_at_ms: None,
         temp_dir: place.temp_dir,
         run_dir: place.files.dir,
-        runner_pid: None,
-        runner_start_ticks: None,
         log_truncated: false,
-        finalized: false,
-        finalize_error: None,
         sandbox: p.sandbox.clone(),
-        isolation: None,
-        resources: None,
         agent: plan.agent.as_ref().map(|a| a.definition.name.clone()),
         tools: plan.tools.clone(),
         rights: Some(plan.grants),
         git: Some(git),
         worktree: place.worktree,
-        delta: None,
-        observed: None,
         max_attempts,
-        attempts: None,
-        kept: None,
         uid,
         on_behalf: None,
         network: Some(plan.network),
         network_allow: plan.network_allow.clone(),
-        egress: None,
         notes: plan.notes.clone(),
         driver_run: Some(driver_run),
+        phase: Phase::Accepted,
     }
 }
 

@@ -52,7 +52,7 @@ pub(crate) fn merge_delta(inner: &Inner, rec: &RunRecord) -> DeltaReport {
         Ok(b) => b,
         Err(e) if e.is_missing() => {
             // The runner keeps a delta only when it is a file within bounds.
-            let left = rec.kept.as_ref().and_then(|k| {
+            let left = rec.end().and_then(|e| e.kept.as_ref()).and_then(|k| {
                 k.skipped
                     .iter()
                     .find(|s| s.dir == policy::sandbox::mounts::SCRATCH_DELTA)
@@ -92,7 +92,7 @@ pub(crate) fn judge_and_merge(
         .as_ref()
         .map_or(rec.project_dir.clone(), |w| w.dir.clone());
     let root = base.canonicalize().unwrap_or(base.clone());
-    let since = rec.started_at_ms.unwrap_or(rec.created_at_ms);
+    let since = rec.started_at_ms().unwrap_or(rec.created_at_ms);
     let mut accepted = Vec::new();
     for c in claimed {
         let v = judge(&facts(&c, &base), std::slice::from_ref(&root), since);

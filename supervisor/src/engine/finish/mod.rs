@@ -18,7 +18,7 @@ mod report;
 use super::pidfd::RunnerExit;
 use super::state::{Inner, Slot};
 use crate::protocol::Notice;
-use crate::record::{RunRecord, RunState};
+use crate::record::{EndState, RunRecord, RunState};
 use crate::timefmt::{now_ms, rfc3339_ms};
 use std::sync::Arc;
 use subagent_runner::exit_record::{ExitRecord, ExitRecordError, Outcome};
@@ -51,31 +51,21 @@ pub fn apply_exit(
 ) {
     match exit {
         Ok(Some(x)) => {
-            rec.exit_code = x.exit_code;
-            rec.signal = x.signal;
-            // The daemon's launch time stays: it is what status showed.
-            rec.started_at_ms = rec.started_at_ms.or(Some(x.started_at_ms));
-            rec.ended_at_ms = Some(x.ended_at_ms);
-            rec.log_truncated = x.log_truncated;
-            rec.isolation = x.isolation.clone();
-            rec.attempts = Some(x.attempts);
-            rec.resources = Some(x.resources.clone());
-            rec.kept = x.kept.clone();
-            if rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist) {
-                let log = rec.files().egress_log();
-                rec.egress = Some(crate::egress::log::summarize(&log).unwrap_or_default());
-            }
+            let egress = (rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist))
+                .then(|| {
+                    crate::egress::log::summarize(&rec.files().egress_log()).unwrap_or_default()
+                });
             let mut reason = x.reason.clone();
             if let Some(e) = &x.log_error {
                 reason.push_str(&format!("; {e}"));
             }
-            rec.state = match x.outcome {
-                Outcome::Exited if x.exit_code == Some(0) => RunState::Succeeded,
-                Outcome::Exited | Outcome::Signaled | Outcome::SpawnFailed => RunState::Failed,
-                Outcome::TimedOut => RunState::TimedOut,
-                Outcome::Cancelled => RunState::Cancelled,
+            let state = match x.outcome {
+                Outcome::Exited if x.exit_code == Some(0) => EndState::Succeeded,
+                Outcome::Exited | Outcome::Signaled | Outcome::SpawnFailed => EndState::Failed,
+                Outcome::TimedOut => EndState::TimedOut,
+                Outcome::Cancelled => EndState::Cancelled,
             };
-            rec.reason = Some(reason);
+            rec.exited(&x, state, reason, egress);
         }
         other => {
             let why = match other {
@@ -87,9 +77,7 @@ pub fn apply_exit(
             if !last.is_empty() {
                 reason.push_str(&format!("; runner.log: {last}"));
             }
-            rec.state = RunState::Lost;
-            rec.reason = Some(reason);
-            rec.ended_at_ms = Some(now_ms());
+            rec.ended(EndState::Lost, reason, now_ms());
         }
     }
 }
@@ -143,7 +131,7 @@ pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: Run
         return;
     }
     let mut rec = slot.rec.lock().await;
-    if !rec.state.is_terminal() {
+    if !rec.state().is_terminal() {
         let mut next = rec.clone();
         let exit_path = next.files().exit();
         let (exit, log, report) = {
@@ -164,7 +152,7 @@ pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: Run
             // The runner died without cleaning up: whatever the child
             // started is still in the run's cgroups. End it.
             let plan = inner.probe.cgroups.clone();
-            let run_id = next.run_id.clone();
+            let run_id = next.run_id.to_string();
             let killed = tokio::task::spawn_blocking(move || reap_orphans(&plan, &run_id))
                 .await
                 .unwrap_or(false);
@@ -176,7 +164,7 @@ pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: Run
         }
         tracing::info!(
             run_id = %next.run_id,
-            state = next.state.as_str(),
+            state = next.state().as_str(),
             reason = next.reason.as_deref().unwrap_or(""),
             "run ended"
         );
@@ -199,8 +187,8 @@ async fn requeue_called_off(inner: &Arc<Inner>, slot: &Arc<Slot>) -> bool {
     })
     .await
     .unwrap_or(true);
-    let Some(id) = rec.id() else { return false };
-    if rec.state.is_terminal() || rec.cancel_requested || started {
+    let id = rec.run_id.clone();
+    if rec.state().is_terminal() || rec.cancel_requested || started {
         return false;
     }
     if let (Some(pool), Some(uid)) = (&inner.uids, rec.uid) {
@@ -210,10 +198,7 @@ async fn requeue_called_off(inner: &Arc<Inner>, slot: &Arc<Slot>) -> bool {
         }
     }
     let mut next = rec.clone();
-    next.state = RunState::Accepted;
-    next.started_at_ms = None;
-    next.runner_pid = None;
-    next.runner_start_ticks = None;
+    next.requeued();
     if let Err(e) = inner.persist(slot, &mut rec, next).await {
         tracing::error!(run_id = %id, "queueing a run called off at its gate: {e}");
         drop(inner.take_lease(&id));
@@ -231,11 +216,11 @@ fn finalize_files(inner: &Inner, rec: &RunRecord) -> Result<Option<Notice>, Fini
         &files.result(),
         crate::result_md::render(rec).as_bytes(),
     )?;
-    let ended = rec.ended_at_ms.unwrap_or_else(now_ms);
+    let ended = rec.ended_at_ms().unwrap_or_else(now_ms);
     let notice = Notice {
-        run_id: rec.run_id.clone(),
+        run_id: rec.run_id.to_string(),
         session_id: rec.session_id.clone(),
-        state: rec.state,
+        state: rec.state(),
         result_path: files.result(),
         ended_at: rfc3339_ms(ended),
     };
@@ -275,13 +260,11 @@ pub fn remove_tree(dir: &std::path::Path) {
 /// subscribers. Does nothing for a run already finalized.
 pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
     let mut rec = slot.rec.lock().await;
-    if rec.finalized || !rec.state.is_terminal() {
+    if rec.finalized() || !rec.state().is_terminal() {
         return;
     }
     // A run that never started lets its uid go here.
-    if let Some(id) = rec.id() {
-        drop(inner.take_lease(&id));
-    }
+    drop(inner.take_lease(&rec.run_id));
     // Every file step of the end in one blocking task (one hand-off to the
     // blocking pool rather than one per step), in this order.
     let (start, inner2) = (rec.clone(), inner.clone());
@@ -290,7 +273,7 @@ pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
         // Waiters are released with the reason; the next start tries again.
         let why = "the task finishing the run panicked".to_owned();
         tracing::error!(run_id = %rec.run_id, "{why}");
-        rec.finalize_error = Some(why);
+        rec.finalize_failed(why);
         slot.published.send_replace(rec.clone());
         return;
     };
@@ -298,7 +281,7 @@ pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
     if let Err(e) = &done.saved {
         tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
     }
-    if let Some(e) = &next.finalize_error {
+    if let Some(e) = next.finalize_error() {
         // Left unfinalized: the next start of the engine tries again.
         // Waiters are released with the reason.
         tracing::error!(run_id = %next.run_id, "finishing the run: {e}");
@@ -324,22 +307,21 @@ struct Finalized {
 /// was merged, so that no restart merges it again), result.md and the notice (tried three times),
 /// then the terminal record with `finalized` or `finalize_error`. Blocking.
 fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> Finalized {
-    if rec.delta.is_none() {
+    if rec.end().is_some_and(|e| e.delta.is_none()) {
         // Exactly once: the reports are recorded before anything else of
         // the end is done, and never computed again.
         let observed = observe_end(inner, &mut rec);
-        let succeeded = rec.state == RunState::Succeeded;
+        let succeeded = rec.state() == RunState::Succeeded;
         let report = if succeeded {
             delta::merge_delta(inner, &rec)
         } else {
             crate::run::delta::DeltaReport {
-                note: Some(format!("nothing merged: the run {}", rec.state.as_str())),
+                note: Some(format!("nothing merged: the run {}", rec.state().as_str())),
                 ..Default::default()
             }
         };
         let merged = !report.accepted.is_empty() || !observed.merged.is_empty();
-        rec.delta = Some(report);
-        rec.observed = Some(observed);
+        rec.reported(report, observed);
         if merged {
             // Otherwise nothing to repeat: the report is saved with the
             // final record.
@@ -362,13 +344,7 @@ fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> Finalized {
             Err(e) => failure = Some(e),
         }
     }
-    match failure {
-        None => {
-            rec.finalized = true;
-            rec.finalize_error = None;
-        }
-        Some(e) => rec.finalize_error = Some(e.to_string()),
-    }
+    rec.finalize_done(failure.map(|e| e.to_string()));
     let saved = rec.save();
     Finalized {
         record: rec,
@@ -381,7 +357,7 @@ fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> Finalized {
 /// only by its agent's failed writes succeeds when the project changed
 /// anyway (the agent recovered): both are known only here. Blocking.
 fn observe_end(inner: &Inner, rec: &mut RunRecord) -> policy::observed::ObservedReport {
-    let succeeded = rec.state == RunState::Succeeded;
+    let succeeded = rec.state() == RunState::Succeeded;
     let observed = observed::observe_and_merge(inner, rec, succeeded);
     let changed = !observed.created.is_empty() || !observed.modified.is_empty();
     if !(changed && report::failed_only_by_writes(rec)) {
@@ -471,11 +447,11 @@ mod tests {
         for (x, want) in cases {
             let mut r = rec();
             apply_exit(&mut r, Ok(Some(x.clone())), RunnerExit::Unknown, "");
-            assert_eq!(r.state, want, "{x:?}");
-            assert_eq!(r.exit_code, x.exit_code);
-            assert_eq!(r.signal, x.signal);
-            assert_eq!(r.ended_at_ms, Some(9));
-            assert_eq!(r.started_at_ms, Some(2), "the launch time is kept");
+            assert_eq!(r.state(), want, "{x:?}");
+            assert_eq!(r.exit_code(), x.exit_code);
+            assert_eq!(r.signal(), x.signal);
+            assert_eq!(r.ended_at_ms(), Some(9));
+            assert_eq!(r.started_at_ms(), Some(2), "the launch time is kept");
         }
     }
 
@@ -488,7 +464,7 @@ mod tests {
             RunnerExit::Killed(9),
             "subagent-runner: boom\n",
         );
-        assert_eq!(r.state, RunState::Lost);
+        assert_eq!(r.state(), RunState::Lost);
         let reason = r.reason.unwrap();
         assert_eq!(
             reason,
@@ -510,7 +486,7 @@ mod tests {
         let unreadable = ExitRecord::load(&path).map_err(FinishError::from);
         let mut r = rec();
         apply_exit(&mut r, unreadable, RunnerExit::Unknown, "");
-        assert_eq!(r.state, RunState::Lost);
+        assert_eq!(r.state(), RunState::Lost);
         let reason = r.reason.unwrap();
         let want = format!(
             "the runner is gone and its exit.json is unreadable (parse {}: ",

@@ -4,7 +4,7 @@
 //! state, the finish's delta, the record, the run's data and policy.
 
 use crate::engine::state::Inner;
-use crate::record::{RunRecord, RunState};
+use crate::record::{EndState, RunRecord, RunState};
 use crate::run::driver::ReportedFiles;
 use policy::agentstream::AgentReport;
 
@@ -28,21 +28,23 @@ pub(crate) fn read_report(rec: &RunRecord) -> Option<AgentReport> {
 /// only failed writes) is `failed` with that reason, even when it exited
 /// 0.
 pub(crate) fn apply_report(rec: &mut RunRecord, report: Option<AgentReport>) {
-    let (Some(run), Some(report)) = (rec.driver_run.as_mut(), report) else {
+    let (Some(_), Some(report)) = (rec.driver_run.as_ref(), report) else {
         return;
     };
     // An agent's own error says more than its exit code.
-    let by_exit = rec.state == RunState::Failed && rec.exit_code.is_some();
-    if rec.state == RunState::Succeeded || by_exit {
+    let by_exit = rec.state() == RunState::Failed && rec.exit_code().is_some();
+    if rec.state() == RunState::Succeeded || by_exit {
         if let Some(why) = report.failure() {
             rec.reason = Some(match (by_exit, rec.reason.take()) {
                 (true, Some(code)) => format!("{why} ({code})"),
                 _ => why,
             });
-            rec.state = RunState::Failed;
+            rec.end_as(EndState::Failed);
         }
     }
-    run.report = Some(report);
+    if let Some(run) = rec.driver_run.as_mut() {
+        run.report = Some(report);
+    }
 }
 
 /// Whether the run failed only because every write its agent tried failed:
@@ -51,9 +53,9 @@ pub(crate) fn failed_only_by_writes(rec: &RunRecord) -> bool {
     let Some(report) = rec.driver_run.as_ref().and_then(|d| d.report.as_ref()) else {
         return false;
     };
-    rec.state == RunState::Failed
-        && rec.exit_code == Some(0)
-        && rec.signal.is_none()
+    rec.state() == RunState::Failed
+        && rec.exit_code() == Some(0)
+        && rec.signal().is_none()
         && !report.is_error
         && report.writes_failed > 0
         && report.writes_ok == 0
@@ -62,7 +64,7 @@ pub(crate) fn failed_only_by_writes(rec: &RunRecord) -> bool {
 /// Makes a run [`failed_only_by_writes`] whose project the supervisor saw
 /// change `succeeded`: the agent wrote its files another way.
 pub(crate) fn rescue(rec: &mut RunRecord) {
-    rec.state = RunState::Succeeded;
+    rec.end_as(EndState::Succeeded);
     let why = rec.reason.take().unwrap_or_default();
     rec.notes.push(format!(
         "{why}, yet the supervisor saw the project change (the agent wrote another way): the run succeeded"
@@ -98,8 +100,8 @@ pub(crate) fn merge_reported(inner: &Inner, rec: &RunRecord) -> Option<ReportedF
 /// or it could not write its project (a claim then names another's
 /// change).
 fn not_merged(rec: &RunRecord) -> Option<String> {
-    if rec.state != RunState::Succeeded {
-        return Some(format!("nothing merged: the run {}", rec.state.as_str()));
+    if rec.state() != RunState::Succeeded {
+        return Some(format!("nothing merged: the run {}", rec.state().as_str()));
     }
     let writes = rec.driver_run.as_ref().and_then(|d| d.writes_project);
     (writes == Some(false)).then(|| "not merged: the run could not write its project".into())
@@ -142,7 +144,7 @@ mod tests {
         };
         let mut ok = rec(RunState::Succeeded, Some(0));
         apply_report(&mut ok, Some(error.clone()));
-        assert_eq!(ok.state, RunState::Failed);
+        assert_eq!(ok.state(), RunState::Failed);
         assert_eq!(
             ok.reason.as_deref(),
             Some("the agent reported an error: \"API Error: 400\"")
@@ -155,11 +157,11 @@ mod tests {
         );
         let mut cancelled = rec(RunState::Cancelled, None);
         apply_report(&mut cancelled, Some(error));
-        assert_eq!(cancelled.state, RunState::Cancelled);
+        assert_eq!(cancelled.state(), RunState::Cancelled);
         let mut failed = rec(RunState::Failed, Some(1));
         apply_report(&mut failed, Some(AgentReport::default()));
         assert_eq!(
-            failed.state,
+            failed.state(),
             RunState::Failed,
             "a clean report never makes a run succeed"
         );
@@ -181,7 +183,7 @@ mod tests {
             d.writes_project = Some(true);
         }
         assert_eq!(not_merged(&r), None);
-        r.state = RunState::Failed;
+        r.end_as(crate::record::EndState::Failed);
         assert_eq!(
             not_merged(&r).as_deref(),
             Some("nothing merged: the run failed")
@@ -198,7 +200,7 @@ mod tests {
         apply_report(&mut r, Some(writes.clone()));
         assert!(failed_only_by_writes(&r));
         rescue(&mut r);
-        assert_eq!(r.state, RunState::Succeeded);
+        assert_eq!(r.state(), RunState::Succeeded);
         assert_eq!(r.reason, None);
         assert!(r.notes[0].starts_with("every write the agent tried failed"));
         let mut exited = rec(RunState::Failed, Some(1));
