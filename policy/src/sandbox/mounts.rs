@@ -10,7 +10,7 @@
 
 use super::fs::{Access, FsRules};
 use super::places::Places;
-use super::Grants;
+use super::grants::Grants;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
