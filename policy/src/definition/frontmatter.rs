@@ -6,7 +6,7 @@
 //! alias, too many nodes) refuses the file: it is never read another way.
 
 use super::yaml::{self, YamlError};
-use super::DefinitionError;
+use super::error::DefinitionError;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
