@@ -20,7 +20,12 @@ pub struct DefinitionError {
 }
 
 impl DefinitionError {
-    pub(super) fn new(file: &Path, line: usize, field: Option<&str>, message: impl Into<String>) -> Self {
+    pub(super) fn new(
+        file: &Path,
+        line: usize,
+        field: Option<&str>,
+        message: impl Into<String>,
+    ) -> Self {
         DefinitionError {
             file: file.to_path_buf(),
             line,
