@@ -307,7 +307,7 @@ fn read_log_file(
     };
     let from = match offset {
         Some(o) => o,
-        None => crate::cli::follow::tail_offset_of(&mut f, tail, render::LOG_CHUNK).unwrap_or(0),
+        None => crate::view::logtail::tail_offset_of(&mut f, tail, render::LOG_CHUNK).unwrap_or(0),
     };
     let (text, next, size) = render::log_chunk_of(&mut f, from).map_err(fail)?;
     Ok(Some((from, text, next, size)))
@@ -364,7 +364,7 @@ fn definitions(dir: &Path) -> Result<Value, ToolError> {
         .tool_policy()
         .map_err(|e| ToolError::Agents(e.to_string()))?;
     let found = crate::agents::discover(dir, &tools, settings.context.max_file_chars);
-    Ok(crate::cli::show::agents_json(&found, &tools))
+    Ok(crate::view::agents::agents_json(&found, &tools))
 }
 
 async fn working_context(inner: &Inner, _a: NoArgs) -> ToolResult {
