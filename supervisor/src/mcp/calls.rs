@@ -1,8 +1,8 @@
 //! What each MCP tool does: the socket calls it makes and the result it
 //! gives back.
 
+use super::context::{args, Inner, ToolError, ToolResult};
 use super::render::{self, clean, line_of, status_result};
-use super::server::{args, Inner, ToolError, ToolResult};
 use super::tools::{ListArgs, LogArgs, NoArgs, RunArgs, SpawnArgs, WaitArgs};
 use super::tools::{DEFAULT_TAIL_LINES, DEFAULT_WAIT_S, MAX_TAIL_LINES, MAX_WAIT_S};
 use crate::sanitize::{one_line, quoted};
