@@ -1,6 +1,7 @@
 //! The commands that talk to the daemon, and `logs`.
 
-use super::{follow, show, stdout, Command, RunArgs, WorktreeAction, EXIT_STILL_RUNNING};
+use super::args::{Command, RunArgs, WorktreeAction, EXIT_STILL_RUNNING};
+use super::{follow, show, stdout};
 use crate::client::{Client, ClientError};
 use crate::ids::RunId;
 use crate::paths::StateLayout;
