@@ -8,7 +8,7 @@ use crate::spec::RunnerSpec;
 use crate::{launch, now_unix_ms, sandbox};
 use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::sys::signal::{sigprocmask, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -43,21 +43,6 @@ pub enum RunnerError {
 
 fn setup(op: &'static str) -> impl FnOnce(nix::Error) -> RunnerError {
     move |source| RunnerError::Setup { op, source }
-}
-
-/// The signals the runner handles through its signalfd.
-pub fn handled_signals() -> SigSet {
-    let mut set = SigSet::empty();
-    for s in [
-        Signal::SIGCHLD,
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-    ] {
-        set.add(s);
-    }
-    set
 }
 
 /// How an attempt's init and agent are doing.
@@ -164,7 +149,7 @@ fn prepare_attempt(spec: &RunnerSpec) -> Result<sandbox::Prepared, sandbox::Sand
 
 /// The signalfd the runner's loop reads, and child.log.
 fn signals_and_log(spec: &RunnerSpec) -> Result<(SignalFd, LogSink), RunnerError> {
-    let mask = handled_signals();
+    let mask = crate::init::handled_signals();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(setup("sigprocmask"))?;
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(setup("signalfd"))?;
