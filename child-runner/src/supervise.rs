@@ -16,6 +16,9 @@ use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+/// The signals the runner handles (defined in init, which blocks the same).
+pub use crate::init::handled_signals;
+
 /// How long the runner keeps draining the output pipe after the run's
 /// init ended.
 const CLEANUP_BUDGET: Duration = Duration::from_secs(5);
@@ -149,7 +152,7 @@ fn prepare_attempt(spec: &RunnerSpec) -> Result<sandbox::Prepared, sandbox::Sand
 
 /// The signalfd the runner's loop reads, and child.log.
 fn signals_and_log(spec: &RunnerSpec) -> Result<(SignalFd, LogSink), RunnerError> {
-    let mask = crate::init::handled_signals();
+    let mask = handled_signals();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(setup("sigprocmask"))?;
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(setup("signalfd"))?;
