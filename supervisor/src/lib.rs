@@ -33,6 +33,8 @@
 //!   before it sends anything.
 //! - [`cli`]: the `subagent` command.
 //! - [`mcp`]: `subagent mcp`, an MCP server on stdio over the socket.
+//! - [`view`]: what both front ends show: a log's tail, the definitions
+//!   as JSON.
 
 pub mod agents;
 pub mod cli;
@@ -64,3 +66,4 @@ pub mod status;
 pub mod timefmt;
 pub mod trust;
 pub mod uids;
+pub mod view;

@@ -1,6 +1,7 @@
 //! The commands that talk to the daemon, and `logs`.
 
-use super::{follow, show, stdout, Command, RunArgs, WorktreeAction, EXIT_STILL_RUNNING};
+use super::args::{Command, RunArgs, WorktreeAction, EXIT_STILL_RUNNING};
+use super::{follow, show, stdout};
 use crate::client::{Client, ClientError};
 use crate::ids::RunId;
 use crate::paths::StateLayout;
@@ -292,7 +293,9 @@ fn logs(ctx: &Ctx, run: &str, follow: bool, tail: Option<usize>, raw: bool) -> R
     let dir = run_dir(ctx, run)?;
     let from = match tail {
         // The user asked for these lines and reads them all: no byte bound.
-        Some(n) => follow::tail_offset(&dir.join("child.log"), n, u64::MAX).unwrap_or(0),
+        Some(n) => {
+            crate::view::logtail::tail_offset(&dir.join("child.log"), n, u64::MAX).unwrap_or(0)
+        }
         None => 0,
     };
     match follow::print_log_to_stdout(&dir, from, follow, raw) {
@@ -409,7 +412,7 @@ fn agents(ctx: &Ctx, project_dir: Option<PathBuf>) -> Result<u8> {
     let tools = settings.tool_policy().map_err(anyhow::Error::msg)?;
     let found = crate::agents::discover(&dir, &tools, settings.context.max_file_chars);
     if ctx.json {
-        print_json(&show::agents_json(&found, &tools), true)?;
+        print_json(&crate::view::agents::agents_json(&found, &tools), true)?;
     } else {
         stdout::write(&show::agents_table(&found, &tools))?;
     }

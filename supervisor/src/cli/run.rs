@@ -6,8 +6,9 @@
 //! 0 succeeded, the child's code or 128+signal when failed, 124 timed_out,
 //! 130 cancelled, 125 lost (and 125 when `subagent run` itself fails).
 
+use super::args::RunArgs;
 use super::commands::{spawn_params, wait_exit_code, Ctx};
-use super::{follow, RunArgs};
+use super::follow;
 use crate::client::{Client, ClientError};
 use crate::engine::{Config, Supervisor};
 use crate::ids::RunId;
