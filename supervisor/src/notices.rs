@@ -162,7 +162,7 @@ impl NoticeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::RunState;
+    use crate::run::record::RunState;
 
     fn notice(run: &str) -> Notice {
         Notice {

@@ -1,7 +1,7 @@
 //! result.md: what a finished run leaves for its parent, readable by a
 //! person and by a model.
 
-use crate::record::RunRecord;
+use crate::run::record::RunRecord;
 use crate::sanitize::markdown as md;
 use crate::timefmt::{human_duration, rfc3339_ms};
 use std::fmt::Write as _;

@@ -8,7 +8,7 @@
 
 use crate::engine::error::{InternalError, StorageError};
 use crate::engine::{Config, EngineError, Supervisor};
-use crate::record::RunState;
+use crate::run::record::RunState;
 use crate::status::RunStatus;
 use policy::sandbox::Mechanism;
 use std::path::PathBuf;

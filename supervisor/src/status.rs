@@ -2,7 +2,7 @@
 //! return it, derived from its record. Uses the record, the run folder's
 //! paths and the egress log's summary; never the engine or the protocol.
 
-use crate::record::{RunRecord, RunState};
+use crate::run::record::{RunRecord, RunState};
 use crate::timefmt::rfc3339_ms;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

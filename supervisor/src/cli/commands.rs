@@ -6,7 +6,7 @@ use crate::client::{Client, ClientError};
 use crate::ids::RunId;
 use crate::paths::StateLayout;
 use crate::protocol::{SessionParams, SpawnParams};
-use crate::record::RunState;
+use crate::run::record::RunState;
 use crate::sanitize::{for_terminal, json_text, one_line};
 use crate::status::RunStatus;
 use anyhow::{anyhow, bail, Context, Result};
@@ -342,7 +342,7 @@ fn context(ctx: &Ctx, run: &str, detail: bool, show: bool) -> Result<u8> {
     let plan: policy::compose::Plan = serde_json::from_str(&dir.read("plan.json")?)?;
     let sizes = dir.tool_sizes()?;
     // A record from before drivers delivered through files alone.
-    let delivery = crate::record::RunRecord::load(&run_dir.join("run.json"))
+    let delivery = crate::run::record::RunRecord::load(&run_dir.join("run.json"))
         .ok()
         .and_then(|r| r.driver_run)
         .map(|d| d.delivered)
@@ -383,7 +383,7 @@ fn working_context(ctx: &Ctx, session: &str) -> Result<u8> {
 
 fn remove_worktree(ctx: &Ctx, run: &str) -> Result<u8> {
     let dir = run_dir(ctx, run)?;
-    let rec = crate::record::RunRecord::load(&dir.join("run.json"))?;
+    let rec = crate::run::record::RunRecord::load(&dir.join("run.json"))?;
     let wt = rec
         .worktree
         .as_ref()

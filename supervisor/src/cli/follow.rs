@@ -2,7 +2,7 @@
 //! runs and while the daemon is down. Following stops once the run has
 //! ended and everything it wrote has been printed.
 
-use crate::record::{RunRecord, RunState};
+use crate::run::record::{RunRecord, RunState};
 use crate::sanitize::TerminalWriter;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
@@ -23,7 +23,7 @@ pub fn run_ended(dir: &Path) -> bool {
     match RunRecord::load(&dir.join("run.json")) {
         Ok(r) if r.state().is_terminal() => true,
         Ok(r) if r.state() == RunState::Running => {
-            crate::engine::lockfile::is_held(&dir.join("runner.lock")) == Some(false)
+            crate::lockfile::is_held(&dir.join("runner.lock")) == Some(false)
         }
         _ => false,
     }

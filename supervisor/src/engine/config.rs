@@ -4,6 +4,7 @@
 
 use super::error::{EngineError, StorageError};
 use std::path::{Path, PathBuf};
+use subagent_runner::ioerr::at;
 
 /// How the engine is set up.
 #[derive(Debug, Clone)]
@@ -65,7 +66,8 @@ pub(super) fn resolved(mut cfg: Config) -> Result<Config, EngineError> {
     cfg.state_dir = cfg
         .state_dir
         .canonicalize()
-        .map_err(StorageError::io("resolve", &cfg.state_dir))?;
+        .map_err(at("resolve", &cfg.state_dir))
+        .map_err(StorageError::from)?;
     if let (Some(parent), Some(name)) = (cfg.temp_base.parent(), cfg.temp_base.file_name()) {
         if let Ok(p) = parent.canonicalize() {
             cfg.temp_base = p.join(name);

@@ -20,6 +20,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use subagent_runner::atomic::fsync_dir;
+use subagent_runner::ioerr::at;
 
 /// What separates a draft folder's name from its run id.
 const DRAFT_MARK: &str = ".tmp-";
@@ -40,11 +41,7 @@ pub enum Sync {
 }
 
 fn storage(op: &'static str, path: &Path, source: std::io::Error) -> EngineError {
-    EngineError::StateDir(StorageError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    })
+    EngineError::StateDir(StorageError::Io(at(op, path)(source)))
 }
 
 fn mkdir_private(path: &Path, recursive: bool) -> Result<(), EngineError> {

@@ -8,6 +8,7 @@
 
 use crate::protocol::{codes, RpcError};
 use std::path::PathBuf;
+use subagent_runner::ioerr::IoAt;
 
 /// Why a call to the engine failed.
 #[derive(Debug, thiserror::Error)]
@@ -101,26 +102,21 @@ impl From<crate::sessions::SessionError> for EngineError {
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     /// A file-system step failed.
-    #[error("{op} {}: {source}", path.display())]
-    Io {
-        /// The step (`create`, `chmod`).
-        op: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoAt),
     /// Another daemon holds the state dir's lock.
     #[error("state dir {} is in use by another supervisor: {source}", root.display())]
     InUse {
         root: PathBuf,
         /// Who holds it.
-        source: super::lockfile::LockError,
+        source: crate::lockfile::LockError,
     },
     /// The state dir's lock could not be taken.
     #[error(transparent)]
-    Lock(super::lockfile::LockError),
+    Lock(crate::lockfile::LockError),
     /// run.json could not be saved.
     #[error(transparent)]
-    Record(#[from] crate::record::RecordError),
+    Record(#[from] crate::run::record::RecordError),
     /// A notice could not be stored or taken.
     #[error(transparent)]
     Notice(#[from] crate::notices::NoticeError),
@@ -178,15 +174,8 @@ pub enum WorktreeError {
         source: git2::Error,
     },
     /// A file-system step on the worktree failed.
-    #[error("{op} {}: {source}", path.display())]
-    Io {
-        /// The step (`chown`, `list`, `remove`).
-        op: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoAt),
     /// The repository no longer passes the check.
     #[error(transparent)]
     Check(#[from] crate::gitsnap::precheck::PrecheckError),
@@ -242,19 +231,7 @@ impl EngineError {
     }
 }
 
-impl StorageError {
-    /// A map_err adapter: the file-system step `op` on `path` failed.
-    pub fn io<'a>(
-        op: &'static str,
-        path: &'a std::path::Path,
-    ) -> impl FnOnce(std::io::Error) -> Self + 'a {
-        move |source| StorageError::Io {
-            op,
-            path: path.to_path_buf(),
-            source,
-        }
-    }
-}
+impl StorageError {}
 
 impl From<StorageError> for EngineError {
     fn from(e: StorageError) -> EngineError {
@@ -300,11 +277,11 @@ mod tests {
         let io = || std::io::Error::from_raw_os_error(libc::EACCES);
         let cases = [
             (
-                EngineError::StateDir(StorageError::Io {
+                EngineError::StateDir(StorageError::Io(IoAt {
                     op: "create",
                     path: PathBuf::from("/s/sessions"),
                     source: io(),
-                }),
+                })),
                 codes::STORAGE,
                 "state dir: create /s/sessions: Permission denied (os error 13)",
             ),

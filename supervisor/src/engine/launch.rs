@@ -10,7 +10,7 @@
 use super::state::{Inner, Slot};
 use super::{finish, pidfd};
 use crate::paths::RunFiles;
-use crate::record::{EndState, RunRecord, RunState};
+use crate::run::record::{EndState, RunRecord, RunState};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ use tokio::sync::OwnedSemaphorePermit;
 pub enum LaunchError {
     /// runner.lock could not be opened.
     #[error(transparent)]
-    Lock(#[from] super::lockfile::LockError),
+    Lock(#[from] crate::lockfile::LockError),
     /// Another runner holds runner.lock.
     #[error("{} is held by another runner", path.display())]
     Held {
@@ -133,8 +133,8 @@ impl RunnerFiles {
     /// Opens them in the run folder `files` (as it is named now).
     pub fn open(files: &RunFiles) -> Result<RunnerFiles, LaunchError> {
         let path = files.runner_lock();
-        let lock = super::lockfile::open(&path)?;
-        match super::lockfile::try_lock(&lock) {
+        let lock = crate::lockfile::open(&path)?;
+        match crate::lockfile::try_lock(&lock) {
             Ok(true) => {}
             Ok(false) => return Err(LaunchError::Held { path }),
             Err(source) => return Err(LaunchError::Flock { path, source }),

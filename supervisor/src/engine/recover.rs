@@ -8,11 +8,13 @@
 use super::error::EngineError;
 use super::error::StorageError;
 use super::state::{Inner, Slot};
-use super::{finish, launch, lockfile, pidfd};
+use super::{finish, launch, pidfd};
+use crate::lockfile;
 use crate::paths::StateLayout;
-use crate::record::{EndState, Ended, Phase, RunRecord, RunState};
+use crate::run::record::{EndState, Ended, Phase, RunRecord, RunState};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
+use subagent_runner::ioerr::at;
 
 /// Creates the state dir (0700) and takes its lock. Blocking.
 pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError> {
@@ -20,10 +22,12 @@ pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError
         .recursive(true)
         .mode(0o700)
         .create(layout.sessions())
-        .map_err(StorageError::io("create", &layout.sessions()))?;
+        .map_err(at("create", &layout.sessions()))
+        .map_err(StorageError::from)?;
     for d in [layout.root.clone(), layout.sessions()] {
         std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(StorageError::io("chmod", &d))?;
+            .map_err(at("chmod", &d))
+            .map_err(StorageError::from)?;
     }
     let locked = lockfile::acquire(&layout.root.join("daemon.lock"));
     locked.map_err(|e| {
@@ -82,7 +86,7 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
     let _ = std::fs::rename(dir.join("run.json"), dir.join("run.json.corrupt"));
     let now = crate::timefmt::now_ms();
     let rec = RunRecord {
-        format: crate::record::RECORD_FORMAT,
+        format: crate::run::record::RECORD_FORMAT,
         run_id: id,
         session_id: session.to_owned(),
         audience: policy::Audience::Personal,

@@ -11,7 +11,7 @@ use crate::ids::RunId;
 use crate::notices::NoticeStore;
 use crate::paths::StateLayout;
 use crate::protocol::Notice;
-use crate::record::RunRecord;
+use crate::run::record::RunRecord;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -6,14 +6,7 @@
 use super::error::{EngineError, StorageError, WorktreeError};
 use crate::run::worktree::Worktree;
 use std::path::{Path, PathBuf};
-
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> WorktreeError + 'a {
-    move |source| WorktreeError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
-}
+use subagent_runner::ioerr::at as io;
 
 /// How long creating a worktree may take (a checkout of a large tree).
 pub const WORKTREE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -35,7 +28,9 @@ pub fn create_worktree(
         )
     })?;
     let parent = session_dir.join("worktrees");
-    std::fs::create_dir_all(&parent).map_err(StorageError::io("create", &parent))?;
+    std::fs::create_dir_all(&parent)
+        .map_err(io("create", &parent))
+        .map_err(StorageError::from)?;
     let repo = found.common_dir.clone();
     let (project, id) = (project_dir.to_path_buf(), run_id.to_owned());
     let late_id = id.clone();
@@ -160,5 +155,7 @@ fn remove_admin_dir(common_dir: &Path, name: &str) -> Result<(), WorktreeError> 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     };
-    removed.map_err(io("remove", &common_dir.join("worktrees").join(name)))
+    removed
+        .map_err(io("remove", &common_dir.join("worktrees").join(name)))
+        .map_err(WorktreeError::from)
 }

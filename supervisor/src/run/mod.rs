@@ -1,6 +1,7 @@
-//! The run's data: the types run.json holds besides the record itself
-//! (its worktree, its delta report, its driver and delivery, its egress
-//! counts), with their serde form and small pure methods.
+//! The run's data: its record ([`record`]: run.json, typed by phase) and
+//! what the record is made of (its worktree, its delta report, its driver
+//! and delivery, its egress counts), with their serde form and small pure
+//! methods.
 //!
 //! May use `ids`, `timefmt`, `paths`, policy and subagent_runner types,
 //! std and serde; imports nothing from engine, protocol, egress, gateway,
@@ -9,4 +10,5 @@
 pub mod delta;
 pub mod driver;
 pub mod egress;
+pub mod record;
 pub mod worktree;

@@ -72,12 +72,12 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
     let mut lock_name = path.as_os_str().to_owned();
     lock_name.push(".lock");
     let lock_path = PathBuf::from(lock_name);
-    let lock = crate::engine::lockfile::acquire(&lock_path).map_err(|e| match e {
-        crate::engine::lockfile::LockError::Held { pid, .. } => SocketError::InUse {
+    let lock = crate::lockfile::acquire(&lock_path).map_err(|e| match e {
+        crate::lockfile::LockError::Held { pid, .. } => SocketError::InUse {
             path: path.to_path_buf(),
             pid,
         },
-        crate::engine::lockfile::LockError::Io { op, path, source } => {
+        crate::lockfile::LockError::Io { op, path, source } => {
             SocketError::Io(IoAt { op, path, source })
         }
     })?;

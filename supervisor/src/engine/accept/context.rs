@@ -13,6 +13,7 @@ use crate::protocol::SpawnParams;
 use policy::rights::Requester;
 use policy::workctx::GitSnapshot;
 use std::path::Path;
+use subagent_runner::ioerr::at;
 
 /// What the child is told of where it works.
 pub(super) struct WorkingContext {
@@ -119,7 +120,7 @@ pub(super) fn write_context_files(
     // restart replaces plan.json and leaves this one).
     let plan_1 = context_dir.join("plan-1.json");
     std::fs::hard_link(context_dir.join("plan.json"), &plan_1)
-        .map_err(|e| EngineError::StateDir(StorageError::io("link", &plan_1)(e)))?;
+        .map_err(|e| EngineError::StateDir(StorageError::Io(at("link", &plan_1)(e))))?;
     Ok(composed.system_md)
 }
 

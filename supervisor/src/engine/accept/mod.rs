@@ -21,7 +21,7 @@ use crate::engine::launch::Launched;
 use crate::engine::state::Inner;
 use crate::ids::RunId;
 use crate::protocol::SpawnParams;
-use crate::record::RunRecord;
+use crate::run::record::RunRecord;
 use crate::uids::UidLease;
 use context::{compose_input, observe_before, working_context, write_context_files};
 use deliver::with_delivery;

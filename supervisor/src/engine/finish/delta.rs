@@ -4,8 +4,8 @@
 //! record, the run's data, sessions and policy.
 
 use crate::engine::state::Inner;
-use crate::record::RunRecord;
 use crate::run::delta::DeltaReport;
+use crate::run::record::RunRecord;
 use policy::workctx::{claims, judge, parse_delta, FileFacts, Outcome, DELTA_MAX_BYTES};
 use std::path::{Path, PathBuf};
 

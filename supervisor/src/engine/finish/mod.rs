@@ -18,7 +18,7 @@ mod report;
 use super::pidfd::RunnerExit;
 use super::state::{Inner, Slot};
 use crate::protocol::Notice;
-use crate::record::{EndState, RunRecord, RunState};
+use crate::run::record::{EndState, RunRecord, RunState};
 use crate::timefmt::{now_ms, rfc3339_ms};
 use std::sync::Arc;
 use subagent_runner::exit_record::{ExitRecord, ExitRecordError, Outcome};
@@ -183,7 +183,7 @@ async fn requeue_called_off(inner: &Arc<Inner>, slot: &Arc<Slot>) -> bool {
     let mut rec = slot.rec.lock().await;
     let files = rec.files();
     let started = tokio::task::spawn_blocking(move || {
-        files.exit().exists() || super::lockfile::runner_pid_in_lock(&files.runner_lock()).is_some()
+        files.exit().exists() || crate::lockfile::runner_pid_in_lock(&files.runner_lock()).is_some()
     })
     .await
     .unwrap_or(true);
@@ -298,7 +298,7 @@ struct Finalized {
     /// The record as it now stands (saved unless `saved` says otherwise).
     record: RunRecord,
     /// Whether the last save of run.json worked.
-    saved: Result<(), crate::record::RecordError>,
+    saved: Result<(), crate::run::record::RecordError>,
     /// The notice, when newly stored.
     notice: Option<Notice>,
 }

@@ -6,7 +6,7 @@
 use super::delta::{facts, merge_into_recent};
 use crate::engine::config::daemon_skip;
 use crate::engine::state::Inner;
-use crate::record::RunRecord;
+use crate::run::record::RunRecord;
 use policy::observed::ObservedReport;
 use policy::workctx::{judge, Outcome};
 use std::path::PathBuf;

@@ -4,8 +4,8 @@
 //! state, the finish's delta, the record, the run's data and policy.
 
 use crate::engine::state::Inner;
-use crate::record::{EndState, RunRecord, RunState};
 use crate::run::driver::ReportedFiles;
+use crate::run::record::{EndState, RunRecord, RunState};
 use policy::agentstream::AgentReport;
 
 /// The most of child.log read for the event stream (its end).
@@ -183,7 +183,7 @@ mod tests {
             d.writes_project = Some(true);
         }
         assert_eq!(not_merged(&r), None);
-        r.end_as(crate::record::EndState::Failed);
+        r.end_as(crate::run::record::EndState::Failed);
         assert_eq!(
             not_merged(&r).as_deref(),
             Some("nothing merged: the run failed")
