@@ -180,7 +180,7 @@ pub fn render(rec: &RunRecord) -> String {
 fn header(s: &mut String, rec: &RunRecord) {
     let files = rec.files();
     let _ = writeln!(s, "# Subagent run {}\n", md::text(rec.run_id.as_str()));
-    let _ = writeln!(s, "- session: {}", md::text(&rec.session_id));
+    let _ = writeln!(s, "- session: {}", md::text(rec.session_id.as_str()));
     let _ = writeln!(s, "- state: **{}**", rec.state().as_str());
     match (rec.exit_code(), rec.signal()) {
         (Some(c), _) => {

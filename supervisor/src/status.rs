@@ -117,7 +117,7 @@ impl From<&RunRecord> for RunStatus {
         let end = rec.end();
         RunStatus {
             run_id: rec.run_id.to_string(),
-            session_id: rec.session_id.clone(),
+            session_id: rec.session_id.to_string(),
             state: rec.state(),
             exit_code: rec.exit_code(),
             signal: rec.signal(),

@@ -356,7 +356,7 @@ impl Supervisor {
         slots
             .iter()
             .map(|s| s.snapshot())
-            .filter(|r| session.is_none_or(|s| r.session_id == s))
+            .filter(|r| session.is_none_or(|s| r.session_id.as_str() == s))
             .filter(|r| state.is_none_or(|s| r.state() == s))
             .filter(|r| policy::rights::may_act_on(who, run_owner(r)))
             .map(|r| RunStatus::from(&r))

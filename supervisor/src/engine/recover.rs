@@ -82,13 +82,13 @@ fn load_all(layout: &StateLayout) -> Vec<RunRecord> {
 /// the corrupt file is kept as run.json.corrupt for inspection.
 fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<RunRecord> {
     let id = crate::ids::RunId::parse(&dir.file_name()?.to_string_lossy())?;
-    crate::ids::check_session_id(session).ok()?;
+    let session_id = crate::ids::SessionId::parse(session).ok()?;
     let _ = std::fs::rename(dir.join("run.json"), dir.join("run.json.corrupt"));
     let now = crate::timefmt::now_ms();
     let rec = RunRecord {
         format: crate::run::record::RECORD_FORMAT,
         run_id: id,
-        session_id: session.to_owned(),
+        session_id,
         audience: policy::Audience::Personal,
         project_dir: "/".into(),
         task: String::new(),

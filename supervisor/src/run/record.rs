@@ -12,7 +12,7 @@ pub use phase::{Ended, Phase, Runner, Started};
 pub use state::{EndState, RunState};
 pub use wire::RecordV1;
 
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionId};
 use policy::{Audience, Limits};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -31,7 +31,7 @@ pub struct RunRecord {
     /// The run's id.
     pub run_id: RunId,
     /// The parent's session.
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The parent's audience.
     pub audience: Audience,
     /// The child's working directory.

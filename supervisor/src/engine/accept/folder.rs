@@ -9,6 +9,7 @@ use crate::engine::draft::RunDraft;
 use crate::engine::error::EngineError;
 use crate::engine::launch::{start_runner, Launched, RunnerFiles};
 use crate::engine::state::Inner;
+use crate::ids::SessionId;
 use crate::protocol::SpawnParams;
 use crate::run::driver::DriverRun;
 use crate::run::record::{Phase, RunRecord, RECORD_FORMAT};
@@ -25,11 +26,14 @@ pub(super) fn accepted_record(
     max_attempts: u32,
     uid: Option<u32>,
     driver_run: DriverRun,
-) -> RunRecord {
-    RunRecord {
+) -> Result<RunRecord, EngineError> {
+    // Checked by validate already; the record holds it as a checked id.
+    let session_id =
+        SessionId::parse(&p.session.id).map_err(|e| EngineError::invalid("session.id", e))?;
+    Ok(RunRecord {
         format: RECORD_FORMAT,
         run_id: place.id.clone(),
-        session_id: p.session.id.clone(),
+        session_id,
         audience: p.session.audience,
         project_dir: p.session.project_dir.clone(),
         task: p.task.clone(),
@@ -58,7 +62,7 @@ pub(super) fn accepted_record(
         notes: plan.notes.clone(),
         driver_run: Some(driver_run),
         phase: Phase::Accepted,
-    }
+    })
 }
 
 /// A uid of its own for the run (root daemons without `run_as`).

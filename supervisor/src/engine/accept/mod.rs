@@ -100,7 +100,7 @@ pub(crate) fn create_run(
         max_attempts,
         draft.uid(),
         delivered.run,
-    );
+    )?;
     rec.on_behalf = on_behalf.cloned();
     draft.write(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
     let handed = start_now.then(|| handed_files(&draft)).flatten();

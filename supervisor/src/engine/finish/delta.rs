@@ -104,7 +104,7 @@ pub(crate) fn judge_and_merge(
             Outcome::Rejected(_) => report.rejected.push(v),
         }
     }
-    if let Err(e) = merge_into_recent(inner, &rec.session_id, &accepted) {
+    if let Err(e) = merge_into_recent(inner, rec.session_id.as_str(), &accepted) {
         report.note = Some(format!("merging failed: {e}"));
     }
     report

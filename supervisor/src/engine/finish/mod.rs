@@ -219,7 +219,7 @@ fn finalize_files(inner: &Inner, rec: &RunRecord) -> Result<Option<Notice>, Fini
     let ended = rec.ended_at_ms().unwrap_or_else(now_ms);
     let notice = Notice {
         run_id: rec.run_id.to_string(),
-        session_id: rec.session_id.clone(),
+        session_id: rec.session_id.to_string(),
         state: rec.state(),
         result_path: files.result(),
         ended_at: rfc3339_ms(ended),

@@ -3,7 +3,7 @@
 //! id and state and the types its fields hold.
 
 use super::state::RunState;
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionId};
 use policy::{Audience, Limits};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -18,7 +18,7 @@ pub struct RecordV1 {
     /// The run's id (a malformed one fails the load).
     pub run_id: RunId,
     /// The parent's session.
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The parent's audience.
     pub audience: Audience,
     /// The child's working directory.
