@@ -416,6 +416,23 @@ fn tarjan(succ: &[Vec<usize>]) -> Vec<Vec<usize>> {
     out
 }
 
+/// Every crate root the workspace at `ws` ships: libraries and binaries.
+pub fn crate_roots(ws: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = vec![
+        ws.join("policy/src/lib.rs"),
+        ws.join("supervisor/src/lib.rs"),
+        ws.join("child-runner/src/lib.rs"),
+        ws.join("child-runner/src/main.rs"),
+    ];
+    let mut bins = Vec::new();
+    for bin in std::fs::read_dir(ws.join("supervisor/src/bin"))? {
+        bins.push(bin?.path());
+    }
+    bins.sort();
+    out.extend(bins);
+    Ok(out)
+}
+
 /// The lines of `file` that are not test code (`#[cfg(test)]` items at
 /// the top level are not counted).
 pub fn production_lines(file: &Path) -> Result<usize, GraphError> {

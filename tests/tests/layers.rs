@@ -1,11 +1,12 @@
 //! The crates' module layering: no module cycle in supervisor,
 //! child-runner or policy, and no production file over 700 lines. The
-//! layer order is docs/architecture.md's module map.
+//! layer order is docs/architecture.md's module map. `cargo run -p
+//! subagentd-e2e --bin module-graph` prints the graph.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use subagentd_e2e::modgraph::{production_lines, show, Graph};
+use subagentd_e2e::modgraph::{crate_roots, production_lines, show, Graph};
 
 /// The largest production file (test modules not counted).
 const MAX_LINES: usize = 700;
@@ -16,17 +17,7 @@ fn workspace() -> PathBuf {
 
 /// Every crate root the workspace ships: libraries and binaries.
 fn roots() -> Vec<PathBuf> {
-    let ws = workspace();
-    let mut out = vec![
-        ws.join("policy/src/lib.rs"),
-        ws.join("supervisor/src/lib.rs"),
-        ws.join("child-runner/src/lib.rs"),
-        ws.join("child-runner/src/main.rs"),
-    ];
-    for bin in std::fs::read_dir(ws.join("supervisor/src/bin")).unwrap() {
-        out.push(bin.unwrap().path());
-    }
-    out
+    crate_roots(&workspace()).unwrap()
 }
 
 fn graph(root: &Path) -> Graph {
@@ -72,19 +63,6 @@ fn no_production_file_over_the_limit() {
         "files over {MAX_LINES} lines without tests:\n{}",
         over.join("\n")
     );
-}
-
-/// Prints each crate's module edges (`cargo test --test layers -- --ignored --nocapture`).
-#[test]
-#[ignore = "prints the module graph; not a check"]
-fn print_module_graph() {
-    for root in roots() {
-        println!("# {}", root.display());
-        for (from, to) in &graph(&root).edges {
-            let to: Vec<String> = to.iter().map(|m| show(m)).collect();
-            println!("{} -> {}", show(from), to.join(", "));
-        }
-    }
 }
 
 /// The supervisor's layers, bottom first (docs/architecture.md, "Modules
