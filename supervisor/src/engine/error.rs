@@ -204,9 +204,6 @@ pub enum InternalError {
     /// The config's tool policy is invalid (it was checked when loaded).
     #[error("config: {0}")]
     ToolPolicy(#[source] policy::toolpolicy::ToolError),
-    /// An accepted run's id does not parse.
-    #[error("bad run id")]
-    BadRunId,
     /// runner.json could not be encoded.
     #[error("encoding runner.json: {0}")]
     Encode(#[source] serde_json::Error),
@@ -230,8 +227,6 @@ impl EngineError {
         }
     }
 }
-
-impl StorageError {}
 
 impl From<StorageError> for EngineError {
     fn from(e: StorageError) -> EngineError {
@@ -309,11 +304,6 @@ mod tests {
                 }),
                 codes::SESSION_NOT_OWNED,
                 "permission denied: session wc-1 belongs to another user; use a session id of your own",
-            ),
-            (
-                EngineError::Unexpected(InternalError::BadRunId),
-                codes::INTERNAL_ERROR,
-                "internal error: bad run id",
             ),
             (
                 EngineError::Unexpected(InternalError::CheckTimedOut { secs: 60 }),

@@ -77,9 +77,7 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
             path: path.to_path_buf(),
             pid,
         },
-        crate::lockfile::LockError::Io { op, path, source } => {
-            SocketError::Io(IoAt { op, path, source })
-        }
+        crate::lockfile::LockError::Io(e) => SocketError::Io(e),
     })?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
