@@ -1,6 +1,6 @@
 //! How the engine is set up: the daemon's [`Config`], resolved once at
-//! start, and what follows from it alone. May use paths, uids, gitsnap,
-//! policy and the engine's errors; nothing of the engine's state.
+//! start, and what follows from it alone. May use paths, uids, runas,
+//! gitsnap, observe, policy and the engine's errors; nothing of the engine's state.
 
 use super::error::{EngineError, StorageError};
 use std::path::{Path, PathBuf};

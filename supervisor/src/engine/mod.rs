@@ -18,7 +18,7 @@
 //!   published) over [`worktree`]; [`drivers`]; [`instructions`] (the
 //!   project's instructions file);
 //! - at the bottom: [`error`] (every error, each with its protocol code),
-//!   [`lockfile`], [`pidfd`], [`probe`]; and `crate::run`, the run's data.
+//!   [`pidfd`], [`probe`]; and `crate::run`, the run's data.
 
 pub mod accept;
 mod config;

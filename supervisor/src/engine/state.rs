@@ -1,7 +1,8 @@
 //! The engine's shared state: [`Inner`] (what every phase reads, and the
 //! run table, queue, slots and leases) and [`Slot`] (one run in memory),
-//! each field with its locking rule. Phases take `&Arc<Inner>`; only the
-//! engine's API (`engine/mod.rs`) holds the `Supervisor` handle. May use
+//! each field with its locking rule. Phases take `Inner` (by reference,
+//! or an `Arc` of it for what outlives a call); only the engine's API
+//! (`engine/mod.rs`) holds the `Supervisor` handle. May use
 //! the engine's config, errors and probe, the record, and the stores.
 
 use super::config::Config;
@@ -102,11 +103,14 @@ pub(crate) struct Inner {
     pub(super) runs: Mutex<BTreeMap<RunId, Arc<Slot>>>,
     /// Accepted runs for the dispatcher, in FIFO order. Lock-free.
     pub(super) queue: mpsc::UnboundedSender<RunId>,
-    /// At most `max_concurrent` runs at once: one permit per running run.
+    /// At most `max_concurrent` runs at once: one permit per running run
+    /// (runners adopted at recovery take one only when one is free).
     pub(super) slots: Arc<Semaphore>,
-    /// The sessions' durable notices. Its own file locks; blocking.
+    /// The sessions' durable notices. Its own std lock, held across its
+    /// file I/O: called only on the blocking pool.
     pub(super) notices: NoticeStore,
-    /// The sessions' working state. Its own file locks; blocking.
+    /// The sessions' working state. As `notices`; finishing a run takes
+    /// it while holding the slot's `rec` (order: `rec`, then sessions).
     pub(super) sessions: crate::sessions::SessionStore,
     /// Every finished run's notice, for subscribers. Lock-free.
     pub(super) finished: broadcast::Sender<Notice>,

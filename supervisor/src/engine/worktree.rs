@@ -1,6 +1,6 @@
 //! A run's git worktree (`isolation: worktree`): made from HEAD on a
 //! branch of its own at spawn, given to the run's user, removed with the
-//! run or on `subagent worktree remove`. May use the engine's errors,
+//! run or on `subagent worktree rm`. May use the engine's errors,
 //! gitsnap, securedir and the run's data.
 
 use super::error::{EngineError, StorageError, WorktreeError};

@@ -108,7 +108,11 @@ pub enum RecordError {
     /// The atomic write failed.
     #[error(transparent)]
     Atomic(#[from] subagent_runner::atomic::AtomicError),
-    /// The file is corrupt or truncated, or names a malformed run id.
+    /// The file is corrupt or truncated, names a malformed run or session
+    /// id, or lacks what its state implies (the [`Inconsistent`] text,
+    /// carried through the parser).
+    ///
+    /// [`Inconsistent`]: RecordError::Inconsistent
     #[error("parse {path}: {source}")]
     Parse {
         path: PathBuf,
@@ -271,6 +275,7 @@ impl RunRecord {
     /// An ended run's state told again (the agent's report changes the
     /// verdict its exit gave); nothing for a run that has not ended.
     pub fn end_as(&mut self, state: EndState) {
+        debug_assert!(self.end().is_some(), "end_as on a run that has not ended");
         if let Some(e) = self.end_mut() {
             e.state = state;
         }
@@ -282,6 +287,7 @@ impl RunRecord {
         delta: crate::run::delta::DeltaReport,
         observed: policy::observed::ObservedReport,
     ) {
+        debug_assert!(self.end().is_some(), "reported on a run that has not ended");
         if let Some(e) = self.end_mut() {
             e.delta = Some(delta);
             e.observed = Some(observed);
@@ -290,6 +296,7 @@ impl RunRecord {
 
     /// Finalizing is done (`None`) or failed for the reason given.
     pub fn finalize_done(&mut self, failure: Option<String>) {
+        debug_assert!(self.end().is_some(), "finalized a run that has not ended");
         let Some(e) = self.end_mut() else { return };
         match failure {
             None => {

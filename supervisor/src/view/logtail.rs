@@ -1,5 +1,5 @@
 //! Where the last lines of a log begin, read back from its end within a
-//! bound, for both front ends (`subagent log --tail` and the MCP log and
+//! bound, for both front ends (`subagent logs --tail` and the MCP log and
 //! status tools). Uses only std.
 
 use std::fs::File;

@@ -1,7 +1,7 @@
 //! The run folder: run.json as accepted, the run's uid lease, and the
 //! draft published while its runner may start behind its gate. May use
 //! the engine's state, errors, draft and launch, the record, the run's
-//! data, protocol and policy.
+//! data, the gateway's setup, uids, timefmt, protocol and policy.
 
 use super::place::RunPlace;
 use super::plan::Plan;
