@@ -2,6 +2,7 @@
 //! fsync it, rename it over the target, fsync the folder; and [`Reserved`],
 //! disk room held up front for such a write.
 
+use crate::ioerr::{at, IoAt};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -25,18 +26,21 @@ pub enum AtomicError {
     },
 }
 
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> AtomicError + 'a {
-    move |source| AtomicError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
+impl From<IoAt> for AtomicError {
+    fn from(e: IoAt) -> AtomicError {
+        AtomicError::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
     }
 }
 
 /// fsyncs a directory so that a rename or create inside it is durable.
 pub fn fsync_dir(dir: &Path) -> Result<(), AtomicError> {
-    let f = File::open(dir).map_err(io("open directory", dir))?;
-    f.sync_all().map_err(io("fsync directory", dir))
+    let f = File::open(dir).map_err(at("open directory", dir))?;
+    f.sync_all()
+        .map_err(|e| at("fsync directory", dir)(e).into())
 }
 
 /// Replaces `path` with `bytes` atomically and durably; mode 0600.
@@ -78,12 +82,12 @@ fn replace(path: &Path, bytes: &[u8], sync: Sync) -> Result<(), AtomicError> {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)
-            .map_err(io("create", &tmp))?;
-        f.write_all(bytes).map_err(io("write", &tmp))?;
+            .map_err(at("create", &tmp))?;
+        f.write_all(bytes).map_err(at("write", &tmp))?;
         if sync == Sync::FileAndDir {
-            f.sync_all().map_err(io("fsync", &tmp))?;
+            f.sync_all().map_err(at("fsync", &tmp))?;
         }
-        fs::rename(&tmp, path).map_err(io("rename into place", path))?;
+        fs::rename(&tmp, path).map_err(at("rename into place", path))?;
         if sync == Sync::FileAndDir {
             fsync_dir(dir)?;
         }
@@ -130,12 +134,12 @@ impl Reserved {
                 .truncate(true)
                 .mode(0o600)
                 .open(&tmp)
-                .map_err(io("create", &tmp))?;
+                .map_err(at("create", &tmp))?;
             // Written, not just sized: a sparse file would hold no blocks.
             let mut left = size;
             while left > 0 {
                 let n = left.min(ZEROS.len());
-                file.write_all(&ZEROS[..n]).map_err(io("write", &tmp))?;
+                file.write_all(&ZEROS[..n]).map_err(at("write", &tmp))?;
                 left -= n;
             }
             Ok(file)
@@ -161,11 +165,11 @@ impl Reserved {
         use std::os::unix::fs::FileExt;
         let Reserved { file, tmp, path } = self;
         let filled = (|| {
-            file.write_all_at(bytes, 0).map_err(io("write", &tmp))?;
+            file.write_all_at(bytes, 0).map_err(at("write", &tmp))?;
             file.set_len(bytes.len() as u64)
-                .map_err(io("truncate", &tmp))?;
-            file.sync_all().map_err(io("fsync", &tmp))?;
-            fs::rename(&tmp, &path).map_err(io("rename into place", &path))?;
+                .map_err(at("truncate", &tmp))?;
+            file.sync_all().map_err(at("fsync", &tmp))?;
+            fs::rename(&tmp, &path).map_err(at("rename into place", &path))?;
             let dir = path
                 .parent()
                 .ok_or_else(|| AtomicError::BadPath(path.clone()))?;

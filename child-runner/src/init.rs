@@ -15,6 +15,22 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::os::fd::{OwnedFd, RawFd};
 
+/// The signals the runner handles through its signalfd; init blocks and
+/// reads the same ones (here, below the runner's loop, so both can use it).
+pub fn handled_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        set.add(s);
+    }
+    set
+}
+
 /// What init writes on the status pipe when the agent has ended: its raw
 /// wait status, how many other processes of the run were still alive, and
 /// whether the run was seen at its RLIMIT_NPROC process limit.
@@ -199,8 +215,7 @@ impl NprocWatch {
 /// A cancel from outside is passed on to the whole run. With `watch`, the
 /// run's tasks are counted while it waits.
 fn reap_until(agent: Pid, mut watch: Option<&mut NprocWatch>) -> i32 {
-    let Ok(sfd) = SignalFd::with_flags(&crate::supervise::handled_signals(), SfdFlags::SFD_CLOEXEC)
-    else {
+    let Ok(sfd) = SignalFd::with_flags(&handled_signals(), SfdFlags::SFD_CLOEXEC) else {
         // Without the signalfd: reap blocking, still ending with the agent.
         return reap_blocking(agent);
     };
@@ -304,11 +319,7 @@ fn count_others() -> u32 {
 /// clone and its signalfd (the runner's mask is inherited already; this
 /// keeps init correct on its own).
 pub fn block_signals() {
-    let _ = nix::sys::signal::sigprocmask(
-        SigmaskHow::SIG_BLOCK,
-        Some(&crate::supervise::handled_signals()),
-        None,
-    );
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&handled_signals()), None);
 }
 
 /// Unblocks every signal (for the agent).

@@ -14,6 +14,7 @@
 //! Layout:
 //! - [`spec`]: what the daemon asks for (runner.json), the runner's input.
 //! - [`exit_record`]: how the run ended (exit.json), the runner's output.
+//! - [`ioerr`]: an I/O error naming its step and path ([`ioerr::IoAt`]).
 //! - [`atomic`]: write-temp, fsync, rename, fsync-directory.
 //! - [`sys`]: thin wrappers over the syscalls used here, each with a typed error.
 //! - [`procstat`]: a process as /proc/PID/stat shows it.
@@ -35,6 +36,7 @@ pub mod atomic;
 pub mod exit_record;
 pub mod gate;
 pub mod init;
+pub mod ioerr;
 pub mod launch;
 pub mod lockfd;
 pub mod logsink;

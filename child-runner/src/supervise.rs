@@ -8,13 +8,16 @@ use crate::spec::RunnerSpec;
 use crate::{launch, now_unix_ms, sandbox};
 use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::sys::signal::{sigprocmask, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
+
+/// The signals the runner handles (defined in init, which blocks the same).
+pub use crate::init::handled_signals;
 
 /// How long the runner keeps draining the output pipe after the run's
 /// init ended.
@@ -43,21 +46,6 @@ pub enum RunnerError {
 
 fn setup(op: &'static str) -> impl FnOnce(nix::Error) -> RunnerError {
     move |source| RunnerError::Setup { op, source }
-}
-
-/// The signals the runner handles through its signalfd.
-pub fn handled_signals() -> SigSet {
-    let mut set = SigSet::empty();
-    for s in [
-        Signal::SIGCHLD,
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-    ] {
-        set.add(s);
-    }
-    set
 }
 
 /// How an attempt's init and agent are doing.

@@ -4,9 +4,11 @@
 //! (see [`frontmatter`]). Tool entries are kept as written here; they are
 //! resolved against the catalog by [`crate::agenttools`].
 
+mod error;
 mod frontmatter;
 pub mod yaml;
 
+pub use error::DefinitionError;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -57,21 +59,6 @@ pub struct Definition {
     pub lines: BTreeMap<String, usize>,
     /// What was ignored or read leniently, as `file:line: ...`.
     pub warnings: Vec<String>,
-}
-
-/// A definition file that cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}{}: {}{message}", file.display(), if *line == 0 { String::new() } else { format!(":{line}") }, field.as_ref().map(|f| format!("{f}: ")).unwrap_or_default())]
-pub struct DefinitionError {
-    pub file: PathBuf,
-    /// 1-based line (of the field, when one is at fault); 0 when the file
-    /// could not be read.
-    pub line: usize,
-    /// The field at fault, if any.
-    pub field: Option<String>,
-    pub message: String,
-    /// The name the file gives, when it gives one: the name it blocks.
-    pub name: Option<String>,
 }
 
 /// The longest name.
@@ -189,23 +176,6 @@ pub fn parse(file: &Path, text: &str) -> Result<Definition, DefinitionError> {
     d.warnings.extend(fields.unknown());
     frontmatter::cap_warnings(&mut d.warnings, front.untold);
     Ok(d)
-}
-
-impl DefinitionError {
-    fn new(file: &Path, line: usize, field: Option<&str>, message: impl Into<String>) -> Self {
-        DefinitionError {
-            file: file.to_path_buf(),
-            line,
-            field: field.map(str::to_owned),
-            message: message.into(),
-            name: None,
-        }
-    }
-
-    /// A file that could not be read (`message` says why).
-    pub fn unreadable(file: &Path, message: impl Into<String>) -> Self {
-        DefinitionError::new(file, 0, None, message)
-    }
 }
 
 /// The front matter's fields, and where each is, to name it in errors.

@@ -79,6 +79,20 @@ impl fmt::Display for RunId {
     }
 }
 
+impl serde::Serialize for RunId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+/// Accepts only a well-formed id: a record naming another fails to load.
+impl<'de> serde::Deserialize<'de> for RunId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RunId, D::Error> {
+        let s = String::deserialize(d)?;
+        RunId::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("malformed run id {s:?}")))
+    }
+}
+
 /// Eight random lowercase hex digits, from the kernel's CSPRNG.
 pub fn random_hex8() -> String {
     let mut buf = [0u8; 4];
@@ -112,6 +126,44 @@ pub enum SessionIdError {
     /// A name the file system gives a meaning.
     #[error("must not be \".\" or \"..\"")]
     Dots,
+}
+
+/// A session id, checked by [`check_session_id`]: safe as a folder name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(String);
+
+impl SessionId {
+    /// Accepts `s` only when it is a valid session id.
+    pub fn parse(s: &str) -> Result<SessionId, SessionIdError> {
+        check_session_id(s)?;
+        Ok(SessionId(s.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl serde::Serialize for SessionId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+/// Accepts only a valid id: a record naming another fails to load.
+impl<'de> serde::Deserialize<'de> for SessionId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SessionId, D::Error> {
+        let s = String::deserialize(d)?;
+        SessionId::parse(&s)
+            .map_err(|e| serde::de::Error::custom(format!("malformed session id {s:?}: {e}")))
+    }
 }
 
 /// Checks a session id (it names a folder of the state dir).
@@ -163,6 +215,19 @@ mod tests {
             assert!(RunId::parse(bad).is_none(), "{bad}");
         }
         assert!(RunId::parse("20261130T055552.123456Z-a1b2c3d4").is_some());
+    }
+
+    #[test]
+    fn a_session_id_deserializes_only_when_valid() {
+        let ok: SessionId = serde_json::from_str("\"parent-1\"").unwrap();
+        assert_eq!(ok.as_str(), "parent-1");
+        assert_eq!(serde_json::to_string(&ok).unwrap(), "\"parent-1\"");
+        for bad in ["\"../etc\"", "\"\"", "\"..\""] {
+            let err = serde_json::from_str::<SessionId>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("malformed session id"), "{bad}: {err}");
+        }
     }
 
     #[test]

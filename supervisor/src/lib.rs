@@ -1,34 +1,39 @@
 //! subagentd: a supervisor that runs AI subagents as separate OS processes.
 //!
-//! Layout:
-//! - [`agents`]: finding subagent definitions on disk.
-//! - [`ids`], [`timefmt`], [`paths`]: run ids, timestamps, where things live.
-//! - [`securedir`]: private directories under /tmp without following symlinks.
-//! - [`runas`]: the unprivileged user children may run as.
-//! - [`rights`]: checking what a requester of another uid may reach, as it.
-//! - [`record`]: run.json, the durable record of a run, and its states.
-//! - [`protocol`]: the JSON-RPC wire types and error codes (docs/protocol.md).
-//! - [`gitsnap`]: the git snapshot taken at spawn, under a time budget.
-//! - [`sessions`]: each parent session's recent files, persisted.
-//! - [`notices`]: the durable finished-run notices of each session.
-//! - [`observe`]: the pictures of a project that tell what a run changed.
-//! - [`result_md`]: the result.md a finished run leaves.
-//! - [`sanitize`]: showing what a child or a definition wrote, on a
-//!   terminal, to a model and in Markdown, without letting it act.
-//! - [`engine`]: the supervisor itself: accepting, queueing, launching,
-//!   watching and finishing runs; used by the daemon and by `subagent run`.
-//! - [`egress`]: the proxy through which runs in allowlist mode reach
-//!   their listed hosts, and their egress.log.
-//! - [`gateway`]: the model gateway through which a driver's agent reaches
-//!   its configured endpoint, the daemon adding the key; and gateway.log.
-//! - [`runlog`]: the bounded JSON-lines writer both of those logs use.
-//! - [`runservice`]: the stop handle and accept both of those services use.
-//! - [`server`]: the Unix socket listener and one handler per connection.
-//! - [`client`]: a blocking client for the socket.
-//! - [`trust`]: what every client checks of the socket and its listener
-//!   before it sends anything.
-//! - [`cli`]: the `subagent` command.
-//! - [`mcp`]: `subagent mcp`, an MCP server on stdio over the socket.
+//! Layout, in layers from the bottom (a module uses its own layer and
+//! those below; docs/architecture.md has the map, tests/tests/layers.rs
+//! keeps it true):
+//! - foundation: [`ids`], [`timefmt`] (run and session ids, timestamps);
+//!   [`securedir`] (private directories without following links);
+//!   [`lockfile`] (flock: "someone is alive here"); [`runas`] (the user
+//!   children may run as); [`rights`] (what a requester of another uid may
+//!   reach, as it); [`runlog`] (the bounded JSON-lines writer of
+//!   egress.log and gateway.log); [`runservice`] (their stop handle and
+//!   accept); [`sanitize`] (showing what a child or a definition wrote, on
+//!   a terminal, to a model and in Markdown, without letting it act);
+//!   [`isolation`] (the isolation report's rows).
+//! - host: [`gitsnap`] (the git snapshot at spawn, under a time budget),
+//!   [`observe`] (the pictures that tell what a run changed), [`paths`]
+//!   (where things live), [`uids`] (per-run uid leases), [`trust`] (what a
+//!   client checks of the socket before it sends anything), [`agents`]
+//!   (subagent definitions on disk), [`sessions`] (each parent session's
+//!   recent files).
+//! - run model: [`run`]: a run's record, typed by phase, and what it is
+//!   made of (worktree, delta, driver, egress counts).
+//! - run services: [`egress`] (the proxy of runs in allowlist mode),
+//!   [`gateway`] (the model gateway of driver runs, the daemon adding the
+//!   key).
+//! - protocol: [`protocol`] (the JSON-RPC wire types and error codes),
+//!   [`status`] (a run's status, from its record), [`notices`] (the
+//!   durable finished-run notices), [`result_md`] (a finished run's
+//!   result.md).
+//! - [`engine`]: the supervisor itself: its parts, its phases (accept,
+//!   launch, finish, recover) and its API; used by the daemon and by
+//!   `subagent run`.
+//! - front ends: [`server`] (the socket listener, a handler per
+//!   connection), [`client`], [`view`] (what both cli and mcp show),
+//!   [`mcp`] (`subagent mcp`), [`cli`] (the `subagent` command),
+//!   [`selfcheck`] (`subagentd --check`).
 
 pub mod agents;
 pub mod cli;
@@ -38,14 +43,16 @@ pub mod engine;
 pub mod gateway;
 pub mod gitsnap;
 pub mod ids;
+pub mod isolation;
+pub mod lockfile;
 pub mod mcp;
 pub mod notices;
 pub mod observe;
 pub mod paths;
 pub mod protocol;
-pub mod record;
 pub mod result_md;
 pub mod rights;
+pub mod run;
 pub mod runas;
 pub mod runlog;
 pub mod runservice;
@@ -54,6 +61,8 @@ pub mod securedir;
 pub mod selfcheck;
 pub mod server;
 pub mod sessions;
+pub mod status;
 pub mod timefmt;
 pub mod trust;
 pub mod uids;
+pub mod view;

@@ -11,34 +11,20 @@ use crate::paths::StateLayout;
 use crate::protocol::Notice;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::DirBuilderExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use subagent_runner::atomic::{fsync_dir, write_atomic, AtomicError};
+use subagent_runner::ioerr::{at, IoAt};
 
 /// A notice could not be stored or taken.
 #[derive(Debug, thiserror::Error)]
 pub enum NoticeError {
     /// A file step failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// The step.
-        op: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoAt),
     /// An atomic write failed.
     #[error(transparent)]
     Atomic(#[from] AtomicError),
-}
-
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> NoticeError + 'a {
-    move |source| NoticeError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// What is known of one session's notices.
@@ -111,7 +97,7 @@ impl NoticeStore {
                     .recursive(true)
                     .mode(0o700)
                     .create(dir)
-                    .map_err(io("create", dir))?;
+                    .map_err(at("create", dir))?;
             }
             Ok(())
         };
@@ -145,19 +131,19 @@ impl NoticeStore {
                 .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
                 .collect(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io("list", &pending)(e)),
+            Err(e) => return Err(at("list", &pending)(e).into()),
         };
         names.sort();
         let mut out = Vec::with_capacity(names.len());
         for name in names {
             let from = pending.join(&name);
-            let bytes = std::fs::read(&from).map_err(io("read", &from))?;
+            let bytes = std::fs::read(&from).map_err(at("read", &from))?;
             let Ok(notice) = serde_json::from_slice::<Notice>(&bytes) else {
                 tracing::warn!(path = %from.display(), "skipping a corrupt notice file");
                 continue;
             };
             let to = taken.join(format!("{}.json", notice.run_id));
-            std::fs::rename(&from, &to).map_err(io("rename", &from))?;
+            std::fs::rename(&from, &to).map_err(at("rename", &from))?;
             if let Some(k) = known.get_mut(session) {
                 if let Some(id) = run_id_of(&name) {
                     k.pending.remove(id);
@@ -176,7 +162,7 @@ impl NoticeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::RunState;
+    use crate::run::record::RunState;
 
     fn notice(run: &str) -> Notice {
         Notice {

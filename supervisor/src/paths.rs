@@ -23,10 +23,9 @@
 use crate::ids::RunId;
 use std::path::{Path, PathBuf};
 
-/// The effective uid of this process.
-pub fn uid() -> u32 {
-    nix::unistd::geteuid().as_raw()
-}
+/// The effective uid of this process (it lives in `securedir`, whose owner
+/// checks need it, so that module needs nothing of this one).
+pub use crate::securedir::uid;
 
 /// `/tmp/subagentd-<uid>`: the base of children's temp dirs, and of the
 /// socket when XDG_RUNTIME_DIR is unset.

@@ -211,7 +211,7 @@ pub struct ListParams {
     pub session_id: Option<String>,
     /// Only runs in this state.
     #[serde(default)]
-    pub state: Option<crate::record::RunState>,
+    pub state: Option<crate::run::record::RunState>,
 }
 
 /// The params of `subscribe`.
@@ -468,7 +468,7 @@ pub struct Notice {
     pub run_id: String,
     pub session_id: String,
     /// Its terminal state.
-    pub state: crate::record::RunState,
+    pub state: crate::run::record::RunState,
     /// Its result.md.
     pub result_path: PathBuf,
     /// When it ended (RFC 3339 UTC).

@@ -10,6 +10,11 @@ use nix::sys::stat::{fstat, fstatat, mkdirat, Mode};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+/// The effective uid of this process.
+pub fn uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
 /// Why a private directory could not be made or trusted.
 #[derive(Debug, thiserror::Error)]
 pub enum SecureDirError {
@@ -270,7 +275,7 @@ impl PrivateDir {
 /// below it is made if missing (0700) and verified. Returns the opened
 /// directory.
 pub fn open_private_dir(path: &Path) -> Result<OwnedFd, SecureDirError> {
-    let owner = crate::paths::uid();
+    let owner = uid();
     let mut names = path
         .components()
         .filter_map(|c| match c {
@@ -294,7 +299,7 @@ pub fn open_private_dir(path: &Path) -> Result<OwnedFd, SecureDirError> {
 /// must be one only root or we can change ([`check_ancestor`]), and `path`
 /// itself ours and writable by us alone, whether it was there or not.
 pub fn open_owned_dir(path: &Path) -> Result<PrivateDir, SecureDirError> {
-    let owner = crate::paths::uid();
+    let owner = uid();
     let mut names = Vec::new();
     for c in path.components() {
         match c {
@@ -346,7 +351,7 @@ fn open_base(base: &Path, owner: u32) -> Result<PrivateDir, SecureDirError> {
 /// Creates a child's temp dir `<base>/<session>/c<8 hex>` (base =
 /// `/tmp/subagentd-<uid>`), verifying each component. Returns its path.
 pub fn make_temp_dir(base: &Path, session: &str) -> Result<PathBuf, SecureDirError> {
-    let owner = crate::paths::uid();
+    let owner = uid();
     let base_dir = open_base(base, owner)?;
     // An empty session dir is removed when a run of it ends (by any daemon
     // of this uid, at any time); if that happens between making the session
@@ -526,7 +531,7 @@ mod tests {
 
     /// Whether this test runs as root, so it can give a file to nobody.
     fn root() -> bool {
-        crate::paths::uid() == 0
+        uid() == 0
     }
 
     #[test]
@@ -591,7 +596,7 @@ mod tests {
     fn a_log_is_opened_only_as_a_regular_file_of_ours() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = open_owned_dir(&tmp.path().join("d")).unwrap();
-        let owner = crate::paths::uid();
+        let owner = uid();
         let mut f = dir.open_log("ok.log", owner).unwrap();
         std::io::Write::write_all(&mut f, b"line\n").unwrap();
         let p = dir.path().join("ok.log");

@@ -8,7 +8,8 @@
 
 use crate::engine::error::{InternalError, StorageError};
 use crate::engine::{Config, EngineError, Supervisor};
-use crate::record::{RunState, RunStatus};
+use crate::run::record::RunState;
+use crate::status::RunStatus;
 use policy::sandbox::Mechanism;
 use std::path::PathBuf;
 

@@ -193,7 +193,7 @@ impl UidPool {
         let file = std::fs::File::from(fd);
         // The lock lives as long as the open file description, wherever
         // its descriptors are (ours, then the runner's).
-        match crate::engine::lockfile::try_lock(&file) {
+        match crate::lockfile::try_lock(&file) {
             Ok(true) => Ok(Some(UidLease {
                 uid,
                 lock: OwnedFd::from(file),

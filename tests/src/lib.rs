@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod mcpstdio;
 pub mod modelserver;
+pub mod modgraph;
 pub mod otheruser;
 pub mod sleepers;
 

@@ -21,6 +21,16 @@ pub struct MountError {
     pub source: std::io::Error,
 }
 
+impl From<crate::ioerr::IoAt> for MountError {
+    fn from(e: crate::ioerr::IoAt) -> MountError {
+        MountError {
+            op: e.op,
+            path: e.path.display().to_string(),
+            source: e.source,
+        }
+    }
+}
+
 impl MountError {
     /// `op` on `path` refused before any call: `what` holds a NUL byte.
     fn nul(op: &'static str, what: &str) -> MountError {

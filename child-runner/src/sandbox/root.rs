@@ -11,6 +11,7 @@
 //! made read-only.
 
 use super::mountapi::{self, Attrs, MountError};
+use crate::ioerr;
 use policy::sandbox::mounts::{MountPlan, Source};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
@@ -141,14 +142,6 @@ fn mask_target(target: &Path) -> Result<Option<Piece>, MountError> {
     }
 }
 
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> MountError + 'a {
-    move |source| MountError {
-        op,
-        path: path.display().to_string(),
-        source,
-    }
-}
-
 /// `base` joined with the absolute `target`.
 fn under(base: &Path, target: &Path) -> PathBuf {
     base.join(target.strip_prefix("/").unwrap_or(target))
@@ -168,17 +161,19 @@ fn skeleton<'a>(base: &Path, parts: impl IntoIterator<Item = &'a Part>) -> Resul
                 .recursive(true)
                 .mode(0o755)
                 .create(parent)
-                .map_err(io("mkdir", parent))?;
+                .map_err(ioerr::at("mkdir", parent))?;
         }
         match &p.what {
             Piece::Tree { dir: false, .. } => {
-                std::fs::File::create(&at).map_err(io("create", &at))?;
+                std::fs::File::create(&at).map_err(ioerr::at("create", &at))?;
             }
-            Piece::Link(to) => std::os::unix::fs::symlink(to, &at).map_err(io("symlink", &at))?,
+            Piece::Link(to) => {
+                std::os::unix::fs::symlink(to, &at).map_err(ioerr::at("symlink", &at))?
+            }
             _ => std::fs::DirBuilder::new()
                 .mode(0o755)
                 .create(&at)
-                .map_err(io("mkdir", &at))?,
+                .map_err(ioerr::at("mkdir", &at))?,
         }
     }
     Ok(())

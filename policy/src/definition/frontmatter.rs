@@ -5,8 +5,8 @@
 //! step is a warning naming the file line. What [`yaml`] refuses (an
 //! alias, too many nodes) refuses the file: it is never read another way.
 
+use super::error::DefinitionError;
 use super::yaml::{self, YamlError};
-use super::DefinitionError;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! project is readable (writable only when granted), and nothing else is
 //! reachable: not the state dir, not $HOME, not other runs' dirs.
 
-use super::{Grants, SandboxRequest};
+use super::grants::{Grants, SandboxRequest};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

@@ -9,8 +9,8 @@
 //! [`super::places`]).
 
 use super::fs::{Access, FsRules};
+use super::grants::Grants;
 use super::places::Places;
-use super::Grants;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

@@ -109,27 +109,13 @@ fn say(line: &str) {
 }
 
 /// What the check run got, as its isolation report says.
-fn print_check_run(status: &subagentd::record::RunStatus) {
+fn print_check_run(status: &subagentd::status::RunStatus) {
     let reason = status.reason.as_deref().unwrap_or("");
     say(&format!("a run here: {} ({reason})", status.state.as_str()));
     let Some(iso) = &status.isolation else { return };
-    let rows = [
-        ("landlock", &iso.landlock),
-        ("seccomp", &iso.seccomp),
-        ("network", &iso.network),
-        ("cgroup", &iso.cgroup),
-        ("capabilities", &iso.capabilities),
-        ("namespaces", &iso.namespaces),
-        ("root", &iso.root),
-        ("disk", &iso.disk),
-    ];
-    for (name, e) in rows {
-        let mark = if e.enforced {
-            "enforced"
-        } else {
-            "NOT enforced"
-        };
-        say(&format!("  {name}: {mark}: {}", e.detail));
+    for row in subagentd::isolation::rows(iso) {
+        let (name, mark) = (row.name, row.mark());
+        say(&format!("  {name}: {mark}: {}", row.state.detail));
     }
     say(&format!("  user: {}", iso.user));
     for n in &iso.notes {

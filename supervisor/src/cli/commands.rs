@@ -1,12 +1,14 @@
 //! The commands that talk to the daemon, and `logs`.
 
-use super::{follow, show, stdout, Command, RunArgs, WorktreeAction, EXIT_STILL_RUNNING};
+use super::args::{Command, RunArgs, WorktreeAction, EXIT_STILL_RUNNING};
+use super::{follow, show, stdout};
 use crate::client::{Client, ClientError};
 use crate::ids::RunId;
 use crate::paths::StateLayout;
 use crate::protocol::{SessionParams, SpawnParams};
-use crate::record::{RunState, RunStatus};
+use crate::run::record::RunState;
 use crate::sanitize::{for_terminal, json_text, one_line};
+use crate::status::RunStatus;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -291,7 +293,9 @@ fn logs(ctx: &Ctx, run: &str, follow: bool, tail: Option<usize>, raw: bool) -> R
     let dir = run_dir(ctx, run)?;
     let from = match tail {
         // The user asked for these lines and reads them all: no byte bound.
-        Some(n) => follow::tail_offset(&dir.join("child.log"), n, u64::MAX).unwrap_or(0),
+        Some(n) => {
+            crate::view::logtail::tail_offset(&dir.join("child.log"), n, u64::MAX).unwrap_or(0)
+        }
         None => 0,
     };
     match follow::print_log_to_stdout(&dir, from, follow, raw) {
@@ -338,7 +342,7 @@ fn context(ctx: &Ctx, run: &str, detail: bool, show: bool) -> Result<u8> {
     let plan: policy::compose::Plan = serde_json::from_str(&dir.read("plan.json")?)?;
     let sizes = dir.tool_sizes()?;
     // A record from before drivers delivered through files alone.
-    let delivery = crate::record::RunRecord::load(&run_dir.join("run.json"))
+    let delivery = crate::run::record::RunRecord::load(&run_dir.join("run.json"))
         .ok()
         .and_then(|r| r.driver_run)
         .map(|d| d.delivered)
@@ -379,12 +383,12 @@ fn working_context(ctx: &Ctx, session: &str) -> Result<u8> {
 
 fn remove_worktree(ctx: &Ctx, run: &str) -> Result<u8> {
     let dir = run_dir(ctx, run)?;
-    let rec = crate::record::RunRecord::load(&dir.join("run.json"))?;
+    let rec = crate::run::record::RunRecord::load(&dir.join("run.json"))?;
     let wt = rec
         .worktree
         .as_ref()
         .ok_or_else(|| anyhow!("run {run} has no worktree"))?;
-    crate::engine::workctx::remove_worktree(&rec.project_dir, wt, &rec.run_id)
+    crate::engine::worktree::remove_worktree(&rec.project_dir, wt, rec.run_id.as_str())
         .map_err(anyhow::Error::msg)?;
     stdout::line(&format!(
         "removed {} and branch {}",
@@ -408,7 +412,7 @@ fn agents(ctx: &Ctx, project_dir: Option<PathBuf>) -> Result<u8> {
     let tools = settings.tool_policy().map_err(anyhow::Error::msg)?;
     let found = crate::agents::discover(&dir, &tools, settings.context.max_file_chars);
     if ctx.json {
-        print_json(&show::agents_json(&found, &tools), true)?;
+        print_json(&crate::view::agents::agents_json(&found, &tools), true)?;
     } else {
         stdout::write(&show::agents_table(&found, &tools))?;
     }

@@ -6,13 +6,14 @@
 //! 0 succeeded, the child's code or 128+signal when failed, 124 timed_out,
 //! 130 cancelled, 125 lost (and 125 when `subagent run` itself fails).
 
+use super::args::RunArgs;
 use super::commands::{spawn_params, wait_exit_code, Ctx};
-use super::{follow, RunArgs};
+use super::follow;
 use crate::client::{Client, ClientError};
 use crate::engine::{Config, Supervisor};
 use crate::ids::RunId;
-use crate::record::RunStatus;
 use crate::sanitize::{for_terminal, one_line};
+use crate::status::RunStatus;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 use std::path::PathBuf;

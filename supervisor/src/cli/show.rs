@@ -4,8 +4,8 @@
 //! ([`crate::sanitize::quoted`]): a child's text cannot add a line or
 //! drive the terminal.
 
-use crate::record::RunStatus;
 use crate::sanitize::{one_line, quoted};
+use crate::status::RunStatus;
 use crate::timefmt::{human_duration, now_ms, parse_rfc3339_ms};
 use std::fmt::Write as _;
 
@@ -177,35 +177,6 @@ pub fn agents_table(
         let _ = writeln!(out, "note: {}", one_line(n));
     }
     out
-}
-
-/// `agents --json`: every field of each definition as read.
-pub fn agents_json(
-    found: &crate::agents::Found,
-    policy: &policy::toolpolicy::ToolPolicy,
-) -> serde_json::Value {
-    use serde_json::json;
-    let agents: Vec<serde_json::Value> = found
-        .agents
-        .iter()
-        .map(|a| {
-            let d = &a.definition;
-            json!({"name": d.name, "description": d.description, "source": d.source,
-                   "tools": a.shown_tools(policy), "disallowed_tools": a.tools.deny,
-                   "tool_patterns": a.tools.patterns, "command": d.command,
-                   "model": d.model, "permission_mode": d.permission_mode,
-                   "max_turns": d.max_turns, "driver": d.driver, "color": d.color, "skills": d.skills,
-                   "mcp_servers": d.mcp_servers, "hooks": d.hooks,
-                   "body_chars": d.body.chars().count(), "warnings": a.warnings})
-        })
-        .collect();
-    let duplicates: Vec<serde_json::Value> = found
-        .duplicates
-        .iter()
-        .map(|d| json!({"name": d.name, "used": d.winner, "shadowed": d.shadowed, "over_user": d.over_user}))
-        .collect();
-    let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
-    json!({"agents": agents, "duplicates": duplicates, "errors": errors, "notes": found.notes})
 }
 
 /// `subagent context`: how the context reached the agent, each layer with

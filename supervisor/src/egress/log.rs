@@ -2,6 +2,7 @@
 //! folder, within the run's disk budget; and the summary that
 //! check_agent_run and result.md show.
 
+use crate::run::egress::{EgressSummary, MAX_HOSTS};
 use crate::runlog::{LineFile, RunLogError};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::OpenOptionsExt;
@@ -188,25 +189,6 @@ impl EgressLog {
     }
 }
 
-/// The counts of a run's egress, for its status and result.md.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EgressSummary {
-    /// Attempts allowed and relayed.
-    pub allowed: u64,
-    /// Attempts refused.
-    pub refused: u64,
-    /// Attempts allowed that could not reach their destination.
-    pub failed: u64,
-    /// The refused `host:port`s, each once, at most [`MAX_HOSTS`].
-    pub refused_hosts: Vec<String>,
-    /// Bytes from the run, over every attempt.
-    pub bytes_up: u64,
-    /// Bytes to the run.
-    pub bytes_down: u64,
-}
-
-/// The most refused hosts a summary names.
-pub const MAX_HOSTS: usize = 20;
 /// The most of egress.log a summary reads: all a log can hold.
 pub const MAX_SUMMARY_BYTES: u64 = MAX_LOG_BYTES;
 

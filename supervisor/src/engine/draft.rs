@@ -10,16 +10,17 @@
 //! `launch`) overlaps the wait.
 
 use super::error::{StorageError, WorkspaceError};
-use super::workctx::Worktree;
 use super::EngineError;
 use crate::ids::RunId;
 use crate::paths::RunFiles;
+use crate::run::worktree::Worktree;
 use crate::uids::UidLease;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use subagent_runner::atomic::fsync_dir;
+use subagent_runner::ioerr::at;
 
 /// What separates a draft folder's name from its run id.
 const DRAFT_MARK: &str = ".tmp-";
@@ -40,11 +41,7 @@ pub enum Sync {
 }
 
 fn storage(op: &'static str, path: &Path, source: std::io::Error) -> EngineError {
-    EngineError::StateDir(StorageError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    })
+    EngineError::StateDir(StorageError::Io(at(op, path)(source)))
 }
 
 fn mkdir_private(path: &Path, recursive: bool) -> Result<(), EngineError> {
@@ -159,13 +156,13 @@ impl RunDraft {
     }
 
     /// Makes the run's git worktree of `project_dir` (see
-    /// [`super::workctx::create_worktree`]).
+    /// [`super::worktree::create_worktree`]).
     pub fn make_worktree(
         &mut self,
         project_dir: &Path,
         session_dir: &Path,
     ) -> Result<Worktree, EngineError> {
-        let w = super::workctx::create_worktree(project_dir, session_dir, self.id.as_str())?;
+        let w = super::worktree::create_worktree(project_dir, session_dir, self.id.as_str())?;
         self.worktree = Some(MadeWorktree {
             project_dir: project_dir.to_path_buf(),
             worktree: w.clone(),
@@ -218,7 +215,7 @@ impl Drop for RunDraft {
             return;
         }
         if let Some(w) = &self.worktree {
-            let _ = super::workctx::remove_worktree(&w.project_dir, &w.worktree, self.id.as_str());
+            let _ = super::worktree::remove_worktree(&w.project_dir, &w.worktree, self.id.as_str());
         }
         let dir = if self.renamed {
             self.files().dir

@@ -8,6 +8,7 @@
 
 use crate::protocol::{codes, RpcError};
 use std::path::PathBuf;
+use subagent_runner::ioerr::IoAt;
 
 /// Why a call to the engine failed.
 #[derive(Debug, thiserror::Error)]
@@ -101,26 +102,21 @@ impl From<crate::sessions::SessionError> for EngineError {
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     /// A file-system step failed.
-    #[error("{op} {}: {source}", path.display())]
-    Io {
-        /// The step (`create`, `chmod`).
-        op: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoAt),
     /// Another daemon holds the state dir's lock.
     #[error("state dir {} is in use by another supervisor: {source}", root.display())]
     InUse {
         root: PathBuf,
         /// Who holds it.
-        source: super::lockfile::LockError,
+        source: crate::lockfile::LockError,
     },
     /// The state dir's lock could not be taken.
     #[error(transparent)]
-    Lock(super::lockfile::LockError),
+    Lock(crate::lockfile::LockError),
     /// run.json could not be saved.
     #[error(transparent)]
-    Record(#[from] crate::record::RecordError),
+    Record(#[from] crate::run::record::RecordError),
     /// A notice could not be stored or taken.
     #[error(transparent)]
     Notice(#[from] crate::notices::NoticeError),
@@ -140,10 +136,63 @@ pub enum StorageError {
 pub enum WorkspaceError {
     /// The run's worktree.
     #[error(transparent)]
-    Worktree(#[from] super::workctx::WorktreeError),
+    Worktree(#[from] WorktreeError),
     /// The run's temp dir.
     #[error(transparent)]
     TempDir(#[from] crate::securedir::SecureDirError),
+}
+
+/// A run's worktree could not be made, given away or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorktreeError {
+    /// Earlier git work on the repository has not ended.
+    #[error("git worktree add: earlier git work on the repository is still running")]
+    Busy,
+    /// The checkout passed the worktree limit.
+    #[error("git worktree add: not done after {secs} s")]
+    TimedOut {
+        /// The limit, in seconds.
+        secs: u64,
+    },
+    /// No thread could be started for the checkout.
+    #[error("git worktree add: could not start a thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The run's branch could not be made.
+    #[error("create branch {branch}: {}", source.message())]
+    Branch {
+        /// The branch.
+        branch: String,
+        /// The underlying error.
+        source: git2::Error,
+    },
+    /// The worktree could not be checked out.
+    #[error("git worktree add {}: {}", dir.display(), source.message())]
+    Add {
+        /// Its directory.
+        dir: PathBuf,
+        /// The underlying error.
+        source: git2::Error,
+    },
+    /// A file-system step on the worktree failed.
+    #[error(transparent)]
+    Io(#[from] IoAt),
+    /// The repository no longer passes the check.
+    #[error(transparent)]
+    Check(#[from] crate::gitsnap::precheck::PrecheckError),
+    /// The repository could not be opened.
+    #[error(transparent)]
+    Open(#[from] crate::gitsnap::OpenError),
+    /// The repository's git dir is reached through a symbolic link now.
+    #[error("{} is a symbolic link; the worktree's record is left alone", .0.display())]
+    Linked(PathBuf),
+    /// The run's branch could not be deleted.
+    #[error("delete branch {branch}: {}", source.message())]
+    DeleteBranch {
+        /// The branch.
+        branch: String,
+        /// The underlying error.
+        source: git2::Error,
+    },
 }
 
 /// Something that should not happen.
@@ -155,9 +204,6 @@ pub enum InternalError {
     /// The config's tool policy is invalid (it was checked when loaded).
     #[error("config: {0}")]
     ToolPolicy(#[source] policy::toolpolicy::ToolError),
-    /// An accepted run's id does not parse.
-    #[error("bad run id")]
-    BadRunId,
     /// runner.json could not be encoded.
     #[error("encoding runner.json: {0}")]
     Encode(#[source] serde_json::Error),
@@ -178,20 +224,6 @@ impl EngineError {
         EngineError::InvalidParams {
             field: field.to_owned(),
             problem: problem.to_string(),
-        }
-    }
-}
-
-impl StorageError {
-    /// A map_err adapter: the file-system step `op` on `path` failed.
-    pub fn io<'a>(
-        op: &'static str,
-        path: &'a std::path::Path,
-    ) -> impl FnOnce(std::io::Error) -> Self + 'a {
-        move |source| StorageError::Io {
-            op,
-            path: path.to_path_buf(),
-            source,
         }
     }
 }
@@ -240,11 +272,11 @@ mod tests {
         let io = || std::io::Error::from_raw_os_error(libc::EACCES);
         let cases = [
             (
-                EngineError::StateDir(StorageError::Io {
+                EngineError::StateDir(StorageError::Io(IoAt {
                     op: "create",
                     path: PathBuf::from("/s/sessions"),
                     source: io(),
-                }),
+                })),
                 codes::STORAGE,
                 "state dir: create /s/sessions: Permission denied (os error 13)",
             ),
@@ -272,11 +304,6 @@ mod tests {
                 }),
                 codes::SESSION_NOT_OWNED,
                 "permission denied: session wc-1 belongs to another user; use a session id of your own",
-            ),
-            (
-                EngineError::Unexpected(InternalError::BadRunId),
-                codes::INTERNAL_ERROR,
-                "internal error: bad run id",
             ),
             (
                 EngineError::Unexpected(InternalError::CheckTimedOut { secs: 60 }),

@@ -7,9 +7,10 @@
 //! records durable, and starts the agent only when the daemon opens the
 //! gate (see `subagent_runner::gate`).
 
-use super::{finish, pidfd, Slot, Supervisor};
+use super::state::{Inner, Slot};
+use super::{finish, pidfd};
 use crate::paths::RunFiles;
-use crate::record::{RunRecord, RunState};
+use crate::run::record::{EndState, RunRecord, RunState};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -23,7 +24,7 @@ use tokio::sync::OwnedSemaphorePermit;
 pub enum LaunchError {
     /// runner.lock could not be opened.
     #[error(transparent)]
-    Lock(#[from] super::lockfile::LockError),
+    Lock(#[from] crate::lockfile::LockError),
     /// Another runner holds runner.lock.
     #[error("{} is held by another runner", path.display())]
     Held {
@@ -51,7 +52,7 @@ pub enum LaunchError {
     Gate(#[source] nix::Error),
     /// The driver's key is not in the daemon's environment.
     #[error(transparent)]
-    NoKey(#[from] super::driving::KeyUnset),
+    NoKey(#[from] super::drivers::KeyUnset),
     /// The socket pair to the egress proxy could not be made.
     #[error("socket pair for the runner's egress proxy: {0}")]
     Channel(#[source] nix::Error),
@@ -132,8 +133,8 @@ impl RunnerFiles {
     /// Opens them in the run folder `files` (as it is named now).
     pub fn open(files: &RunFiles) -> Result<RunnerFiles, LaunchError> {
         let path = files.runner_lock();
-        let lock = super::lockfile::open(&path)?;
-        match super::lockfile::try_lock(&lock) {
+        let lock = crate::lockfile::open(&path)?;
+        match crate::lockfile::try_lock(&lock) {
             Ok(true) => {}
             Ok(false) => return Err(LaunchError::Held { path }),
             Err(source) => return Err(LaunchError::Flock { path, source }),
@@ -255,7 +256,7 @@ impl Launched {
             .disk_bytes()
             .min(crate::gateway::log::MAX_LOG_BYTES);
         match crate::gateway::RunGateway::new(
-            rec.run_id.clone(),
+            rec.run_id.to_string(),
             setup,
             rec.files().gateway_log(),
             cap,
@@ -276,7 +277,7 @@ impl Launched {
         let fd = self.egress.take()?;
         let allow = policy::sandbox::network::parse_list(&rec.network_allow).unwrap_or_default();
         let run = crate::egress::RunProxy::new(
-            rec.run_id.clone(),
+            rec.run_id.to_string(),
             allow,
             rec.files().egress_log(),
             rec.limits
@@ -305,10 +306,7 @@ impl Launched {
 
 /// `rec` as running with runner `l`.
 pub(crate) fn running(mut rec: RunRecord, l: &Launched) -> RunRecord {
-    rec.state = RunState::Running;
-    rec.started_at_ms = Some(crate::timefmt::now_ms());
-    rec.runner_pid = Some(l.pid);
-    rec.runner_start_ticks = Some(l.start_ticks);
+    rec.started(l.pid, l.start_ticks, crate::timefmt::now_ms());
     rec
 }
 
@@ -323,21 +321,24 @@ impl Slot {
 
 /// Starts a queued run, watches it, and finishes it. Holds a concurrency
 /// slot until the run has ended.
-pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: OwnedSemaphorePermit) {
+pub(crate) async fn run_lifecycle(
+    inner: Arc<Inner>,
+    slot: Arc<Slot>,
+    permit: OwnedSemaphorePermit,
+) {
     let mut rec = slot.rec.lock().await;
-    if rec.state != RunState::Accepted {
+    if rec.state() != RunState::Accepted {
         return;
     }
     let files = rec.files();
     let egress = rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist);
-    let runner = sup.inner.cfg.runner.clone();
-    let lease = rec.id().and_then(|id| sup.take_lease(&id));
+    let runner = inner.cfg.runner.clone();
+    let lease = inner.take_lease(&rec.run_id);
     let driver = rec
         .driver_run
         .as_ref()
         .map_or(Default::default(), |d| d.driver);
-    let gateway =
-        super::driving::gateway_setup(&sup.inner.cfg.settings, &sup.inner.daemon_env, driver);
+    let gateway = super::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, driver);
     let on_behalf = rec.on_behalf.clone();
     let launched = tokio::task::spawn_blocking(move || {
         // Queued since its spawn, or since a restart: what its requester
@@ -367,19 +368,18 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
             slot.set_gateway(l.serve_gateway(&rec));
             let fd = slot.set_runner(l);
             drop(rec);
-            run_started(sup, slot, permit, fd).await;
+            run_started(inner, slot, permit, fd).await;
         }
         Err(reason) => {
             let mut next = rec.clone();
             tracing::error!(run_id = %next.run_id, "{reason}");
-            next.state = RunState::Failed;
-            next.reason = Some(format!("could not start the runner: {reason}"));
-            next.ended_at_ms = Some(crate::timefmt::now_ms());
-            if let Err(e) = sup.persist(&slot, &mut rec, next).await {
+            let why = format!("could not start the runner: {reason}");
+            next.ended(EndState::Failed, why, crate::timefmt::now_ms());
+            if let Err(e) = inner.persist(&slot, &mut rec, next).await {
                 tracing::error!("{e}");
             }
             drop(rec);
-            finish::finalize(&sup, &slot).await;
+            finish::finalize(&inner, &slot).await;
         }
     }
 }
@@ -388,13 +388,13 @@ pub(crate) async fn run_lifecycle(sup: Supervisor, slot: Arc<Slot>, permit: Owne
 /// and publishes it, then watches the runner (`fd`) and finishes the run.
 /// Holds `permit` until the run has ended.
 pub(crate) async fn run_started(
-    sup: Supervisor,
+    inner: Arc<Inner>,
     slot: Arc<Slot>,
     permit: OwnedSemaphorePermit,
     fd: Arc<OwnedFd>,
 ) {
     let rec = slot.rec.lock().await;
-    let (id, pid) = (rec.run_id.clone(), rec.runner_pid.unwrap_or(0));
+    let (id, pid) = (rec.run_id.to_string(), rec.runner_pid().unwrap_or(0));
     let to_save = rec.clone();
     match tokio::task::spawn_blocking(move || to_save.save()).await {
         Ok(Ok(())) => {}
@@ -405,12 +405,12 @@ pub(crate) async fn run_started(
     slot.published.send_replace(rec.clone());
     tracing::info!(run_id = %id, runner_pid = pid, "run started");
     drop(rec);
-    watch(sup, slot, fd).await;
+    watch(inner, slot, fd).await;
     drop(permit);
 }
 
 /// Waits for the runner behind `fd` to exit, then finishes the run.
-pub(crate) async fn watch(sup: Supervisor, slot: Arc<Slot>, fd: Arc<OwnedFd>) {
+pub(crate) async fn watch(inner: Arc<Inner>, slot: Arc<Slot>, fd: Arc<OwnedFd>) {
     // SAFETY: the Arc keeps the pidfd open, and always the same descriptor,
     // for as long as the AsyncFd (which holds a clone of it) lives.
     let registered = unsafe { AsyncFd::register_with_interest(fd.clone(), Interest::READABLE) };
@@ -433,5 +433,5 @@ pub(crate) async fn watch(sup: Supervisor, slot: Arc<Slot>, fd: Arc<OwnedFd>) {
     }
     let status = pidfd::reap(&fd);
     *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    finish::finish_run(&sup, &slot, status).await;
+    finish::finish_run(&inner, &slot, status).await;
 }

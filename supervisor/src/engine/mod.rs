@@ -3,204 +3,55 @@
 //! through a pidfd and finishes the run exactly once. The daemon serves it
 //! over the socket; `subagent run` embeds it in-process.
 //!
-//! - [`accept`]: validating a spawn and recording it durably; [`draft`]:
-//!   a run folder being made, undone unless published.
-//! - [`launch`]: starting a runner process; [`spawn`]: the `posix_spawn`
-//!   that does it.
-//! - [`finish`]: turning exit.json into the terminal state, result.md and
-//!   the notice.
-//! - [`recover`]: picking up the state dir's runs when the engine starts.
-//! - [`program`]: the agent program's chain, for its execute rules;
-//!   [`instructions`]: the project's instructions file.
+//! This module is the engine's API ([`Supervisor`], [`Config`]); it calls
+//! the phases, which share `state` and never name what is defined here.
+//! In layers, each using only those below it:
+//! - the phases: [`accept`] (validate, plan, place, context, delivery,
+//!   sandbox, run folder) and [`recover`] (picking up the state dir's runs
+//!   at start), over [`launch`] (starting a runner; [`spawn`]: the
+//!   `posix_spawn` that does it), over [`finish`] (exit.json to the
+//!   terminal state, the delta, the observation, the agent's report,
+//!   result.md and the notice);
+//! - what they share: `state` (the daemon's state and its locking rules)
+//!   and [`program`] (the agent program's chain, for its execute rules)
+//!   over `config`; [`draft`] (a run folder being made, undone unless
+//!   published) over [`worktree`]; [`drivers`]; [`instructions`] (the
+//!   project's instructions file);
+//! - at the bottom: [`error`] (every error, each with its protocol code),
+//!   [`pidfd`], [`probe`]; and `crate::run`, the run's data.
 
 pub mod accept;
+mod config;
 pub mod draft;
-pub mod driving;
+pub mod drivers;
 pub mod error;
 pub mod finish;
 pub mod instructions;
 pub mod launch;
-pub mod lockfile;
 pub mod pidfd;
 pub mod probe;
 pub mod program;
 pub mod recover;
 pub mod spawn;
-pub mod workctx;
+mod state;
+pub mod worktree;
 
+pub use config::{default_max_concurrent, Config};
 pub use error::EngineError;
 
 use crate::ids::RunId;
 use crate::notices::NoticeStore;
 use crate::paths::StateLayout;
 use crate::protocol::{Notice, SpawnParams};
-use crate::record::{RunRecord, RunState, RunStatus};
-use error::{InternalError, StorageError};
+use crate::run::record::{EndState, RunRecord, RunState};
+use crate::status::RunStatus;
+use error::InternalError;
+use state::{blocking, Inner, Slot};
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{broadcast, mpsc, watch, Semaphore};
-
-/// How the engine is set up.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// The state dir.
-    pub state_dir: PathBuf,
-    /// The base of children's temp dirs (`/tmp/subagentd-<uid>`).
-    pub temp_base: PathBuf,
-    /// The `subagent-runner` binary.
-    pub runner: PathBuf,
-    /// At most this many runs at once.
-    pub max_concurrent: usize,
-    /// Milliseconds between SIGTERM and SIGKILL on cancel.
-    pub kill_grace_ms: u64,
-    /// Run every child as this one user (root daemons only); without it a
-    /// root daemon gives each run a uid of its own from the config's
-    /// `uid_range`.
-    pub run_as: Option<crate::runas::RunAs>,
-    /// Where per-run uids are leased (shared by every supervisor on the
-    /// host).
-    pub uid_lock_dir: PathBuf,
-    /// The control socket's directory, hidden from children like the
-    /// state dir (none for an engine without a socket, `subagent run`).
-    pub socket_dir: Option<PathBuf>,
-    /// The config file's settings (require, tools, audiences, limits, ...).
-    pub settings: policy::config::Config,
-    /// The git snapshot's time budget (2 s; zero simulates a slow repo).
-    pub git_budget: std::time::Duration,
-}
-
-impl Config {
-    /// The mechanisms a run with or without network must have.
-    pub fn required(&self, network: bool) -> Vec<policy::sandbox::Mechanism> {
-        self.settings.required(network)
-    }
-}
-
-impl Config {
-    /// Defaults for everything but the state dir.
-    pub fn new(state_dir: PathBuf) -> Config {
-        Config {
-            state_dir,
-            temp_base: crate::paths::tmp_base(),
-            runner: crate::paths::default_runner(),
-            max_concurrent: default_max_concurrent(),
-            kill_grace_ms: subagent_runner::spec::DEFAULT_KILL_GRACE_MS,
-            run_as: None,
-            uid_lock_dir: PathBuf::from(crate::uids::LOCK_DIR),
-            socket_dir: None,
-            settings: Default::default(),
-            git_budget: crate::gitsnap::BUDGET,
-        }
-    }
-}
-
-/// `cfg` with the state dir and the temp base's parent resolved: runs'
-/// files are bound from there, and a run's bind never follows a link.
-fn resolved(mut cfg: Config) -> Result<Config, EngineError> {
-    cfg.state_dir = cfg
-        .state_dir
-        .canonicalize()
-        .map_err(StorageError::io("resolve", &cfg.state_dir))?;
-    if let (Some(parent), Some(name)) = (cfg.temp_base.parent(), cfg.temp_base.file_name()) {
-        if let Ok(p) = parent.canonicalize() {
-            cfg.temp_base = p.join(name);
-        }
-    }
-    Ok(cfg)
-}
-
-/// 2 × the number of CPUs.
-pub fn default_max_concurrent() -> usize {
-    2 * std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// One run in memory: its record (the lock serialises its changes) and
-/// the last published snapshot, which waiters watch.
-pub(crate) struct Slot {
-    rec: tokio::sync::Mutex<RunRecord>,
-    published: watch::Sender<RunRecord>,
-    runner: Mutex<Option<(Arc<OwnedFd>, i32)>>,
-    /// Its runner was started by an engine that is gone (recovery watches
-    /// it): if it ends called off at its gate, its run is queued again.
-    adopted: AtomicBool,
-    /// Its egress proxy, while it runs in allowlist mode.
-    egress: Mutex<Option<crate::egress::Handle>>,
-    /// Its model gateway, while a driver run runs.
-    gateway: Mutex<Option<crate::gateway::Handle>>,
-}
-
-impl Slot {
-    fn new(rec: RunRecord) -> Arc<Slot> {
-        let (published, _) = watch::channel(rec.clone());
-        Arc::new(Slot {
-            rec: tokio::sync::Mutex::new(rec),
-            published,
-            runner: Mutex::new(None),
-            adopted: AtomicBool::new(false),
-            egress: Mutex::new(None),
-            gateway: Mutex::new(None),
-        })
-    }
-
-    fn set_gateway(&self, h: Option<crate::gateway::Handle>) {
-        *self.gateway.lock().unwrap_or_else(|p| p.into_inner()) = h;
-    }
-
-    /// Ends the run's model gateway and its connections.
-    async fn stop_gateway(&self) {
-        let h = self
-            .gateway
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(h) = h {
-            h.stop().await;
-        }
-    }
-
-    fn set_egress(&self, h: Option<crate::egress::Handle>) {
-        *self.egress.lock().unwrap_or_else(|p| p.into_inner()) = h;
-    }
-
-    /// Ends the run's egress proxy and its connections, their lines in
-    /// egress.log written.
-    async fn stop_egress(&self) {
-        let h = self.egress.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = h {
-            h.stop().await;
-        }
-    }
-
-    fn snapshot(&self) -> RunRecord {
-        self.published.borrow().clone()
-    }
-}
-
-pub(crate) struct Inner {
-    cfg: Config,
-    layout: StateLayout,
-    runs: Mutex<BTreeMap<RunId, Arc<Slot>>>,
-    queue: mpsc::UnboundedSender<RunId>,
-    slots: Arc<Semaphore>,
-    notices: NoticeStore,
-    sessions: crate::sessions::SessionStore,
-    finished: broadcast::Sender<Notice>,
-    daemon_env: Vec<(String, String)>,
-    accepting: AtomicBool,
-    probe: probe::HostProbe,
-    tools: policy::toolpolicy::ToolPolicy,
-    /// Runs queued and not yet handed a slot by the dispatcher.
-    waiting: AtomicUsize,
-    /// Per-run uids (a root daemon without `run_as`).
-    uids: Option<crate::uids::UidPool>,
-    /// The uid leases of runs not started yet.
-    leases: Mutex<BTreeMap<RunId, crate::uids::UidLease>>,
-    _state_lock: std::fs::File,
-}
+use tokio::sync::{broadcast, mpsc, Semaphore};
 
 /// A handle on the engine; cheap to clone.
 #[derive(Clone)]
@@ -211,14 +62,6 @@ pub struct Supervisor {
 /// Capacity of the finished-run broadcast; a subscriber further behind is
 /// told it lagged.
 const FINISHED_CAPACITY: usize = 4096;
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
-) -> Result<T, EngineError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| EngineError::Unexpected(InternalError::Join(e)))?
-}
 
 impl Supervisor {
     /// Opens the state dir (taking its lock), recovers its runs and starts
@@ -237,7 +80,7 @@ impl Supervisor {
             let layout = layout.clone();
             blocking(move || recover::open_state_dir(&layout)).await?
         };
-        let cfg = resolved(cfg)?;
+        let cfg = config::resolved(cfg)?;
         let layout = StateLayout {
             root: cfg.state_dir.clone(),
         };
@@ -291,7 +134,7 @@ impl Supervisor {
         let base = inner.cfg.temp_base.clone();
         blocking(move || Ok(crate::securedir::sweep_empty_session_dirs(&base))).await?;
         let sup = Supervisor { inner };
-        recover::recover(&sup).await;
+        recover::recover(&sup.inner).await;
         tokio::spawn(dispatch(sup.clone(), rx));
         Ok(sup)
     }
@@ -304,27 +147,6 @@ impl Supervisor {
     /// The engine's configuration.
     pub fn config(&self) -> &Config {
         &self.inner.cfg
-    }
-
-    fn slot(&self, id: &RunId) -> Result<Arc<Slot>, EngineError> {
-        self.inner
-            .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()
-            .ok_or_else(|| EngineError::RunNotFound(id.to_string()))
-    }
-
-    fn insert(&self, rec: RunRecord) -> Option<Arc<Slot>> {
-        let id = rec.id()?;
-        let slot = Slot::new(rec);
-        self.inner
-            .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, slot.clone());
-        Some(slot)
     }
 
     /// Records a new run durably and starts it when a slot is free and no
@@ -362,34 +184,21 @@ impl Supervisor {
             .await?;
         if let Some(who) = requester.clone() {
             let p = params.clone();
-            blocking(move || accept::check_paths_for(&who, &p)).await?;
+            blocking(move || accept::validate::check_paths_for(&who, &p)).await?;
         }
-        accept::validate(&params)?;
-        let permit = self.free_slot();
+        accept::validate::validate(&params)?;
+        let permit = self.inner.free_slot();
         // A spawn that found no slot counts as waiting from now on, so that
         // a later one cannot start before it.
         let waiting = Waiting::new(&self.inner.waiting, permit.is_none());
         let start_now = permit.is_some();
         let inner = self.inner.clone();
-        let created = blocking(move || {
-            let plan = accept::plan(&inner.tools, &inner.cfg.settings, &params)?;
-            let on_behalf = requester.map(|who| accept::on_behalf(who, &params, &plan));
-            if let Some(ob) = &on_behalf {
-                crate::rights::check(&ob.requester, &ob.needs)?;
-            }
-            driving::gateway_setup(&inner.cfg.settings, &inner.daemon_env, plan.driver)
-                .map_err(|why| EngineError::invalid("driver", why))?;
-            accept::check_required(&inner.probe, &inner.cfg.required(plan.grants.network))?;
-            accept::create_run(&inner, &params, &plan, start_now, on_behalf.as_ref())
-        })
-        .await?;
-        let id = created
-            .rec
-            .id()
-            .ok_or(EngineError::Unexpected(InternalError::BadRunId))?;
+        let created =
+            blocking(move || accept::accept(&inner, &params, requester, start_now)).await?;
+        let id = created.rec.run_id.clone();
         tracing::info!(run_id = %id, "run accepted");
         if let Some(l) = created.lease {
-            self.hold_lease(&id, l);
+            self.inner.hold_lease(&id, l);
         }
         match (created.runner, permit) {
             (Some(mut l), Some(permit)) => {
@@ -405,57 +214,20 @@ impl Supervisor {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(id.clone(), slot.clone());
-                tokio::spawn(launch::run_started(self.clone(), slot, permit, fd));
+                tokio::spawn(launch::run_started(self.inner.clone(), slot, permit, fd));
             }
             _ => {
-                self.insert(created.rec);
+                self.inner.insert(created.rec);
                 // Counted already when no slot was free; else (its runner
                 // could not be started at once) counted now.
                 if waiting.keep() {
-                    self.queue(id.clone())?;
+                    self.inner.queue(id.clone())?;
                 } else {
-                    self.enqueue(id.clone())?;
+                    self.inner.enqueue(id.clone())?;
                 }
             }
         }
         Ok(id)
-    }
-
-    /// A slot for a run to start at once: only when none is queued, so
-    /// that runs start in the order they were accepted.
-    fn free_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        if self.inner.waiting.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        self.inner.slots.clone().try_acquire_owned().ok()
-    }
-
-    /// Queues an accepted run for the dispatcher.
-    pub(crate) fn enqueue(&self, id: RunId) -> Result<(), EngineError> {
-        self.inner.waiting.fetch_add(1, Ordering::SeqCst);
-        self.queue(id)
-    }
-
-    /// Queues a run already counted as waiting.
-    fn queue(&self, id: RunId) -> Result<(), EngineError> {
-        self.inner.queue.send(id).map_err(|_| {
-            self.inner.waiting.fetch_sub(1, Ordering::SeqCst);
-            EngineError::ShuttingDown
-        })
-    }
-
-    /// Keeps a run's uid lease until its runner has it.
-    pub(crate) fn hold_lease(&self, id: &RunId, lease: crate::uids::UidLease) {
-        self.leases().insert(id.clone(), lease);
-    }
-
-    /// Takes a run's uid lease (to hand to its runner, or to let it go).
-    pub(crate) fn take_lease(&self, id: &RunId) -> Option<crate::uids::UidLease> {
-        self.leases().remove(id)
-    }
-
-    fn leases(&self) -> std::sync::MutexGuard<'_, BTreeMap<RunId, crate::uids::UidLease>> {
-        self.inner.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Refuses a run `who` may not see (another uid's) as if it did not
@@ -465,7 +237,7 @@ impl Supervisor {
         id: &RunId,
         who: Option<&policy::rights::Requester>,
     ) -> Result<(), EngineError> {
-        if policy::rights::may_act_on(who, run_owner(&self.slot(id)?.snapshot())) {
+        if policy::rights::may_act_on(who, run_owner(&self.inner.slot(id)?.snapshot())) {
             return Ok(());
         }
         Err(EngineError::RunNotFound(id.to_string()))
@@ -500,7 +272,7 @@ impl Supervisor {
 
     /// A run's current status.
     pub fn status(&self, id: &RunId) -> Result<RunStatus, EngineError> {
-        Ok(self.slot(id)?.snapshot().status())
+        Ok(RunStatus::from(&self.inner.slot(id)?.snapshot()))
     }
 
     /// Waits until the run has ended (and its result.md and notice exist),
@@ -510,7 +282,7 @@ impl Supervisor {
         id: &RunId,
         timeout: Option<Duration>,
     ) -> Result<RunStatus, EngineError> {
-        let slot = self.slot(id)?;
+        let slot = self.inner.slot(id)?;
         let mut rx = slot.published.subscribe();
         let wait = rx.wait_for(RunRecord::settled);
         match timeout {
@@ -521,30 +293,29 @@ impl Supervisor {
                 let _ = wait.await;
             }
         }
-        Ok(slot.snapshot().status())
+        Ok(RunStatus::from(&slot.snapshot()))
     }
 
     /// Asks a run to stop: a queued run is cancelled at once; a running one
     /// gets SIGTERM on its whole tree and SIGKILL after the grace; an ended
     /// one is left as it is. Returns the status after the request.
     pub async fn cancel(&self, id: &RunId) -> Result<RunStatus, EngineError> {
-        let slot = self.slot(id)?;
+        let slot = self.inner.slot(id)?;
         let mut rec = slot.rec.lock().await;
-        match rec.state {
+        match rec.state() {
             RunState::Accepted => {
                 let mut next = rec.clone();
-                next.state = RunState::Cancelled;
                 next.cancel_requested = true;
-                next.reason = Some("cancelled before it started".into());
-                next.ended_at_ms = Some(crate::timefmt::now_ms());
-                self.persist(&slot, &mut rec, next).await?;
+                let why = "cancelled before it started".into();
+                next.ended(EndState::Cancelled, why, crate::timefmt::now_ms());
+                self.inner.persist(&slot, &mut rec, next).await?;
                 drop(rec);
-                finish::finalize(self, &slot).await;
+                finish::finalize(&self.inner, &slot).await;
             }
             RunState::Running if !rec.cancel_requested => {
                 let mut next = rec.clone();
                 next.cancel_requested = true;
-                self.persist(&slot, &mut rec, next).await?;
+                self.inner.persist(&slot, &mut rec, next).await?;
                 let runner = slot
                     .runner
                     .lock()
@@ -559,7 +330,7 @@ impl Supervisor {
             }
             _ => {}
         }
-        Ok(slot.snapshot().status())
+        Ok(RunStatus::from(&slot.snapshot()))
     }
 
     /// Runs, oldest first, optionally of one session and in one state.
@@ -585,10 +356,10 @@ impl Supervisor {
         slots
             .iter()
             .map(|s| s.snapshot())
-            .filter(|r| session.is_none_or(|s| r.session_id == s))
-            .filter(|r| state.is_none_or(|s| r.state == s))
+            .filter(|r| session.is_none_or(|s| r.session_id.as_str() == s))
+            .filter(|r| state.is_none_or(|s| r.state() == s))
             .filter(|r| policy::rights::may_act_on(who, run_owner(r)))
-            .map(|r| r.status())
+            .map(|r| RunStatus::from(&r))
             .collect()
     }
 
@@ -637,7 +408,7 @@ impl Supervisor {
         let inner = self.inner.clone();
         let (session, who) = (session.to_owned(), who.cloned());
         blocking(move || {
-            let (state, git) = workctx::current(&inner, &session, who.as_ref())?;
+            let (state, git) = current(&inner, &session, who.as_ref())?;
             let dir = state.project_dir.clone().unwrap_or_default();
             let block = policy::workctx::render_block(&dir, &state.recent_files, &git);
             Ok(serde_json::json!({
@@ -659,28 +430,26 @@ impl Supervisor {
     pub fn stop_accepting(&self) {
         self.inner.accepting.store(false, Ordering::SeqCst);
     }
+}
 
-    /// Replaces the record with `next`, durably, and publishes it to
-    /// status readers and waiters, except for a terminal state that is not
-    /// finalized yet: nobody sees a run as ended before its result.md and
-    /// notice exist.
-    async fn persist(
-        &self,
-        slot: &Slot,
-        current: &mut RunRecord,
-        next: RunRecord,
-    ) -> Result<(), EngineError> {
-        let to_save = next.clone();
-        let saved =
-            blocking(move || to_save.save().map_err(|e| EngineError::StateDir(e.into()))).await;
-        if saved.is_ok() {
-            *current = next;
-            if !current.state.is_terminal() || current.settled() {
-                slot.published.send_replace(current.clone());
-            }
-        }
-        saved
-    }
+/// The snapshot and the block for a session right now, for `who`
+/// (refused when the session is another uid's). Blocking.
+fn current(
+    inner: &Inner,
+    session: &str,
+    who: Option<&policy::rights::Requester>,
+) -> Result<
+    (crate::sessions::SessionState, policy::workctx::GitSnapshot),
+    crate::sessions::SessionError,
+> {
+    let state = inner.sessions.get_for(session, who)?;
+    let git = match &state.project_dir {
+        Some(d) => crate::gitsnap::snapshot(d, inner.cfg.git_budget),
+        None => policy::workctx::GitSnapshot::Unavailable {
+            reason: "the session has no project dir yet".into(),
+        },
+    };
+    Ok((state, git))
 }
 
 /// Whose a run is: its requester's when another uid asked for it, else
@@ -727,7 +496,9 @@ async fn dispatch(sup: Supervisor, mut rx: mpsc::UnboundedReceiver<RunId>) {
             return;
         };
         sup.inner.waiting.fetch_sub(1, Ordering::SeqCst);
-        let Ok(slot) = sup.slot(&id) else { continue };
-        tokio::spawn(launch::run_lifecycle(sup.clone(), slot, permit));
+        let Ok(slot) = sup.inner.slot(&id) else {
+            continue;
+        };
+        tokio::spawn(launch::run_lifecycle(sup.inner.clone(), slot, permit));
     }
 }

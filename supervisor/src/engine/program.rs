@@ -11,7 +11,7 @@
 //! must be a dynamic loader in the system roots. A refused element gets no
 //! rule (the child cannot execute it); the reason is logged.
 
-use super::Inner;
+use super::state::Inner;
 use crate::paths::RunFiles;
 use crate::protocol::SpawnParams;
 use policy::sandbox::program::{

@@ -5,12 +5,16 @@
 //! - a run accepted but never started is queued again, in FIFO order;
 //! - a run that ended but was not finalized is finalized.
 
+use super::error::EngineError;
 use super::error::StorageError;
-use super::{finish, launch, lockfile, pidfd, EngineError, Supervisor};
+use super::state::{Inner, Slot};
+use super::{finish, launch, pidfd};
+use crate::lockfile;
 use crate::paths::StateLayout;
-use crate::record::{RunRecord, RunState};
+use crate::run::record::{EndState, Ended, Phase, RunRecord, RunState};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
+use subagent_runner::ioerr::at;
 
 /// Creates the state dir (0700) and takes its lock. Blocking.
 pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError> {
@@ -18,10 +22,12 @@ pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError
         .recursive(true)
         .mode(0o700)
         .create(layout.sessions())
-        .map_err(StorageError::io("create", &layout.sessions()))?;
+        .map_err(at("create", &layout.sessions()))
+        .map_err(StorageError::from)?;
     for d in [layout.root.clone(), layout.sessions()] {
         std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(StorageError::io("chmod", &d))?;
+            .map_err(at("chmod", &d))
+            .map_err(StorageError::from)?;
     }
     let locked = lockfile::acquire(&layout.root.join("daemon.lock"));
     locked.map_err(|e| {
@@ -76,13 +82,13 @@ fn load_all(layout: &StateLayout) -> Vec<RunRecord> {
 /// the corrupt file is kept as run.json.corrupt for inspection.
 fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<RunRecord> {
     let id = crate::ids::RunId::parse(&dir.file_name()?.to_string_lossy())?;
-    crate::ids::check_session_id(session).ok()?;
+    let session_id = crate::ids::SessionId::parse(session).ok()?;
     let _ = std::fs::rename(dir.join("run.json"), dir.join("run.json.corrupt"));
     let now = crate::timefmt::now_ms();
     let rec = RunRecord {
-        format: crate::record::RECORD_FORMAT,
-        run_id: id.to_string(),
-        session_id: session.to_owned(),
+        format: crate::run::record::RECORD_FORMAT,
+        run_id: id,
+        session_id,
         audience: policy::Audience::Personal,
         project_dir: "/".into(),
         task: String::new(),
@@ -91,43 +97,28 @@ fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<R
         env: Default::default(),
         limits: Default::default(),
         keep_temp: true,
-        state: RunState::Lost,
-        exit_code: None,
-        signal: None,
         reason: Some(format!(
             "run.json was corrupt ({why}); kept as run.json.corrupt"
         )),
         cancel_requested: false,
         created_at_ms: now,
-        started_at_ms: None,
-        ended_at_ms: Some(now),
         temp_dir: "/nonexistent".into(),
         run_dir: dir.to_path_buf(),
-        runner_pid: None,
-        runner_start_ticks: None,
         log_truncated: false,
-        finalized: false,
-        finalize_error: None,
         sandbox: Default::default(),
-        isolation: None,
-        resources: None,
         agent: None,
         tools: None,
         rights: None,
         git: None,
         worktree: None,
-        delta: None,
-        observed: None,
         max_attempts: 1,
-        attempts: None,
-        kept: None,
         uid: None,
         on_behalf: None,
         network: None,
         network_allow: Vec::new(),
-        egress: None,
         notes: Vec::new(),
         driver_run: None,
+        phase: Phase::Ended(Box::new(Ended::bare(EndState::Lost, None, now, None))),
     };
     rec.save().ok()?;
     Some(rec)
@@ -173,14 +164,14 @@ enum Recovered {
 }
 
 /// Reconciles every loaded run with reality.
-pub async fn recover(sup: &Supervisor) {
-    let layout = sup.inner.layout.clone();
+pub(crate) async fn recover(inner: &Arc<Inner>) {
+    let layout = inner.layout.clone();
     let recs = tokio::task::spawn_blocking(move || load_all(&layout))
         .await
         .unwrap_or_default();
     let (mut alive, mut ended, mut queued) = (0, 0, 0);
     for rec in recs {
-        match reconcile(sup, rec).await {
+        match reconcile(inner, rec).await {
             Recovered::Watched => alive += 1,
             Recovered::Ended => ended += 1,
             Recovered::Queued => queued += 1,
@@ -198,16 +189,16 @@ pub async fn recover(sup: &Supervisor) {
 }
 
 /// Reconciles one loaded run with reality.
-async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
-    let state = rec.state;
+async fn reconcile(inner: &Arc<Inner>, rec: RunRecord) -> Recovered {
+    let state = rec.state();
     let files = rec.files();
-    let Some(slot) = sup.insert(rec.clone()) else {
+    let Some(slot) = inner.insert(rec.clone()) else {
         return Recovered::Settled;
     };
     if state.is_terminal() {
-        if !rec.finalized {
-            let (sup, slot) = (sup.clone(), slot.clone());
-            tokio::spawn(async move { finish::finalize(&sup, &slot).await });
+        if !rec.finalized() {
+            let (inner, slot) = (inner.clone(), slot.clone());
+            tokio::spawn(async move { finish::finalize(&inner, &slot).await });
         }
         return Recovered::Settled;
     }
@@ -220,39 +211,37 @@ async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
     match (state, live) {
         (_, Some(pid)) => match pidfd::open(pid) {
             Ok(fd) => {
-                watch_again(sup, &slot, pid, fd).await;
+                watch_again(inner, &slot, pid, fd).await;
                 Recovered::Watched
             }
             Err(e) => {
                 tracing::warn!("{e}");
-                finish_later(sup, &slot);
+                finish_later(inner, &slot);
                 Recovered::Ended
             }
         },
         (RunState::Accepted, None) if never_started(&files) => {
-            let Some(id) = rec.id() else {
-                return Recovered::Settled;
-            };
+            let id = rec.run_id.clone();
             // A queued run keeps the uid it was given, or gets another
             // when a run of another supervisor took it meanwhile.
-            if let (Some(pool), Some(uid)) = (&sup.inner.uids, rec.uid) {
+            if let (Some(pool), Some(uid)) = (&inner.uids, rec.uid) {
                 let lease = match pool.relock(uid) {
-                    Err(crate::uids::UidError::Taken(_)) => reassign_uid(sup, &slot).await,
+                    Err(crate::uids::UidError::Taken(_)) => reassign_uid(inner, &slot).await,
                     other => other.map_err(ReuidError::from),
                 };
                 match lease {
-                    Ok(lease) => sup.hold_lease(&id, lease),
+                    Ok(lease) => inner.hold_lease(&id, lease),
                     Err(why) => {
-                        fail_queued(sup, &slot, why.to_string()).await;
+                        fail_queued(inner, &slot, why.to_string()).await;
                         return Recovered::Ended;
                     }
                 }
             }
-            let _ = sup.enqueue(id);
+            let _ = inner.enqueue(id);
             Recovered::Queued
         }
         _ => {
-            finish_later(sup, &slot);
+            finish_later(inner, &slot);
             Recovered::Ended
         }
     }
@@ -261,8 +250,8 @@ async fn reconcile(sup: &Supervisor, rec: RunRecord) -> Recovered {
 /// The pid of the run's runner, when one is alive.
 fn live_runner(rec: &RunRecord, files: &crate::paths::RunFiles) -> Option<i32> {
     let pid = rec
-        .runner_pid
-        .filter(|&p| runner_alive(p, rec.runner_start_ticks));
+        .runner_pid()
+        .filter(|&p| runner_alive(p, rec.runner_start_ticks()));
     if pid.is_some() || lockfile::is_held(&files.runner_lock()) != Some(true) {
         return pid;
     }
@@ -287,50 +276,38 @@ fn live_runner(rec: &RunRecord, files: &crate::paths::RunFiles) -> Option<i32> {
     }
 }
 
-/// The pid a runner wrote into the run's runner.lock, if any.
-pub(crate) fn runner_pid_in_lock(files: &crate::paths::RunFiles) -> Option<i32> {
-    lockfile::open(&files.runner_lock())
-        .ok()
-        .and_then(|mut f| lockfile::read_pid(&mut f))
-}
-
 /// How long recovery waits for a runner that holds its lock to write its
 /// pid there.
 const RUNNER_PID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Records the run as running with runner `pid` and watches it again.
-async fn watch_again(
-    sup: &Supervisor,
-    slot: &Arc<super::Slot>,
-    pid: i32,
-    fd: std::os::fd::OwnedFd,
-) {
+async fn watch_again(inner: &Arc<Inner>, slot: &Arc<Slot>, pid: i32, fd: std::os::fd::OwnedFd) {
     slot.adopted
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let fd = Arc::new(fd);
     {
         let mut r = slot.rec.lock().await;
         let mut next = r.clone();
-        next.state = RunState::Running;
-        next.runner_pid = Some(pid);
-        next.started_at_ms = next.started_at_ms.or(Some(crate::timefmt::now_ms()));
-        if let Err(e) = sup.persist(slot, &mut r, next).await {
+        next.adopted(pid, crate::timefmt::now_ms());
+        if let Err(e) = inner.persist(slot, &mut r, next).await {
             tracing::error!("{e}");
         }
     }
     *slot.runner.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd.clone(), pid));
-    let permit = sup.inner.slots.clone().try_acquire_owned().ok();
-    let (sup, slot) = (sup.clone(), slot.clone());
+    let permit = inner.slots.clone().try_acquire_owned().ok();
+    let (inner, slot) = (inner.clone(), slot.clone());
     tokio::spawn(async move {
-        launch::watch(sup, slot, fd).await;
+        launch::watch(inner, slot, fd).await;
         drop(permit);
     });
 }
 
 /// Finishes, in a task of its own, a run whose runner nobody saw end.
-fn finish_later(sup: &Supervisor, slot: &Arc<super::Slot>) {
-    let (sup, slot) = (sup.clone(), slot.clone());
-    tokio::spawn(async move { finish::finish_run(&sup, &slot, pidfd::RunnerExit::Unknown).await });
+fn finish_later(inner: &Arc<Inner>, slot: &Arc<Slot>) {
+    let (inner, slot) = (inner.clone(), slot.clone());
+    tokio::spawn(
+        async move { finish::finish_run(&inner, &slot, pidfd::RunnerExit::Unknown).await },
+    );
 }
 
 /// Why a queued run could not get its uid back, or another.
@@ -356,10 +333,10 @@ enum ReuidError {
 /// Gives a queued run, which never started and so owns nothing, a new uid
 /// of its own: leased, written into its runner.json and its record.
 async fn reassign_uid(
-    sup: &Supervisor,
-    slot: &Arc<super::Slot>,
+    inner: &Arc<Inner>,
+    slot: &Arc<Slot>,
 ) -> Result<crate::uids::UidLease, ReuidError> {
-    let pool = sup.inner.uids.as_ref().ok_or(ReuidError::NoPool)?;
+    let pool = inner.uids.as_ref().ok_or(ReuidError::NoPool)?;
     let lease = pool.lease()?;
     let mut r = slot.rec.lock().await;
     let spec_path = r.files().runner_spec();
@@ -376,21 +353,20 @@ async fn reassign_uid(
     tokio::task::spawn_blocking(rewrite).await??;
     let mut next = r.clone();
     next.uid = Some(uid);
-    sup.persist(slot, &mut r, next).await?;
+    inner.persist(slot, &mut r, next).await?;
     tracing::info!(run_id = %r.run_id, uid, "its uid was taken while it was queued; it has another");
     Ok(lease)
 }
 
 /// Ends a queued run that cannot start again after a restart.
-async fn fail_queued(sup: &Supervisor, slot: &Arc<super::Slot>, why: String) {
+async fn fail_queued(inner: &Arc<Inner>, slot: &Arc<Slot>, why: String) {
     let mut r = slot.rec.lock().await;
     let mut next = r.clone();
-    next.state = RunState::Failed;
-    next.reason = Some(format!("could not be started after a restart: {why}"));
-    next.ended_at_ms = Some(crate::timefmt::now_ms());
-    if let Err(e) = sup.persist(slot, &mut r, next).await {
+    let why = format!("could not be started after a restart: {why}");
+    next.ended(EndState::Failed, why, crate::timefmt::now_ms());
+    if let Err(e) = inner.persist(slot, &mut r, next).await {
         tracing::error!("{e}");
     }
     drop(r);
-    finish::finalize(sup, slot).await;
+    finish::finalize(inner, slot).await;
 }

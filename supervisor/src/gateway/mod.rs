@@ -6,89 +6,25 @@
 //! accepts on it and forwards each HTTP request to the configured endpoint
 //! only ([`forward`]), the agent's auth replaced by the daemon's key
 //! ([`rewrite`]), the answer streamed back, each request logged in the
-//! run's gateway.log ([`log`]).
+//! run's gateway.log ([`log`]); what a run's gateway holds is in [`run`].
 
 pub mod forward;
 pub mod log;
 pub mod rewrite;
+pub mod run;
 
-use policy::driver::Upstream;
+pub use run::{RunGateway, Setup, MAX_CONNECTIONS};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-/// Connections of one run's agent served at once; more are refused.
-pub const MAX_CONNECTIONS: usize = 16;
 /// The most a request head may take (hyper's read buffer).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// The longest a connection may take to send a request head, and may
 /// stay idle between requests.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Everything the gateway knows of one run.
-pub struct RunGateway {
-    /// The run (for the daemon's log only).
-    pub run_id: String,
-    /// Where every request goes.
-    pub upstream: Upstream,
-    /// The daemon's key; never logged, never in the run's view.
-    key: Option<String>,
-    /// Its gateway.log.
-    pub log: log::GatewayLog,
-    slots: Arc<tokio::sync::Semaphore>,
-    global: Arc<tokio::sync::Semaphore>,
-    client: forward::Client,
-}
-
-/// What a run's gateway is made of, decided when the run is accepted.
-#[derive(Clone)]
-pub struct Setup {
-    /// The configured endpoint.
-    pub upstream: Upstream,
-    /// The key from the daemon's environment, if the config names one.
-    pub key: Option<String>,
-}
-
-impl std::fmt::Debug for Setup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The key stays out of every log line, a debug print's too.
-        f.debug_struct("Setup")
-            .field("upstream", &self.upstream)
-            .field("key", &self.key.as_ref().map(|_| "<set>"))
-            .finish()
-    }
-}
-
-impl RunGateway {
-    /// The gateway of run `run_id`, logging to `log_path` within
-    /// `log_cap` bytes.
-    pub fn new(
-        run_id: String,
-        setup: Setup,
-        log_path: std::path::PathBuf,
-        log_cap: u64,
-    ) -> Result<RunGateway, forward::ClientError> {
-        Ok(RunGateway {
-            run_id,
-            upstream: setup.upstream,
-            key: setup.key,
-            log: log::GatewayLog::new(log_path, log_cap),
-            slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
-            global: crate::egress::budget::global(),
-            client: forward::client()?,
-        })
-    }
-
-    /// Writes `line`, its duration from `started`.
-    fn log_line(&self, mut line: log::Line, started: Instant) {
-        line.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        if let Err(e) = self.log.append(&line) {
-            tracing::warn!(run_id = %self.run_id, "gateway.log: {e}");
-        }
-    }
-}
 
 pub use crate::runservice::Handle;
 use crate::runservice::{accept, STOP_GRACE};

@@ -1,8 +1,8 @@
 //! What each MCP tool does: the socket calls it makes and the result it
 //! gives back.
 
+use super::context::{args, Inner, ToolError, ToolResult};
 use super::render::{self, clean, line_of, status_result};
-use super::server::{args, Inner, ToolError, ToolResult};
 use super::tools::{ListArgs, LogArgs, NoArgs, RunArgs, SpawnArgs, WaitArgs};
 use super::tools::{DEFAULT_TAIL_LINES, DEFAULT_WAIT_S, MAX_TAIL_LINES, MAX_WAIT_S};
 use crate::sanitize::{one_line, quoted};
@@ -307,7 +307,7 @@ fn read_log_file(
     };
     let from = match offset {
         Some(o) => o,
-        None => crate::cli::follow::tail_offset_of(&mut f, tail, render::LOG_CHUNK).unwrap_or(0),
+        None => crate::view::logtail::tail_offset_of(&mut f, tail, render::LOG_CHUNK).unwrap_or(0),
     };
     let (text, next, size) = render::log_chunk_of(&mut f, from).map_err(fail)?;
     Ok(Some((from, text, next, size)))
@@ -364,7 +364,7 @@ fn definitions(dir: &Path) -> Result<Value, ToolError> {
         .tool_policy()
         .map_err(|e| ToolError::Agents(e.to_string()))?;
     let found = crate::agents::discover(dir, &tools, settings.context.max_file_chars);
-    Ok(crate::cli::show::agents_json(&found, &tools))
+    Ok(crate::view::agents::agents_json(&found, &tools))
 }
 
 async fn working_context(inner: &Inner, _a: NoArgs) -> ToolResult {

@@ -106,7 +106,7 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     let Ok(mut f) = open_log(path) else {
         return String::new();
     };
-    let Ok(from) = crate::cli::follow::tail_offset_of(&mut f, n, STATUS_LOG_BYTES) else {
+    let Ok(from) = crate::view::logtail::tail_offset_of(&mut f, n, STATUS_LOG_BYTES) else {
         return String::new();
     };
     let mut buf = Vec::new();

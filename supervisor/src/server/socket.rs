@@ -7,6 +7,7 @@ use nix::sys::socket::{
 };
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use subagent_runner::ioerr::{at, IoAt};
 
 /// The socket could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -31,15 +32,8 @@ pub enum SocketError {
         source: crate::securedir::SecureDirError,
     },
     /// A step failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// The step.
-        op: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoAt),
 }
 
 /// A bound, listening socket; removes its file when dropped.
@@ -63,14 +57,6 @@ impl Drop for BoundSocket {
     }
 }
 
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> SocketError + 'a {
-    move |source| SocketError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// Binds `path`, creating its directory (0700) when missing; an existing
 /// one must be ours, not writable by others, and reached through no symlink.
 pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
@@ -78,7 +64,7 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let dir = std::path::absolute(dir).map_err(io("resolve", dir))?;
+    let dir = std::path::absolute(dir).map_err(at("resolve", dir))?;
     crate::securedir::open_owned_dir(&dir).map_err(|source| SocketError::Dir {
         dir: dir.clone(),
         source,
@@ -86,14 +72,12 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
     let mut lock_name = path.as_os_str().to_owned();
     lock_name.push(".lock");
     let lock_path = PathBuf::from(lock_name);
-    let lock = crate::engine::lockfile::acquire(&lock_path).map_err(|e| match e {
-        crate::engine::lockfile::LockError::Held { pid, .. } => SocketError::InUse {
+    let lock = crate::lockfile::acquire(&lock_path).map_err(|e| match e {
+        crate::lockfile::LockError::Held { pid, .. } => SocketError::InUse {
             path: path.to_path_buf(),
             pid,
         },
-        crate::engine::lockfile::LockError::Io { op, path, source } => {
-            SocketError::Io { op, path, source }
-        }
+        crate::lockfile::LockError::Io(e) => SocketError::Io(e),
     })?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
@@ -105,12 +89,12 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
                     pid: None,
                 });
             }
-            std::fs::remove_file(path).map_err(io("remove stale socket", path))?;
+            std::fs::remove_file(path).map_err(at("remove stale socket", path))?;
             tracing::info!(path = %path.display(), "replaced a stale socket");
         }
         Ok(_) => return Err(SocketError::NotASocket(path.to_path_buf())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("stat", path)(e)),
+        Err(e) => return Err(at("stat", path)(e).into()),
     }
     let fd = socket(
         AddressFamily::Unix,
@@ -118,13 +102,13 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
         SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
         None,
     )
-    .map_err(|e| io("socket", path)(e.into()))?;
-    let addr = UnixAddr::new(path).map_err(|e| io("socket address", path)(e.into()))?;
-    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).map_err(|e| io("bind", path)(e.into()))?;
+    .map_err(|e| at("socket", path)(e.into()))?;
+    let addr = UnixAddr::new(path).map_err(|e| at("socket address", path)(e.into()))?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).map_err(|e| at("bind", path)(e.into()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(io("chmod", path))?;
+        .map_err(at("chmod", path))?;
     listen(&fd, Backlog::new(1024).unwrap_or(Backlog::MAXCONN))
-        .map_err(|e| io("listen", path)(e.into()))?;
+        .map_err(|e| at("listen", path)(e.into()))?;
     Ok(BoundSocket {
         listener: std::os::unix::net::UnixListener::from(fd),
         path: path.to_path_buf(),

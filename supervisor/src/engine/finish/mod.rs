@@ -3,11 +3,22 @@
 //! dir's removal, and finally `finalized` in run.json. Each step is
 //! idempotent, so a crash part-way is finished again on restart without
 //! doubling anything.
+//!
+//! The end's halves of a run's data live beside: `delta` (the child's
+//! delta, judged and merged), `observed` (what the supervisor saw
+//! change), `report` (the agent's event stream and the files it
+//! reported). May use the engine's state, lockfile and pidfd, the record,
+//! result_md, notices, egress's summary, securedir and the run's data;
+//! never recover or launch.
+
+mod delta;
+mod observed;
+mod report;
 
 use super::pidfd::RunnerExit;
-use super::{Slot, Supervisor};
+use super::state::{Inner, Slot};
 use crate::protocol::Notice;
-use crate::record::{RunRecord, RunState};
+use crate::run::record::{EndState, RunRecord, RunState};
 use crate::timefmt::{now_ms, rfc3339_ms};
 use std::sync::Arc;
 use subagent_runner::exit_record::{ExitRecord, ExitRecordError, Outcome};
@@ -40,31 +51,21 @@ pub fn apply_exit(
 ) {
     match exit {
         Ok(Some(x)) => {
-            rec.exit_code = x.exit_code;
-            rec.signal = x.signal;
-            // The daemon's launch time stays: it is what status showed.
-            rec.started_at_ms = rec.started_at_ms.or(Some(x.started_at_ms));
-            rec.ended_at_ms = Some(x.ended_at_ms);
-            rec.log_truncated = x.log_truncated;
-            rec.isolation = x.isolation.clone();
-            rec.attempts = Some(x.attempts);
-            rec.resources = Some(x.resources.clone());
-            rec.kept = x.kept.clone();
-            if rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist) {
-                let log = rec.files().egress_log();
-                rec.egress = Some(crate::egress::log::summarize(&log).unwrap_or_default());
-            }
+            let egress = (rec.network == Some(policy::sandbox::network::NetworkMode::Allowlist))
+                .then(|| {
+                    crate::egress::log::summarize(&rec.files().egress_log()).unwrap_or_default()
+                });
             let mut reason = x.reason.clone();
             if let Some(e) = &x.log_error {
                 reason.push_str(&format!("; {e}"));
             }
-            rec.state = match x.outcome {
-                Outcome::Exited if x.exit_code == Some(0) => RunState::Succeeded,
-                Outcome::Exited | Outcome::Signaled | Outcome::SpawnFailed => RunState::Failed,
-                Outcome::TimedOut => RunState::TimedOut,
-                Outcome::Cancelled => RunState::Cancelled,
+            let state = match x.outcome {
+                Outcome::Exited if x.exit_code == Some(0) => EndState::Succeeded,
+                Outcome::Exited | Outcome::Signaled | Outcome::SpawnFailed => EndState::Failed,
+                Outcome::TimedOut => EndState::TimedOut,
+                Outcome::Cancelled => EndState::Cancelled,
             };
-            rec.reason = Some(reason);
+            rec.exited(&x, state, reason, egress);
         }
         other => {
             let why = match other {
@@ -76,9 +77,7 @@ pub fn apply_exit(
             if !last.is_empty() {
                 reason.push_str(&format!("; runner.log: {last}"));
             }
-            rec.state = RunState::Lost;
-            rec.reason = Some(reason);
-            rec.ended_at_ms = Some(now_ms());
+            rec.ended(EndState::Lost, reason, now_ms());
         }
     }
 }
@@ -114,7 +113,7 @@ fn runner_log_tail(rec: &RunRecord) -> String {
 /// leaves run.json `running` with a dead runner, and the next start
 /// finishes the run again from exit.json; result.md is rewritten and the
 /// notice is not stored twice (see `NoticeStore::store`).
-pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: RunnerExit) {
+pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: RunnerExit) {
     // The runner is gone: its connections end, and egress.log is whole
     // before it is summed up.
     slot.stop_egress().await;
@@ -127,18 +126,18 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: Runne
         && slot
             .adopted
             .swap(false, std::sync::atomic::Ordering::SeqCst)
-        && requeue_called_off(sup, slot).await
+        && requeue_called_off(inner, slot).await
     {
         return;
     }
     let mut rec = slot.rec.lock().await;
-    if !rec.state.is_terminal() {
+    if !rec.state().is_terminal() {
         let mut next = rec.clone();
         let exit_path = next.files().exit();
         let (exit, log, report) = {
             let r = next.clone();
             let load = move || {
-                let report = super::driving::read_report(&r);
+                let report = report::read_report(&r);
                 (ExitRecord::load(&exit_path), runner_log_tail(&r), report)
             };
             match tokio::task::spawn_blocking(load).await {
@@ -148,12 +147,12 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: Runne
         };
         let no_record = !matches!(exit, Ok(Some(_)));
         apply_exit(&mut next, exit, runner, &log);
-        super::driving::apply_report(&mut next, report);
+        report::apply_report(&mut next, report);
         if no_record {
             // The runner died without cleaning up: whatever the child
             // started is still in the run's cgroups. End it.
-            let plan = sup.inner.probe.cgroups.clone();
-            let run_id = next.run_id.clone();
+            let plan = inner.probe.cgroups.clone();
+            let run_id = next.run_id.to_string();
             let killed = tokio::task::spawn_blocking(move || reap_orphans(&plan, &run_id))
                 .await
                 .unwrap_or(false);
@@ -165,7 +164,7 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: Runne
         }
         tracing::info!(
             run_id = %next.run_id,
-            state = next.state.as_str(),
+            state = next.state().as_str(),
             reason = next.reason.as_deref().unwrap_or(""),
             "run ended"
         );
@@ -174,61 +173,58 @@ pub(crate) async fn finish_run(sup: &Supervisor, slot: &Arc<Slot>, runner: Runne
         *rec = next;
     }
     drop(rec);
-    finalize(sup, slot).await;
+    finalize(inner, slot).await;
 }
 
 /// A runner adopted after a restart that exited at its gate started
 /// nothing (the engine that was to open it is gone): its run is queued
 /// again, with its uid, instead of ending `lost`. Returns whether it was.
-async fn requeue_called_off(sup: &Supervisor, slot: &Arc<Slot>) -> bool {
+async fn requeue_called_off(inner: &Arc<Inner>, slot: &Arc<Slot>) -> bool {
     let mut rec = slot.rec.lock().await;
     let files = rec.files();
     let started = tokio::task::spawn_blocking(move || {
-        files.exit().exists() || super::recover::runner_pid_in_lock(&files).is_some()
+        files.exit().exists() || crate::lockfile::runner_pid_in_lock(&files.runner_lock()).is_some()
     })
     .await
     .unwrap_or(true);
-    let Some(id) = rec.id() else { return false };
-    if rec.state.is_terminal() || rec.cancel_requested || started {
+    let id = rec.run_id.clone();
+    if rec.state().is_terminal() || rec.cancel_requested || started {
         return false;
     }
-    if let (Some(pool), Some(uid)) = (&sup.inner.uids, rec.uid) {
+    if let (Some(pool), Some(uid)) = (&inner.uids, rec.uid) {
         match pool.relock(uid) {
-            Ok(lease) => sup.hold_lease(&id, lease),
+            Ok(lease) => inner.hold_lease(&id, lease),
             Err(_) => return false,
         }
     }
     let mut next = rec.clone();
-    next.state = RunState::Accepted;
-    next.started_at_ms = None;
-    next.runner_pid = None;
-    next.runner_start_ticks = None;
-    if let Err(e) = sup.persist(slot, &mut rec, next).await {
+    next.requeued();
+    if let Err(e) = inner.persist(slot, &mut rec, next).await {
         tracing::error!(run_id = %id, "queueing a run called off at its gate: {e}");
-        drop(sup.take_lease(&id));
+        drop(inner.take_lease(&id));
         return false;
     }
     tracing::info!(run_id = %id, "its runner was called off at its gate; queued again");
-    sup.enqueue(id).is_ok()
+    inner.enqueue(id).is_ok()
 }
 
 /// The blocking part of finalizing: result.md, the notice, the temp dir.
 /// Returns the notice when it was newly stored.
-fn finalize_files(sup: &Supervisor, rec: &RunRecord) -> Result<Option<Notice>, FinishError> {
+fn finalize_files(inner: &Inner, rec: &RunRecord) -> Result<Option<Notice>, FinishError> {
     let files = rec.files();
     subagent_runner::atomic::write_atomic(
         &files.result(),
         crate::result_md::render(rec).as_bytes(),
     )?;
-    let ended = rec.ended_at_ms.unwrap_or_else(now_ms);
+    let ended = rec.ended_at_ms().unwrap_or_else(now_ms);
     let notice = Notice {
-        run_id: rec.run_id.clone(),
-        session_id: rec.session_id.clone(),
-        state: rec.state,
+        run_id: rec.run_id.to_string(),
+        session_id: rec.session_id.to_string(),
+        state: rec.state(),
         result_path: files.result(),
         ended_at: rfc3339_ms(ended),
     };
-    let fresh = sup.inner.notices.store(&notice, ended)?;
+    let fresh = inner.notices.store(&notice, ended)?;
     if !rec.keep_temp {
         remove_tree(&rec.temp_dir);
         crate::securedir::remove_empty_session_dir(&rec.temp_dir);
@@ -262,24 +258,22 @@ pub fn remove_tree(dir: &std::path::Path) {
 /// Writes result.md, stores the notice and removes the temp dir for a run
 /// in a terminal state, then marks it finalized and tells waiters and
 /// subscribers. Does nothing for a run already finalized.
-pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
+pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
     let mut rec = slot.rec.lock().await;
-    if rec.finalized || !rec.state.is_terminal() {
+    if rec.finalized() || !rec.state().is_terminal() {
         return;
     }
     // A run that never started lets its uid go here.
-    if let Some(id) = rec.id() {
-        drop(sup.take_lease(&id));
-    }
+    drop(inner.take_lease(&rec.run_id));
     // Every file step of the end in one blocking task (one hand-off to the
     // blocking pool rather than one per step), in this order.
-    let (start, sup2) = (rec.clone(), sup.clone());
-    let done = tokio::task::spawn_blocking(move || finalize_blocking(&sup2, start)).await;
+    let (start, inner2) = (rec.clone(), inner.clone());
+    let done = tokio::task::spawn_blocking(move || finalize_blocking(&inner2, start)).await;
     let Ok(done) = done else {
         // Waiters are released with the reason; the next start tries again.
         let why = "the task finishing the run panicked".to_owned();
         tracing::error!(run_id = %rec.run_id, "{why}");
-        rec.finalize_error = Some(why);
+        rec.finalize_failed(why);
         slot.published.send_replace(rec.clone());
         return;
     };
@@ -287,7 +281,7 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
     if let Err(e) = &done.saved {
         tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
     }
-    if let Some(e) = &next.finalize_error {
+    if let Some(e) = next.finalize_error() {
         // Left unfinalized: the next start of the engine tries again.
         // Waiters are released with the reason.
         tracing::error!(run_id = %next.run_id, "finishing the run: {e}");
@@ -295,7 +289,7 @@ pub(crate) async fn finalize(sup: &Supervisor, slot: &Arc<Slot>) {
     std::mem::swap(&mut *rec, &mut next);
     slot.published.send_replace(rec.clone());
     if let Some(n) = done.notice {
-        let _ = sup.inner.finished.send(n);
+        let _ = inner.finished.send(n);
     }
 }
 
@@ -304,7 +298,7 @@ struct Finalized {
     /// The record as it now stands (saved unless `saved` says otherwise).
     record: RunRecord,
     /// Whether the last save of run.json worked.
-    saved: Result<(), crate::record::RecordError>,
+    saved: Result<(), crate::run::record::RecordError>,
     /// The notice, when newly stored.
     notice: Option<Notice>,
 }
@@ -312,23 +306,22 @@ struct Finalized {
 /// The observation and the delta report (recorded first when something
 /// was merged, so that no restart merges it again), result.md and the notice (tried three times),
 /// then the terminal record with `finalized` or `finalize_error`. Blocking.
-fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
-    if rec.delta.is_none() {
+fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> Finalized {
+    if rec.end().is_some_and(|e| e.delta.is_none()) {
         // Exactly once: the reports are recorded before anything else of
         // the end is done, and never computed again.
-        let observed = observe_end(sup, &mut rec);
-        let succeeded = rec.state == RunState::Succeeded;
+        let observed = observe_end(inner, &mut rec);
+        let succeeded = rec.state() == RunState::Succeeded;
         let report = if succeeded {
-            super::workctx::merge_delta(&sup.inner, &rec)
+            delta::merge_delta(inner, &rec)
         } else {
-            super::workctx::DeltaReport {
-                note: Some(format!("nothing merged: the run {}", rec.state.as_str())),
+            crate::run::delta::DeltaReport {
+                note: Some(format!("nothing merged: the run {}", rec.state().as_str())),
                 ..Default::default()
             }
         };
         let merged = !report.accepted.is_empty() || !observed.merged.is_empty();
-        rec.delta = Some(report);
-        rec.observed = Some(observed);
+        rec.reported(report, observed);
         if merged {
             // Otherwise nothing to repeat: the report is saved with the
             // final record.
@@ -337,12 +330,12 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
             }
         }
     }
-    merge_reported_once(sup, &mut rec);
+    merge_reported_once(inner, &mut rec);
     let mut notice = None;
     let mut failure = None;
     for pause_ms in [0, 200, 1000] {
         std::thread::sleep(std::time::Duration::from_millis(pause_ms));
-        match finalize_files(sup, &rec) {
+        match finalize_files(inner, &rec) {
             Ok(n) => {
                 notice = n;
                 failure = None;
@@ -351,13 +344,7 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
             Err(e) => failure = Some(e),
         }
     }
-    match failure {
-        None => {
-            rec.finalized = true;
-            rec.finalize_error = None;
-        }
-        Some(e) => rec.finalize_error = Some(e.to_string()),
-    }
+    rec.finalize_done(failure.map(|e| e.to_string()));
     let saved = rec.save();
     Finalized {
         record: rec,
@@ -369,20 +356,20 @@ fn finalize_blocking(sup: &Supervisor, mut rec: RunRecord) -> Finalized {
 /// What the supervisor saw the run change, merged on success. A run failed
 /// only by its agent's failed writes succeeds when the project changed
 /// anyway (the agent recovered): both are known only here. Blocking.
-fn observe_end(sup: &Supervisor, rec: &mut RunRecord) -> policy::observed::ObservedReport {
-    let succeeded = rec.state == RunState::Succeeded;
-    let observed = super::workctx::observe_and_merge(&sup.inner, rec, succeeded);
+fn observe_end(inner: &Inner, rec: &mut RunRecord) -> policy::observed::ObservedReport {
+    let succeeded = rec.state() == RunState::Succeeded;
+    let observed = observed::observe_and_merge(inner, rec, succeeded);
     let changed = !observed.created.is_empty() || !observed.modified.is_empty();
-    if !(changed && super::driving::failed_only_by_writes(rec)) {
+    if !(changed && report::failed_only_by_writes(rec)) {
         return observed;
     }
-    super::driving::rescue(rec);
-    super::workctx::observe_and_merge(&sup.inner, rec, true)
+    report::rescue(rec);
+    observed::observe_and_merge(inner, rec, true)
 }
 
 /// The files the agent's event stream reported, checked and merged once
 /// (recorded before the rest of the end, as the delta is). Blocking.
-fn merge_reported_once(sup: &Supervisor, rec: &mut RunRecord) {
+fn merge_reported_once(inner: &Inner, rec: &mut RunRecord) {
     let pending = rec
         .driver_run
         .as_ref()
@@ -390,7 +377,7 @@ fn merge_reported_once(sup: &Supervisor, rec: &mut RunRecord) {
     if !pending {
         return;
     }
-    let files = super::driving::merge_reported(&sup.inner, rec);
+    let files = report::merge_reported(inner, rec);
     let merged = files.as_ref().is_some_and(|f| !f.accepted.is_empty());
     if let Some(d) = rec.driver_run.as_mut() {
         d.reported_files = files;
@@ -460,11 +447,11 @@ mod tests {
         for (x, want) in cases {
             let mut r = rec();
             apply_exit(&mut r, Ok(Some(x.clone())), RunnerExit::Unknown, "");
-            assert_eq!(r.state, want, "{x:?}");
-            assert_eq!(r.exit_code, x.exit_code);
-            assert_eq!(r.signal, x.signal);
-            assert_eq!(r.ended_at_ms, Some(9));
-            assert_eq!(r.started_at_ms, Some(2), "the launch time is kept");
+            assert_eq!(r.state(), want, "{x:?}");
+            assert_eq!(r.exit_code(), x.exit_code);
+            assert_eq!(r.signal(), x.signal);
+            assert_eq!(r.ended_at_ms(), Some(9));
+            assert_eq!(r.started_at_ms(), Some(2), "the launch time is kept");
         }
     }
 
@@ -477,7 +464,7 @@ mod tests {
             RunnerExit::Killed(9),
             "subagent-runner: boom\n",
         );
-        assert_eq!(r.state, RunState::Lost);
+        assert_eq!(r.state(), RunState::Lost);
         let reason = r.reason.unwrap();
         assert_eq!(
             reason,
@@ -499,7 +486,7 @@ mod tests {
         let unreadable = ExitRecord::load(&path).map_err(FinishError::from);
         let mut r = rec();
         apply_exit(&mut r, unreadable, RunnerExit::Unknown, "");
-        assert_eq!(r.state, RunState::Lost);
+        assert_eq!(r.state(), RunState::Lost);
         let reason = r.reason.unwrap();
         let want = format!(
             "the runner is gone and its exit.json is unreadable (parse {}: ",

@@ -7,20 +7,14 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use subagent_runner::ioerr::{at, IoAt};
 
 /// A lock file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     /// Opening or locking failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// The step.
-        op: &'static str,
-        /// The lock file.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoAt),
     /// Someone else holds it.
     #[error("{path} is locked by a live process{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
     Held {
@@ -49,18 +43,14 @@ pub fn try_lock(file: &File) -> std::io::Result<bool> {
 
 /// Opens (creating, 0600, close-on-exec) a lock file.
 pub fn open(path: &Path) -> Result<File, LockError> {
-    OpenOptions::new()
+    Ok(OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
         .open(path)
-        .map_err(|source| LockError::Io {
-            op: "open",
-            path: path.to_path_buf(),
-            source,
-        })
+        .map_err(at("open", path))?)
 }
 
 /// Reads the pid a holder wrote into its lock file.
@@ -74,22 +64,14 @@ pub fn read_pid(file: &mut File) -> Option<i32> {
 /// Takes the lock at `path` and writes our pid into it, or says who holds it.
 pub fn acquire(path: &Path) -> Result<File, LockError> {
     let mut file = open(path)?;
-    let locked = try_lock(&file).map_err(|source| LockError::Io {
-        op: "flock",
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let locked = try_lock(&file).map_err(at("flock", path))?;
     if !locked {
         return Err(LockError::Held {
             path: path.to_path_buf(),
             pid: read_pid(&mut file),
         });
     }
-    let io = |source| LockError::Io {
-        op: "write",
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |e| at("write", path)(e);
     file.set_len(0).map_err(io)?;
     file.seek(SeekFrom::Start(0)).map_err(io)?;
     writeln!(file, "{}", std::process::id()).map_err(io)?;
@@ -100,6 +82,11 @@ pub fn acquire(path: &Path) -> Result<File, LockError> {
 pub fn is_held(path: &Path) -> Option<bool> {
     let file = File::open(path).ok()?;
     Some(!try_lock(&file).unwrap_or(false))
+}
+
+/// The pid a runner wrote into its runner.lock at `path`, if any.
+pub fn runner_pid_in_lock(path: &Path) -> Option<i32> {
+    open(path).ok().and_then(|mut f| read_pid(&mut f))
 }
 
 #[cfg(test)]

@@ -1,0 +1,226 @@
+//! The engine's shared state: [`Inner`] (what every phase reads, and the
+//! run table, queue, slots and leases) and [`Slot`] (one run in memory),
+//! each field with its locking rule. Phases take `Inner` (by reference,
+//! or an `Arc` of it for what outlives a call); only the engine's API
+//! (`engine/mod.rs`) holds the `Supervisor` handle. May use
+//! the engine's config, errors and probe, the record, and the stores.
+
+use super::config::Config;
+use super::error::{EngineError, InternalError};
+use super::probe;
+use crate::ids::RunId;
+use crate::notices::NoticeStore;
+use crate::paths::StateLayout;
+use crate::protocol::Notice;
+use crate::run::record::RunRecord;
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{broadcast, mpsc, watch, Semaphore};
+
+/// One run in memory: its record (the lock serialises its changes) and
+/// the last published snapshot, which waiters watch.
+pub(crate) struct Slot {
+    /// The record. A tokio lock, held across the awaits of a change (its
+    /// save on the blocking pool); taken before any other lock of the
+    /// slot, never while `Inner::runs` is held.
+    pub(super) rec: tokio::sync::Mutex<RunRecord>,
+    /// The last published snapshot. Lock-free; sent while `rec` is held,
+    /// so snapshots follow the record's order.
+    pub(super) published: watch::Sender<RunRecord>,
+    /// Its runner's pidfd and pid, for cancels. Held only to copy or
+    /// replace the pair (may be taken while `rec` is held).
+    pub(super) runner: Mutex<Option<(Arc<OwnedFd>, i32)>>,
+    /// Its runner was started by an engine that is gone (recovery watches
+    /// it): if it ends called off at its gate, its run is queued again.
+    /// Atomic: set before the watch starts, swapped off once by the end.
+    pub(super) adopted: AtomicBool,
+    /// Its egress proxy, while it runs in allowlist mode. Held only to
+    /// set or take the handle; the handle is stopped after release.
+    pub(super) egress: Mutex<Option<crate::egress::Handle>>,
+    /// Its model gateway, while a driver run runs. As `egress`.
+    pub(super) gateway: Mutex<Option<crate::gateway::Handle>>,
+}
+
+impl Slot {
+    pub(super) fn new(rec: RunRecord) -> Arc<Slot> {
+        let (published, _) = watch::channel(rec.clone());
+        Arc::new(Slot {
+            rec: tokio::sync::Mutex::new(rec),
+            published,
+            runner: Mutex::new(None),
+            adopted: AtomicBool::new(false),
+            egress: Mutex::new(None),
+            gateway: Mutex::new(None),
+        })
+    }
+
+    pub(super) fn set_gateway(&self, h: Option<crate::gateway::Handle>) {
+        *self.gateway.lock().unwrap_or_else(|p| p.into_inner()) = h;
+    }
+
+    /// Ends the run's model gateway and its connections.
+    pub(super) async fn stop_gateway(&self) {
+        let h = self
+            .gateway
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = h {
+            h.stop().await;
+        }
+    }
+
+    pub(super) fn set_egress(&self, h: Option<crate::egress::Handle>) {
+        *self.egress.lock().unwrap_or_else(|p| p.into_inner()) = h;
+    }
+
+    /// Ends the run's egress proxy and its connections, their lines in
+    /// egress.log written.
+    pub(super) async fn stop_egress(&self) {
+        let h = self.egress.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = h {
+            h.stop().await;
+        }
+    }
+
+    pub(super) fn snapshot(&self) -> RunRecord {
+        self.published.borrow().clone()
+    }
+}
+
+/// The engine's shared state: what every phase reads, and the few
+/// things that change, each with its own lock or atomic.
+pub(crate) struct Inner {
+    /// The configuration, resolved at start. Immutable.
+    pub(super) cfg: Config,
+    /// Where the state dir's files live. Immutable.
+    pub(super) layout: StateLayout,
+    /// Every run known, by id. A std lock held only to look up, insert or
+    /// copy out slots: never across an await, never while taking a
+    /// slot's `rec`.
+    pub(super) runs: Mutex<BTreeMap<RunId, Arc<Slot>>>,
+    /// Accepted runs for the dispatcher, in FIFO order. Lock-free.
+    pub(super) queue: mpsc::UnboundedSender<RunId>,
+    /// At most `max_concurrent` runs at once: one permit per running run
+    /// (runners adopted at recovery take one only when one is free).
+    pub(super) slots: Arc<Semaphore>,
+    /// The sessions' durable notices. Its own std lock, held across its
+    /// file I/O: called only on the blocking pool.
+    pub(super) notices: NoticeStore,
+    /// The sessions' working state. As `notices`; finishing a run takes
+    /// it while holding the slot's `rec` (order: `rec`, then sessions).
+    pub(super) sessions: crate::sessions::SessionStore,
+    /// Every finished run's notice, for subscribers. Lock-free.
+    pub(super) finished: broadcast::Sender<Notice>,
+    /// The daemon's environment at start. Immutable.
+    pub(super) daemon_env: Vec<(String, String)>,
+    /// Whether spawns are taken (cleared at shutdown). Atomic: read by
+    /// every spawn without a lock.
+    pub(super) accepting: AtomicBool,
+    /// What this host can enforce, probed at start. Immutable.
+    pub(super) probe: probe::HostProbe,
+    /// The config's tool policy. Immutable.
+    pub(super) tools: policy::toolpolicy::ToolPolicy,
+    /// Runs queued and not yet handed a slot by the dispatcher. Atomic:
+    /// spawns and the dispatcher count it without a lock, so a spawn never
+    /// starts before a run already waiting.
+    pub(super) waiting: AtomicUsize,
+    /// Per-run uids (a root daemon without `run_as`). Its own file locks.
+    pub(super) uids: Option<crate::uids::UidPool>,
+    /// The uid leases of runs not started yet. A std lock held only to
+    /// insert or remove one; never across an await.
+    pub(super) leases: Mutex<BTreeMap<RunId, crate::uids::UidLease>>,
+    /// The state dir's lock, held for the engine's life.
+    pub(super) _state_lock: std::fs::File,
+}
+
+impl Inner {
+    pub(super) fn slot(&self, id: &RunId) -> Result<Arc<Slot>, EngineError> {
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EngineError::RunNotFound(id.to_string()))
+    }
+
+    pub(super) fn insert(&self, rec: RunRecord) -> Option<Arc<Slot>> {
+        let id = rec.run_id.clone();
+        let slot = Slot::new(rec);
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, slot.clone());
+        Some(slot)
+    }
+
+    /// A slot for a run to start at once: only when none is queued, so
+    /// that runs start in the order they were accepted.
+    pub(super) fn free_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        self.slots.clone().try_acquire_owned().ok()
+    }
+
+    /// Queues an accepted run for the dispatcher.
+    pub(super) fn enqueue(&self, id: RunId) -> Result<(), EngineError> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.queue(id)
+    }
+
+    /// Queues a run already counted as waiting.
+    pub(super) fn queue(&self, id: RunId) -> Result<(), EngineError> {
+        self.queue.send(id).map_err(|_| {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            EngineError::ShuttingDown
+        })
+    }
+
+    /// Keeps a run's uid lease until its runner has it.
+    pub(super) fn hold_lease(&self, id: &RunId, lease: crate::uids::UidLease) {
+        self.leases().insert(id.clone(), lease);
+    }
+
+    /// Takes a run's uid lease (to hand to its runner, or to let it go).
+    pub(super) fn take_lease(&self, id: &RunId) -> Option<crate::uids::UidLease> {
+        self.leases().remove(id)
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, BTreeMap<RunId, crate::uids::UidLease>> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces the record with `next`, durably, and publishes it to
+    /// status readers and waiters, except for a terminal state that is not
+    /// finalized yet: nobody sees a run as ended before its result.md and
+    /// notice exist.
+    pub(super) async fn persist(
+        &self,
+        slot: &Slot,
+        current: &mut RunRecord,
+        next: RunRecord,
+    ) -> Result<(), EngineError> {
+        let to_save = next.clone();
+        let saved =
+            blocking(move || to_save.save().map_err(|e| EngineError::StateDir(e.into()))).await;
+        if saved.is_ok() {
+            *current = next;
+            if !current.state().is_terminal() || current.settled() {
+                slot.published.send_replace(current.clone());
+            }
+        }
+        saved
+    }
+}
+
+/// Runs `f` on the blocking pool.
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, EngineError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| EngineError::Unexpected(InternalError::Join(e)))?
+}
