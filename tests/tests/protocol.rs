@@ -591,13 +591,13 @@ fn runs_spawned_between_pages_are_neither_doubled_nor_skipped() {
                 .iter()
                 .map(|r| r["run_id"].as_str().unwrap().to_owned()),
         );
-        // A new run, still going, between every two pages for a while.
-        if ids.len() < 15 {
-            ids.push(spawner.spawn(&s, &["sleep", "30"], json!({})));
-        }
         match v["next_cursor"].as_str() {
             Some(cur) => p["cursor"] = json!(cur),
             None => break,
+        }
+        // A new run, still going, between every two pages for a while.
+        if ids.len() < 15 {
+            ids.push(spawner.spawn(&s, &["sleep", "30"], json!({})));
         }
     }
     assert_eq!(
