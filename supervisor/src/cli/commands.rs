@@ -28,7 +28,7 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub(super) fn client(&self) -> Result<Client> {
+    fn client(&self) -> Result<Client> {
         Ok(Client::connect(&self.socket, &self.trust)?)
     }
 
@@ -204,7 +204,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
         Command::Check { run } => status_of(ctx, "check_agent_run", &run),
         Command::Wait { run, timeout } => wait(ctx, &run, timeout),
         Command::Cancel { run } => status_of(ctx, "cancel_agent_run", &run),
-        Command::Ls(args) => super::list::list(ctx, &args),
+        Command::Ls(args) => super::list::list(ctx.client()?, ctx.json, &args),
         Command::Notices { session } => notices(ctx, &session),
         Command::Logs {
             run,

@@ -2,17 +2,17 @@
 //! printed as each page arrives, so a long history streams.
 
 use super::args::LsArgs;
-use super::commands::Ctx;
 use super::{show, stdout};
+use crate::client::Client;
 use crate::run::record::RunState;
 use crate::sanitize::json_text;
 use crate::status::RunStatus;
 use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
 
-/// Lists the runs `args` selects: one page with `--limit` alone, else
-/// every page.
-pub fn list(ctx: &Ctx, args: &LsArgs) -> Result<u8> {
+/// Lists the runs `args` selects over `client`: one page with `--limit`
+/// alone, else every page; JSON when `json`.
+pub fn list(mut client: Client, json: bool, args: &LsArgs) -> Result<u8> {
     if let Some(s) = &args.state {
         RunState::parse(s).ok_or_else(|| anyhow!("--state {s:?} is not a run state"))?;
     }
@@ -25,12 +25,11 @@ pub fn list(ctx: &Ctx, args: &LsArgs) -> Result<u8> {
         "order": if args.desc { "desc" } else { "asc" },
         "limit": args.limit.unwrap_or(crate::paging::MAX_LIMIT),
     });
-    let mut client = ctx.client()?;
     if args.limit.is_some() && !args.all {
         let v = client.call("list_agent_runs", params)?;
-        return one_page(ctx, &v);
+        return one_page(json, &v);
     }
-    let mut out = Output::new(ctx.json);
+    let mut out = Output::new(json);
     loop {
         let v = client.call("list_agent_runs", params.clone())?;
         let runs: Vec<RunStatus> = serde_json::from_value(v["runs"].clone())?;
@@ -45,8 +44,8 @@ pub fn list(ctx: &Ctx, args: &LsArgs) -> Result<u8> {
 }
 
 /// Prints one page; says on stderr when more runs follow it.
-fn one_page(ctx: &Ctx, v: &Value) -> Result<u8> {
-    if ctx.json {
+fn one_page(json: bool, v: &Value) -> Result<u8> {
+    if json {
         stdout::line(&json_text(&serde_json::to_string_pretty(v)?))?;
         return Ok(0);
     }
