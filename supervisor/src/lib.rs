@@ -48,6 +48,7 @@ pub mod lockfile;
 pub mod mcp;
 pub mod notices;
 pub mod observe;
+pub mod paging;
 pub mod paths;
 pub mod protocol;
 pub mod result_md;

@@ -212,6 +212,32 @@ pub struct ListParams {
     /// Only runs in this state.
     #[serde(default)]
     pub state: Option<crate::run::record::RunState>,
+    /// At most this many runs (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// The previous page's `next_cursor`: this page starts after it.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Only runs created at or after this RFC 3339 time.
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Only runs created at or before this RFC 3339 time.
+    #[serde(default)]
+    pub until: Option<String>,
+    /// By run id (creation time): oldest first (`asc`) or newest first.
+    #[serde(default)]
+    pub order: ListOrder,
+}
+
+/// The order of a `list_agent_runs` page.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListOrder {
+    /// Oldest first.
+    #[default]
+    Asc,
+    /// Newest first.
+    Desc,
 }
 
 /// The params of `subscribe`.

@@ -339,6 +339,22 @@ impl Conn {
         }
     }
 
+    /// Every run `list_agent_runs` with `params` lists, following its
+    /// pages to the end.
+    pub fn list_all(&mut self, params: Value) -> Vec<Value> {
+        let (mut runs, mut p) = (Vec::new(), params);
+        loop {
+            let v = self
+                .call("list_agent_runs", p.clone())
+                .unwrap_or_else(|e| panic!("list_agent_runs: {e}"));
+            runs.extend(v["runs"].as_array().into_iter().flatten().cloned());
+            match v["next_cursor"].as_str() {
+                Some(c) => p["cursor"] = json!(c),
+                None => return runs,
+            }
+        }
+    }
+
     /// Spawns `command` in `session` (project_dir /tmp unless given) and
     /// returns the run id.
     pub fn spawn(&mut self, session: &str, command: &[&str], extra: Value) -> String {

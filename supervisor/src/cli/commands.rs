@@ -6,7 +6,6 @@ use crate::client::{Client, ClientError};
 use crate::ids::RunId;
 use crate::paths::StateLayout;
 use crate::protocol::{SessionParams, SpawnParams};
-use crate::run::record::RunState;
 use crate::sanitize::{for_terminal, json_text, one_line};
 use crate::status::RunStatus;
 use anyhow::{anyhow, bail, Context, Result};
@@ -205,7 +204,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
         Command::Check { run } => status_of(ctx, "check_agent_run", &run),
         Command::Wait { run, timeout } => wait(ctx, &run, timeout),
         Command::Cancel { run } => status_of(ctx, "cancel_agent_run", &run),
-        Command::Ls { session, state } => list(ctx, session, state),
+        Command::Ls(args) => super::list::list(ctx.client()?, ctx.json, &args),
         Command::Notices { session } => notices(ctx, &session),
         Command::Logs {
             run,
@@ -248,23 +247,6 @@ fn spawn(ctx: &Ctx, run: &RunArgs, then_wait: bool) -> Result<u8> {
 fn status_of(ctx: &Ctx, method: &str, run: &str) -> Result<u8> {
     let v = ctx.call(method, json!({ "run_id": run }))?;
     print_status(ctx, &v)?;
-    Ok(0)
-}
-
-fn list(ctx: &Ctx, session: Option<String>, state: Option<String>) -> Result<u8> {
-    if let Some(s) = &state {
-        RunState::parse(s).ok_or_else(|| anyhow!("--state {s:?} is not a run state"))?;
-    }
-    let v = ctx.call(
-        "list_agent_runs",
-        json!({ "session_id": session, "state": state }),
-    )?;
-    if ctx.json {
-        print_json(&v, true)?;
-    } else {
-        let runs: Vec<RunStatus> = serde_json::from_value(v["runs"].clone())?;
-        stdout::write(&show::table(&runs))?;
-    }
     Ok(0)
 }
 

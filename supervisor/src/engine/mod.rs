@@ -333,34 +333,48 @@ impl Supervisor {
         Ok(RunStatus::from(&slot.snapshot()))
     }
 
-    /// Runs, oldest first, optionally of one session and in one state.
-    pub fn list(&self, session: Option<&str>, state: Option<RunState>) -> Vec<RunStatus> {
-        self.list_for(session, state, None)
-    }
-
-    /// [`Supervisor::list`] of the runs `who` may see.
-    pub fn list_for(
-        &self,
-        session: Option<&str>,
-        state: Option<RunState>,
-        who: Option<&policy::rights::Requester>,
-    ) -> Vec<RunStatus> {
-        let slots: Vec<Arc<Slot>> = self
-            .inner
-            .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        slots
+    /// One page of the runs `q` selects, in run id order; `next` is set
+    /// when more follow. The one piece a query of the store replaces.
+    pub fn list(&self, q: &ListQuery) -> ListPage {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = q.after.as_ref().map_or(Unbounded, Excluded);
+        let slots: Vec<Arc<Slot>> = {
+            let runs = self.inner.runs.lock().unwrap_or_else(|p| p.into_inner());
+            let range = if q.desc {
+                runs.range((Unbounded, from))
+                    .rev()
+                    .map(|(_, s)| s.clone())
+                    .collect()
+            } else {
+                runs.range((from, Unbounded))
+                    .map(|(_, s)| s.clone())
+                    .collect()
+            };
+            range
+        };
+        let mut runs: Vec<RunRecord> = slots
             .iter()
             .map(|s| s.snapshot())
-            .filter(|r| session.is_none_or(|s| r.session_id.as_str() == s))
-            .filter(|r| state.is_none_or(|s| r.state() == s))
-            .filter(|r| policy::rights::may_act_on(who, run_owner(r)))
-            .map(|r| RunStatus::from(&r))
-            .collect()
+            .filter(|r| {
+                q.session
+                    .as_deref()
+                    .is_none_or(|s| r.session_id.as_str() == s)
+            })
+            .filter(|r| q.state.is_none_or(|s| r.state() == s))
+            .filter(|r| q.owner_uid.is_none_or(|u| run_owner(r) == u))
+            .filter(|r| q.since_ms.is_none_or(|t| r.created_at_ms >= t))
+            .filter(|r| q.until_ms.is_none_or(|t| r.created_at_ms <= t))
+            .take(q.limit.saturating_add(1))
+            .collect();
+        let more = runs.len() > q.limit;
+        runs.truncate(q.limit);
+        let next = more
+            .then(|| runs.last().map(|r| r.run_id.clone()))
+            .flatten();
+        ListPage {
+            runs: runs.iter().map(RunStatus::from).collect(),
+            next,
+        }
     }
 
     /// Takes the session's pending notices, oldest first; each is returned
@@ -454,6 +468,37 @@ fn current(
 
 /// Whose a run is: its requester's when another uid asked for it, else
 /// the daemon's.
+/// Which runs a list returns, in run id order (the store's query has the
+/// same fields).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListQuery {
+    /// Only this session's.
+    pub session: Option<String>,
+    /// Only runs in this published state.
+    pub state: Option<RunState>,
+    /// Only runs of this owner.
+    pub owner_uid: Option<u32>,
+    /// Created at or after.
+    pub since_ms: Option<u64>,
+    /// Created at or before.
+    pub until_ms: Option<u64>,
+    /// After this id in the list's order (the cursor).
+    pub after: Option<RunId>,
+    /// Newest first.
+    pub desc: bool,
+    /// At most this many.
+    pub limit: usize,
+}
+
+/// One page of a list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListPage {
+    /// The runs, in the list's order.
+    pub runs: Vec<RunStatus>,
+    /// The cursor of the next page (its last run), when there are more.
+    pub next: Option<RunId>,
+}
+
 fn run_owner(rec: &RunRecord) -> u32 {
     let recorded = rec.on_behalf.as_ref().map(|ob| ob.requester.uid);
     policy::rights::recorded_owner(recorded, crate::paths::uid())
