@@ -440,7 +440,10 @@ mod tests {
         // The count still wants one: both left are protected.
         assert_eq!(
             kept(&p),
-            [("r002", Kept::NoticePending), ("r003", Kept::NewestOfSession)]
+            [
+                ("r002", Kept::NoticePending),
+                ("r003", Kept::NewestOfSession)
+            ]
         );
         // With no max_age a pending notice protects for good.
         let forever = Limits {
