@@ -66,7 +66,10 @@ pub struct Candidate {
 }
 
 /// Why a run is removed: the first rule that chose it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// It ended longer ago than `max_age`.
     MaxAge,

@@ -33,7 +33,7 @@ impl Ctx {
         Ok(Client::connect(&self.socket, &self.trust)?)
     }
 
-    fn call(&self, method: &str, params: Value) -> Result<Value> {
+    pub(super) fn call(&self, method: &str, params: Value) -> Result<Value> {
         Ok(self.client()?.call(method, params)?)
     }
 }
@@ -219,6 +219,18 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             action: WorktreeAction::Rm { run },
         } => remove_worktree(ctx, &run),
         Command::Agents { project_dir } => agents(ctx, project_dir),
+        Command::Prune {
+            dry_run,
+            session,
+            older_than,
+        } => {
+            let params = crate::protocol::PruneParams {
+                session_id: session,
+                older_than,
+                dry_run,
+            };
+            super::prune::prune(ctx, params)
+        }
         Command::Ping => ping(ctx),
         Command::Run { .. } | Command::Mcp(_) => bail!("run and mcp are handled separately"),
     }

@@ -6,12 +6,14 @@
 //! - [`follow`]: printing and following child.log from the file.
 //! - [`show`]: human output (status blocks, the `ls` table).
 //! - [`commands`]: the socket commands.
+//! - [`prune`]: `subagent prune`.
 //! - [`run`]: `subagent run`, for CI.
 //! - [`stdout`]: writing to stdout; a closed stdout ends quietly.
 
 pub mod args;
 pub mod commands;
 pub mod follow;
+pub mod prune;
 pub mod run;
 pub mod show;
 pub mod stdout;
