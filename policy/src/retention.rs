@@ -6,7 +6,9 @@
 //! Never removed: the newest run of each session; a run whose worktree
 //! still exists; a run whose notice is not taken yet, until `max_age`.
 //! The limits apply in a fixed order, oldest first within each: age, the
-//! count overall, the count per session, then the folders' bytes.
+//! count overall, the count per session, then the folders' bytes. A count
+//! keeps the newest runs and the protected ones older than them; bytes
+//! are freed from the oldest unprotected runs on.
 
 use crate::rights::{may_act_on, Requester};
 use std::collections::{BTreeMap, BTreeSet};
@@ -219,16 +221,15 @@ impl<'a> Work<'a> {
         }
     }
 
-    /// Oldest first until at most `max` of `runs` are left.
+    /// Every one of `runs` (oldest first) but the newest `max`: a
+    /// protected one stays on top of them, and takes no newer one's place.
     fn by_count(&mut self, runs: Vec<&'a Candidate>, max: u64, reason: Reason) {
-        let mut excess = (runs.len() as u64).saturating_sub(max);
-        for c in runs {
-            if excess == 0 {
-                break;
-            }
-            if self.take(c, reason) {
-                excess -= 1;
-            }
+        let excess = (runs.len() as u64).saturating_sub(max);
+        for c in runs
+            .into_iter()
+            .take(usize::try_from(excess).unwrap_or(usize::MAX))
+        {
+            self.take(c, reason);
         }
     }
 
@@ -440,14 +441,7 @@ mod tests {
         };
         let p = plan(10 * DAY, &limits, &Filter::default(), &runs);
         assert_eq!(ids(&p), [("r001", Reason::MaxAge)]);
-        // The count still wants one: both left are protected.
-        assert_eq!(
-            kept(&p),
-            [
-                ("r002", Kept::NoticePending),
-                ("r003", Kept::NewestOfSession)
-            ]
-        );
+        assert_eq!(kept(&p), [("r002", Kept::NoticePending)]);
         // With no max_age a pending notice protects for good.
         let forever = Limits {
             max_runs: Some(1),
@@ -455,7 +449,7 @@ mod tests {
         };
         let p = plan(10 * DAY, &forever, &Filter::default(), &runs);
         assert!(p.remove.is_empty(), "{p:?}");
-        assert_eq!(p.keep.len(), 3);
+        assert_eq!(p.keep.len(), 2);
     }
 
     #[test]
@@ -472,6 +466,31 @@ mod tests {
         assert_eq!(
             why.to_string(),
             "worktree /s/a/worktrees/r001 exists (subagent worktree rm)"
+        );
+    }
+
+    #[test]
+    fn a_count_keeps_the_newest_and_the_protected_older_ones() {
+        let mut runs: Vec<Candidate> = (0..12)
+            .map(|i| run(i, if i % 2 == 0 { "a" } else { "b" }, u64::from(i)))
+            .collect();
+        for r in runs.iter_mut().filter(|r| r.session_id == "b") {
+            r.notice_pending = true;
+        }
+        let limits = Limits {
+            max_runs: Some(5),
+            ..Limits::default()
+        };
+        let p = plan(20 * DAY, &limits, &Filter::default(), &runs);
+        let removed: Vec<&str> = p.remove.iter().map(|(i, _)| i.as_str()).collect();
+        assert_eq!(removed, ["r000", "r002", "r004", "r006"]);
+        assert_eq!(
+            kept(&p),
+            [
+                ("r001", Kept::NoticePending),
+                ("r003", Kept::NoticePending),
+                ("r005", Kept::NoticePending)
+            ]
         );
     }
 
@@ -730,7 +749,8 @@ mod tests {
             let now = 40 * DAY;
             let p = plan(now, &l, &Filter::default(), &runs);
             let removed: BTreeSet<&str> = p.remove.iter().map(|(i, _)| i.as_str()).collect();
-            let left: Vec<&Candidate> = runs.iter().filter(|c| !removed.contains(c.run_id.as_str())).collect();
+            let mut left: Vec<&Candidate> = runs.iter().filter(|c| !removed.contains(c.run_id.as_str())).collect();
+            left.sort_by_key(|c| age_key(c));
             let free = |c: &&Candidate| !protected(c, &runs);
             if let Some(age) = l.max_age {
                 let age = age.as_millis() as u64;
@@ -740,13 +760,18 @@ mod tests {
                     prop_assert!(!old || kept, "{c:?} is older than max_age");
                 }
             }
+            // Beyond the newest `max` left, only protected runs.
+            let beyond = |runs: &[&Candidate], max: u64| -> bool {
+                let over = runs.len().saturating_sub(max as usize);
+                runs[..over].iter().all(|c| !free(c))
+            };
             if let Some(max) = l.max_runs {
-                prop_assert!(left.len() as u64 <= max || !left.iter().any(free));
+                prop_assert!(beyond(&left, max));
             }
             if let Some(max) = l.max_runs_per_session {
                 for s in left.iter().map(|c| &c.session_id).collect::<BTreeSet<_>>() {
-                    let mine: Vec<&&Candidate> = left.iter().filter(|c| &c.session_id == s).collect();
-                    prop_assert!(mine.len() as u64 <= max || !mine.iter().any(|c| free(c)));
+                    let mine: Vec<&Candidate> = left.iter().copied().filter(|c| &c.session_id == s).collect();
+                    prop_assert!(beyond(&mine, max));
                 }
             }
             if let Some(max) = l.max_bytes {
@@ -756,13 +781,19 @@ mod tests {
         }
 
         #[test]
-        fn a_count_limit_removes_no_more_than_its_excess(runs in candidates(), max in 0u64..30) {
+        fn a_count_limit_removes_the_unprotected_beyond_the_newest(runs in candidates(), max in 0u64..30) {
             let l = Limits { max_runs: Some(max), ..Limits::default() };
             let p = plan(40 * DAY, &l, &Filter::default(), &runs);
-            let excess = (runs.len() as u64).saturating_sub(max);
-            prop_assert!(p.remove.len() as u64 <= excess);
-            let free = runs.iter().filter(|c| !protected(c, &runs)).count() as u64;
-            prop_assert_eq!(p.remove.len() as u64, excess.min(free));
+            let mut oldest_first: Vec<&Candidate> = runs.iter().collect();
+            oldest_first.sort_by_key(|c| age_key(c));
+            let over = runs.len().saturating_sub(max as usize);
+            let want: Vec<&str> = oldest_first[..over]
+                .iter()
+                .filter(|c| !protected(c, &runs))
+                .map(|c| c.run_id.as_str())
+                .collect();
+            let got: Vec<&str> = p.remove.iter().map(|(i, _)| i.as_str()).collect();
+            prop_assert_eq!(got, want);
         }
     }
 
