@@ -33,7 +33,7 @@ impl Ctx {
         Ok(Client::connect(&self.socket, &self.trust)?)
     }
 
-    pub(super) fn call(&self, method: &str, params: Value) -> Result<Value> {
+    fn call(&self, method: &str, params: Value) -> Result<Value> {
         Ok(self.client()?.call(method, params)?)
     }
 }
@@ -229,7 +229,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
                 older_than,
                 dry_run,
             };
-            super::prune::prune(ctx, params)
+            prune(ctx, &params)
         }
         Command::Ping => ping(ctx),
         Command::Run { .. } | Command::Mcp(_) => bail!("run and mcp are handled separately"),
@@ -429,6 +429,19 @@ fn agents(ctx: &Ctx, project_dir: Option<PathBuf>) -> Result<u8> {
         stdout::write(&show::agents_table(&found, &tools))?;
     }
     Ok(if found.errors.is_empty() { 0 } else { 1 })
+}
+
+/// Asks the daemon to prune now and prints what it did.
+fn prune(ctx: &Ctx, params: &crate::protocol::PruneParams) -> Result<u8> {
+    let v = ctx.call("prune_runs", serde_json::to_value(params)?)?;
+    if ctx.json {
+        print_json(&v, true)?;
+    } else {
+        let result: crate::protocol::PruneResult =
+            serde_json::from_value(v).context("bad prune result from the daemon")?;
+        stdout::write(&super::prune::lines(&result))?;
+    }
+    Ok(0)
 }
 
 fn ping(ctx: &Ctx) -> Result<u8> {

@@ -6,7 +6,7 @@
 //! - [`follow`]: printing and following child.log from the file.
 //! - [`show`]: human output (status blocks, the `ls` table).
 //! - [`commands`]: the socket commands.
-//! - [`prune`]: `subagent prune`.
+//! - [`prune`]: `subagent prune`'s lines.
 //! - [`run`]: `subagent run`, for CI.
 //! - [`stdout`]: writing to stdout; a closed stdout ends quietly.
 

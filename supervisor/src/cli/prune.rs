@@ -1,24 +1,8 @@
-//! `subagent prune`: asks the daemon to apply its retention limits now
-//! (`prune_runs`) and prints one line per run removed and per run a limit
-//! wanted but that was kept, with why.
+//! What `subagent prune` prints of a `prune_runs` answer: one line per
+//! run removed and per run a limit wanted but that was kept, with why.
 
-use super::stdout;
-use crate::protocol::{PruneParams, PruneResult};
-use crate::sanitize::{json_text, one_line};
-use anyhow::{Context, Result};
-
-/// Calls `prune_runs` and prints its answer; exits 0.
-pub fn prune(ctx: &super::commands::Ctx, params: PruneParams) -> Result<u8> {
-    let v = ctx.call("prune_runs", serde_json::to_value(&params)?)?;
-    if ctx.json {
-        stdout::line(&json_text(&serde_json::to_string_pretty(&v)?))?;
-        return Ok(0);
-    }
-    let result: PruneResult =
-        serde_json::from_value(v).context("bad prune result from the daemon")?;
-    stdout::write(&lines(&result))?;
-    Ok(0)
-}
+use crate::protocol::PruneResult;
+use crate::sanitize::one_line;
 
 /// The text: each removed run (id, session, ended, size, reason), each
 /// kept one with why, then the total.
