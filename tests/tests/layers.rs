@@ -120,6 +120,7 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
             "engine::launch",
             "engine::finish",
             "engine::recover",
+            "engine::prune",
         ],
     ),
     ("engine", &["engine"]),

@@ -218,6 +218,20 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         project_dir: Option<PathBuf>,
     },
+    /// Remove finished runs by the daemon's retention limits now, printing
+    /// each run removed and each kept that a limit wanted, with why.
+    Prune {
+        /// Say what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only this session's runs.
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// Also every run that ended at least this long ago (`7d`, `12h`,
+        /// `0s`), but never the runs retention keeps.
+        #[arg(long, value_name = "D")]
+        older_than: Option<String>,
+    },
     /// Check that the daemon answers.
     Ping,
     /// Serve MCP on stdin/stdout, so an MCP client (Claude Code, Codex, …)

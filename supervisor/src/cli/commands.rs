@@ -218,6 +218,18 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             action: WorktreeAction::Rm { run },
         } => remove_worktree(ctx, &run),
         Command::Agents { project_dir } => agents(ctx, project_dir),
+        Command::Prune {
+            dry_run,
+            session,
+            older_than,
+        } => {
+            let params = crate::protocol::PruneParams {
+                session_id: session,
+                older_than,
+                dry_run,
+            };
+            prune(ctx, &params)
+        }
         Command::Ping => ping(ctx),
         Command::Run { .. } | Command::Mcp(_) => bail!("run and mcp are handled separately"),
     }
@@ -399,6 +411,19 @@ fn agents(ctx: &Ctx, project_dir: Option<PathBuf>) -> Result<u8> {
         stdout::write(&show::agents_table(&found, &tools))?;
     }
     Ok(if found.errors.is_empty() { 0 } else { 1 })
+}
+
+/// Asks the daemon to prune now and prints what it did.
+fn prune(ctx: &Ctx, params: &crate::protocol::PruneParams) -> Result<u8> {
+    let v = ctx.call("prune_runs", serde_json::to_value(params)?)?;
+    if ctx.json {
+        print_json(&v, true)?;
+    } else {
+        let result: crate::protocol::PruneResult =
+            serde_json::from_value(v).context("bad prune result from the daemon")?;
+        stdout::write(&super::prune::lines(&result))?;
+    }
+    Ok(0)
 }
 
 fn ping(ctx: &Ctx) -> Result<u8> {

@@ -7,6 +7,7 @@
 //! - [`show`]: human output (status blocks, the `ls` table).
 //! - [`commands`]: the socket commands.
 //! - [`list`]: `subagent ls`, page by page.
+//! - [`prune`]: `subagent prune`'s lines.
 //! - [`run`]: `subagent run`, for CI.
 //! - [`stdout`]: writing to stdout; a closed stdout ends quietly.
 
@@ -14,6 +15,7 @@ pub mod args;
 pub mod commands;
 pub mod follow;
 pub mod list;
+pub mod prune;
 pub mod run;
 pub mod show;
 pub mod stdout;

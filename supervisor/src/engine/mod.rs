@@ -7,8 +7,8 @@
 //! the phases, which share `state` and never name what is defined here.
 //! In layers, each using only those below it:
 //! - the phases: [`accept`] (validate, plan, place, context, delivery,
-//!   sandbox, run folder) and [`recover`] (picking up the state dir's runs
-//!   at start), over [`launch`] (starting a runner; [`spawn`]: the
+//!   sandbox, run folder), [`recover`] (picking up the state dir's runs
+//!   at start) and `prune` (retention), over [`launch`] (starting a runner; [`spawn`]: the
 //!   `posix_spawn` that does it), over [`finish`] (exit.json to the
 //!   terminal state, the delta, the observation, the agent's report,
 //!   result.md and the notice);
@@ -31,6 +31,7 @@ pub mod launch;
 pub mod pidfd;
 pub mod probe;
 pub mod program;
+mod prune;
 pub mod recover;
 pub mod spawn;
 mod state;
@@ -136,6 +137,7 @@ impl Supervisor {
         let sup = Supervisor { inner };
         recover::recover(&sup.inner).await;
         tokio::spawn(dispatch(sup.clone(), rx));
+        tokio::spawn(prune::every_interval(Arc::downgrade(&sup.inner)));
         Ok(sup)
     }
 
@@ -375,6 +377,17 @@ impl Supervisor {
             runs: runs.iter().map(RunStatus::from).collect(),
             next,
         }
+    }
+
+    /// Removes finished runs by the retention limits (and `older_than`),
+    /// only runs `who` may act on and, with a session, only its runs; with
+    /// `dry_run`, says what it would remove.
+    pub async fn prune_runs(
+        &self,
+        params: crate::protocol::PruneParams,
+        who: Option<policy::rights::Requester>,
+    ) -> Result<crate::protocol::PruneResult, EngineError> {
+        prune::prune_runs(&self.inner, params, who).await
     }
 
     /// Takes the session's pending notices, oldest first; each is returned

@@ -97,6 +97,7 @@ pub async fn execute(
             Ok(json!({ "recent_files": state.recent_files }))
         }
         Call::WorkingContext(p) => sup.working_context(&p.session_id, who).await.map_err(r),
+        Call::PruneRuns(p) => Ok(to_value(&sup.prune_runs(p, requester).await.map_err(r)?)),
         Call::Ping => Ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),
