@@ -25,7 +25,7 @@ pub fn read_ns(p: &Path) -> u128 {
 }
 
 /// One spawn of ours: spawn → exec and spawn → notice in ms, and the
-/// run's exit.json.
+/// run's exit.json (null when the run folder no longer has one).
 pub struct Spawned {
     pub exec: f64,
     pub notice: f64,
@@ -54,8 +54,12 @@ pub fn ours(c: &mut subagentd_e2e::Conn, sub: &mut subagentd_e2e::Conn, s: &str)
     let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
     let stamp = read_ns(&Path::new(st["artifact_dir"].as_str().unwrap()).join("stamp"));
     let log = Path::new(st["log_path"].as_str().unwrap());
-    let exit =
-        serde_json::from_slice(&std::fs::read(log.with_file_name("exit.json")).unwrap()).unwrap();
+    // exit.json is the runner's; a daemon may remove it once the run is
+    // recorded, and then its setup times are not shown.
+    let exit = std::fs::read(log.with_file_name("exit.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
     Spawned {
         exec: (stamp - t0) as f64 / 1e6,
         notice,
