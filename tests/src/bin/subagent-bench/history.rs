@@ -480,7 +480,7 @@ pub fn rows(h: &Value) {
             } else {
                 dash()
             },
-            if n >= 5_000 {
+            if n == 5_000 {
                 "<= RSS at 100 + 2 MiB"
             } else {
                 "-"
