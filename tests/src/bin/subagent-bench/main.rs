@@ -374,6 +374,13 @@ fn paced_rows(paced: &Value) {
         ratio("ratio_exec"),
         "-",
     );
+    row(
+        "paced exec → notice, p50/p90 (each spawn's notice less its exec)",
+        ms(&paced["ours_exec_to_notice"]),
+        format!("{} (exec → exit)", bw("bwrap_exec_to_exit")),
+        "-".into(),
+        "-",
+    );
 }
 
 /// "static" or "dynamic": whether the runner beside this binary has an

@@ -113,15 +113,22 @@ pub fn bench(quick: bool) -> Value {
         }
         std::thread::sleep(PAUSE);
     }
+    // The two steps of each spawn: to the agent's exec, and from it to
+    // the notice (the run's end and its records) or to bwrap's exit.
+    let after = |end: &[f64], exec: &[f64]| -> Vec<f64> {
+        end.iter().zip(exec).map(|(e, x)| e - x).collect()
+    };
     let mut out = json!({
         "n": n,
         "pause_ms": PAUSE.as_millis() as u64,
         "ours_exec": stats(&exec),
         "ours_notice": stats(&notice),
+        "ours_exec_to_notice": stats(&after(&notice, &exec)),
     });
     if !bw_end.is_empty() {
         out["bwrap_exec"] = stats(&bw_exec);
         out["bwrap_exit"] = stats(&bw_end);
+        out["bwrap_exec_to_exit"] = stats(&after(&bw_end, &bw_exec));
         out["ratio_notice"] = json!(pct(&notice, 50.0) / pct(&bw_end, 50.0));
         out["ratio_exec"] = json!(pct(&exec, 50.0) / pct(&bw_exec, 50.0));
     }
