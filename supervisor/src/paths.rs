@@ -180,6 +180,11 @@ impl StateLayout {
     pub fn sessions(&self) -> PathBuf {
         self.root.join("sessions")
     }
+    /// `<root>/drafts`: run folders being made, renamed into their
+    /// session's `runs/` once the run is recorded.
+    pub fn drafts(&self) -> PathBuf {
+        self.root.join("drafts")
+    }
     /// `<root>/sessions/<session>`.
     pub fn session_dir(&self, session: &str) -> PathBuf {
         self.sessions().join(session)

@@ -41,8 +41,21 @@ pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError
     })
 }
 
+/// Removes the draft folders a crash left in `<state>/drafts/`: their
+/// spawns were never answered, so nobody knows them.
+fn sweep_drafts(layout: &StateLayout) {
+    let Ok(drafts) = std::fs::read_dir(layout.drafts()) else {
+        return;
+    };
+    for d in drafts.flatten() {
+        tracing::warn!(dir = %d.path().display(), "removing a half-made run folder");
+        let _ = std::fs::remove_dir_all(d.path());
+    }
+}
+
 /// Loads every run.json; corrupt ones are logged and left in place.
 fn load_all(layout: &StateLayout) -> Vec<RunRecord> {
+    sweep_drafts(layout);
     let mut out = Vec::new();
     let Ok(sessions) = std::fs::read_dir(layout.sessions()) else {
         return out;

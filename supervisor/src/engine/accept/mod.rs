@@ -57,6 +57,7 @@ pub(crate) fn create_run(
     check_writable_roots(inner, p, plan)?;
     let session = &p.session.id;
     let mut draft = RunDraft::begin(
+        &inner.layout.drafts(),
         inner.layout.runs_dir(session),
         RunId::new(),
         lease_uid(inner)?,
