@@ -26,7 +26,7 @@
 //! - protocol: [`protocol`] (the JSON-RPC wire types and error codes),
 //!   [`status`] (a run's status, from its record), [`notices`] (the
 //!   durable finished-run notices), [`result_md`] (a finished run's
-//!   result.md).
+//!   result.md), [`store`] (the daemon's records in SQLite, state.db).
 //! - [`engine`]: the supervisor itself: its parts, its phases (accept,
 //!   launch, finish, recover) and its API; used by the daemon and by
 //!   `subagent run`.
@@ -62,6 +62,7 @@ pub mod selfcheck;
 pub mod server;
 pub mod sessions;
 pub mod status;
+pub mod store;
 pub mod timefmt;
 pub mod trust;
 pub mod uids;

@@ -93,7 +93,10 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
     ),
     ("run model", &["run"]),
     ("run services", &["egress", "gateway"]),
-    ("protocol", &["protocol", "status", "notices", "result_md"]),
+    (
+        "protocol",
+        &["protocol", "status", "notices", "result_md", "store"],
+    ),
     (
         "engine parts",
         &[

@@ -1,0 +1,2 @@
+//! Each session's working state as a row: its owner, project dir and
+//! recent files.
