@@ -93,10 +93,7 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
     ),
     ("run model", &["run"]),
     ("run services", &["egress", "gateway"]),
-    (
-        "protocol",
-        &["protocol", "status", "notices", "result_md", "store"],
-    ),
+    ("protocol", &["protocol", "status", "result_md", "store"]),
     (
         "engine parts",
         &[

@@ -193,14 +193,25 @@ impl RunDraft {
         Ok(())
     }
 
-    /// Makes the records durable and gives the folder its run id, durably
-    /// (its own entries, the rename, the runs folder). Everything made is
-    /// kept from then on; a failure leaves it to be undone on drop.
-    pub fn publish(&mut self) -> Result<(), EngineError> {
+    /// Makes the files to keep durable, with the folder's own entries.
+    pub fn sync(&mut self) -> Result<(), EngineError> {
         for (path, f) in self.durable.drain(..) {
             f.sync_all().map_err(|e| storage("fsync", &path, e))?;
         }
-        fsync_dir(&self.draft_dir).map_err(|e| EngineError::StateDir(e.into()))?;
+        fsync_dir(&self.draft_dir).map_err(|e| EngineError::StateDir(e.into()))
+    }
+
+    /// Keeps everything made, under the draft name: the run is recorded,
+    /// and recovery puts its folder in place.
+    pub fn keep(&mut self) {
+        self.published = true;
+    }
+
+    /// Makes the files durable ([`RunDraft::sync`]) and gives the folder
+    /// its run id, durably (the rename, the runs folder). Everything made
+    /// is kept from then on; a failure leaves it to be undone on drop.
+    pub fn publish(&mut self) -> Result<(), EngineError> {
+        self.sync()?;
         let dest = self.files().dir;
         std::fs::rename(&self.draft_dir, &dest)
             .map_err(|e| storage("rename into place", &dest, e))?;
@@ -261,16 +272,16 @@ mod tests {
         assert!(is_draft_name(
             staged.dir.file_name().unwrap().to_str().unwrap()
         ));
-        draft.write(&staged.record(), b"{}", Sync::Durable).unwrap();
+        draft.write(&staged.runner_spec(), b"{}", Sync::Durable).unwrap();
         draft
             .write(&staged.context().join("a"), b"x", Sync::Derived)
             .unwrap();
         // A draft's files are new: an existing one is never written through.
-        assert!(draft.write(&staged.record(), b"[]", Sync::Durable).is_err());
+        assert!(draft.write(&staged.runner_spec(), b"[]", Sync::Durable).is_err());
         draft.publish().unwrap();
         assert!(draft.take_lease().is_none());
         drop(draft);
-        assert_eq!(std::fs::read(files.record()).unwrap(), b"{}");
+        assert_eq!(std::fs::read(files.runner_spec()).unwrap(), b"{}");
         assert_eq!(std::fs::read(files.context().join("a")).unwrap(), b"x");
         assert!(files.artifacts().is_dir() && files.delta_dir().is_dir());
         assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 1);
@@ -286,7 +297,7 @@ mod tests {
         let mut draft = RunDraft::begin(&drafts, runs.clone(), RunId::new(), None).unwrap();
         let t = draft.make_temp_dir(&base, "s").unwrap();
         assert!(t.is_dir());
-        let record = draft.staged().record();
+        let record = draft.staged().runner_spec();
         draft.write(&record, b"{}", Sync::Durable).unwrap();
         drop(draft);
         assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 0);

@@ -86,14 +86,25 @@ impl From<crate::rights::RightsError> for EngineError {
 }
 
 impl From<crate::sessions::SessionError> for EngineError {
-    /// Another uid's session is refused as such; any other failure is the
-    /// state dir's.
+    /// Another uid's session is refused as such.
     fn from(e: crate::sessions::SessionError) -> EngineError {
         match e {
             crate::sessions::SessionError::NotOwned { session } => {
                 EngineError::SessionNotOwned(session)
             }
-            other => EngineError::StateDir(other.into()),
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for EngineError {
+    /// Another uid's session is refused as such; any other failure is the
+    /// state dir's.
+    fn from(e: crate::store::StoreError) -> EngineError {
+        match e {
+            crate::store::StoreError::NotOwned { session, .. } => {
+                EngineError::SessionNotOwned(session)
+            }
+            other => EngineError::StateDir(StorageError::Db(other)),
         }
     }
 }
@@ -114,15 +125,9 @@ pub enum StorageError {
     /// The state dir's lock could not be taken.
     #[error(transparent)]
     Lock(crate::lockfile::LockError),
-    /// run.json could not be saved.
+    /// The state database refused or failed a read or a commit.
     #[error(transparent)]
-    Record(#[from] crate::run::record::RecordError),
-    /// A notice could not be stored or taken.
-    #[error(transparent)]
-    Notice(#[from] crate::notices::NoticeError),
-    /// A session's state could not be saved.
-    #[error(transparent)]
-    Session(#[from] crate::sessions::SessionError),
+    Db(crate::store::StoreError),
     /// A file-system step of the atomic-write helpers failed.
     #[error(transparent)]
     Atomic(#[from] subagent_runner::atomic::AtomicError),

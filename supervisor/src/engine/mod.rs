@@ -40,13 +40,13 @@ pub use config::{default_max_concurrent, Config};
 pub use error::EngineError;
 
 use crate::ids::RunId;
-use crate::notices::NoticeStore;
 use crate::paths::StateLayout;
 use crate::protocol::{Notice, SpawnParams};
 use crate::run::record::{EndState, RunRecord, RunState};
 use crate::status::RunStatus;
+use crate::store::{ListQuery, Op, Store, Stored};
 use error::InternalError;
-use state::{blocking, Inner, Slot};
+use state::{blocking, run_owner, Inner, Slot};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,6 +58,9 @@ use tokio::sync::{broadcast, mpsc, Semaphore};
 pub struct Supervisor {
     inner: Arc<Inner>,
 }
+
+/// How many rows a list reads from the store at once.
+const LIST_PAGE: usize = 500;
 
 /// Capacity of the finished-run broadcast; a subscriber further behind is
 /// told it lagged.
@@ -83,6 +86,11 @@ impl Supervisor {
         let cfg = config::resolved(cfg)?;
         let layout = StateLayout {
             root: cfg.state_dir.clone(),
+        };
+        // Opened once the state dir's lock is held: one writer ever.
+        let store = {
+            let layout = layout.clone();
+            blocking(move || Store::open(&layout).map_err(EngineError::from)).await?
         };
         let tools = cfg
             .settings
@@ -114,8 +122,7 @@ impl Supervisor {
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
         let inner = Arc::new(Inner {
             slots: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
-            notices: NoticeStore::new(layout.clone()),
-            sessions: crate::sessions::SessionStore::new(layout.clone()),
+            store: Arc::new(store),
             cfg,
             layout,
             runs: Mutex::new(BTreeMap::new()),
@@ -237,7 +244,7 @@ impl Supervisor {
         id: &RunId,
         who: Option<&policy::rights::Requester>,
     ) -> Result<(), EngineError> {
-        if policy::rights::may_act_on(who, run_owner(&self.inner.slot(id)?.snapshot())) {
+        if policy::rights::may_act_on(who, run_owner(&self.record(id)?)) {
             return Ok(());
         }
         Err(EngineError::RunNotFound(id.to_string()))
@@ -256,7 +263,7 @@ impl Supervisor {
     ) -> Result<(), EngineError> {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session.id", p))?;
         let (inner, session, who) = (self.inner.clone(), session.to_owned(), who.cloned());
-        blocking(move || Ok(inner.sessions.may_join(&session, who.as_ref())?)).await
+        blocking(move || Ok(inner.store.may_join(&session, who.as_ref())?)).await
     }
 
     /// Refuses a session `who` may not use (another uid's).
@@ -267,12 +274,25 @@ impl Supervisor {
     ) -> Result<(), EngineError> {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let (inner, session, who) = (self.inner.clone(), session.to_owned(), who.cloned());
-        blocking(move || Ok(inner.sessions.may_use(&session, who.as_ref())?)).await
+        blocking(move || Ok(inner.store.may_use(&session, who.as_ref())?)).await
+    }
+
+    /// The run's record now: its slot's snapshot while it is not settled,
+    /// else its row in the store (a short indexed read: WAL readers never
+    /// wait for the writer). A pruned run is reported as not found.
+    fn record(&self, id: &RunId) -> Result<RunRecord, EngineError> {
+        if let Some(slot) = self.inner.live_slot(id) {
+            return Ok(slot.snapshot());
+        }
+        match self.inner.store.get(id)? {
+            Some(Stored::Live(rec)) => Ok(*rec),
+            Some(Stored::Pruned { .. }) | None => Err(EngineError::RunNotFound(id.to_string())),
+        }
     }
 
     /// A run's current status.
     pub fn status(&self, id: &RunId) -> Result<RunStatus, EngineError> {
-        Ok(RunStatus::from(&self.inner.slot(id)?.snapshot()))
+        Ok(RunStatus::from(&self.record(id)?))
     }
 
     /// Waits until the run has ended (and its result.md and notice exist),
@@ -282,7 +302,11 @@ impl Supervisor {
         id: &RunId,
         timeout: Option<Duration>,
     ) -> Result<RunStatus, EngineError> {
-        let slot = self.inner.slot(id)?;
+        // A run without a slot is settled (recovery is done before anyone
+        // asks): its row is the answer.
+        let Some(slot) = self.inner.live_slot(id) else {
+            return self.status(id);
+        };
         let mut rx = slot.published.subscribe();
         let wait = rx.wait_for(RunRecord::settled);
         match timeout {
@@ -300,7 +324,9 @@ impl Supervisor {
     /// gets SIGTERM on its whole tree and SIGKILL after the grace; an ended
     /// one is left as it is. Returns the status after the request.
     pub async fn cancel(&self, id: &RunId) -> Result<RunStatus, EngineError> {
-        let slot = self.inner.slot(id)?;
+        let Some(slot) = self.inner.live_slot(id) else {
+            return self.status(id);
+        };
         let mut rec = slot.rec.lock().await;
         match rec.state() {
             RunState::Accepted => {
@@ -334,33 +360,64 @@ impl Supervisor {
     }
 
     /// Runs, oldest first, optionally of one session and in one state.
-    pub fn list(&self, session: Option<&str>, state: Option<RunState>) -> Vec<RunStatus> {
+    pub fn list(
+        &self,
+        session: Option<&str>,
+        state: Option<RunState>,
+    ) -> Result<Vec<RunStatus>, EngineError> {
         self.list_for(session, state, None)
     }
 
-    /// [`Supervisor::list`] of the runs `who` may see.
+    /// [`Supervisor::list`] of the runs `who` may see: every page of
+    /// [`Supervisor::list_page`].
     pub fn list_for(
         &self,
         session: Option<&str>,
         state: Option<RunState>,
         who: Option<&policy::rights::Requester>,
-    ) -> Vec<RunStatus> {
-        let slots: Vec<Arc<Slot>> = self
-            .inner
+    ) -> Result<Vec<RunStatus>, EngineError> {
+        let mut q = ListQuery {
+            session: session.map(str::to_owned),
+            state,
+            limit: LIST_PAGE,
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        loop {
+            let (runs, next) = self.list_page(q.clone(), who)?;
+            out.extend(runs);
+            match next {
+                Some(after) => q.after = Some(after),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// One page of runs `who` may see, in the query's order, and the
+    /// cursor of the next page: the rows of the store, each run that is
+    /// not settled shown as its slot has it. The cost is the page's, not
+    /// the history's.
+    pub fn list_page(
+        &self,
+        mut q: ListQuery,
+        who: Option<&policy::rights::Requester>,
+    ) -> Result<(Vec<RunStatus>, Option<RunId>), EngineError> {
+        if let Some(w) = who {
+            q.owner_uid = Some(w.uid);
+        }
+        let page = self.inner.store.list(&q)?;
+        let runs = page
             .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        slots
-            .iter()
-            .map(|s| s.snapshot())
-            .filter(|r| session.is_none_or(|s| r.session_id.as_str() == s))
-            .filter(|r| state.is_none_or(|s| r.state() == s))
+            .into_iter()
+            .map(|r| match self.inner.live_slot(&r.run_id) {
+                Some(slot) => slot.snapshot(),
+                None => r,
+            })
+            .filter(|r| q.state.is_none_or(|s| r.state() == s))
             .filter(|r| policy::rights::may_act_on(who, run_owner(r)))
             .map(|r| RunStatus::from(&r))
-            .collect()
+            .collect();
+        Ok((runs, page.next))
     }
 
     /// Takes the session's pending notices, oldest first; each is returned
@@ -373,14 +430,12 @@ impl Supervisor {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
         let (session, who) = (session.to_owned(), who.cloned());
-        blocking(move || {
-            inner.sessions.may_use(&session, who.as_ref())?;
-            inner
-                .notices
-                .take(&session)
-                .map_err(|e| EngineError::StateDir(e.into()))
-        })
-        .await
+        {
+            let (inner, session, who) = (inner.clone(), session.clone(), who.clone());
+            blocking(move || Ok(inner.store.may_use(&session, who.as_ref())?)).await?;
+        }
+        let out = inner.store.commit(vec![Op::TakeNotices { session }]).await?;
+        Ok(out.notices)
     }
 
     /// Puts `files` at the front of the session's recent files. Refused
@@ -394,7 +449,18 @@ impl Supervisor {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
         let (session, who) = (session.to_owned(), who.cloned());
-        blocking(move || Ok(inner.sessions.touch(&session, &files, who.as_ref())?)).await
+        {
+            let (inner, session, who) = (inner.clone(), session.clone(), who.clone());
+            blocking(move || Ok(inner.store.may_use(&session, who.as_ref())?)).await?;
+        }
+        let owner_uid = policy::rights::owner_for(who.as_ref(), crate::paths::uid());
+        let touch = Op::Touch {
+            session,
+            files,
+            owner_uid,
+        };
+        let out = inner.store.commit(vec![touch]).await?;
+        Ok(out.session.unwrap_or_default())
     }
 
     /// The session's working context now: its state, a fresh git snapshot,
@@ -438,11 +504,10 @@ fn current(
     inner: &Inner,
     session: &str,
     who: Option<&policy::rights::Requester>,
-) -> Result<
-    (crate::sessions::SessionState, policy::workctx::GitSnapshot),
-    crate::sessions::SessionError,
-> {
-    let state = inner.sessions.get_for(session, who)?;
+) -> Result<(crate::sessions::SessionState, policy::workctx::GitSnapshot), EngineError> {
+    let existing = inner.store.session(session)?;
+    crate::sessions::check_use(session, existing.as_ref(), who)?;
+    let state = existing.unwrap_or_default();
     let git = match &state.project_dir {
         Some(d) => crate::gitsnap::snapshot(d, inner.cfg.git_budget),
         None => policy::workctx::GitSnapshot::Unavailable {
@@ -450,13 +515,6 @@ fn current(
         },
     };
     Ok((state, git))
-}
-
-/// Whose a run is: its requester's when another uid asked for it, else
-/// the daemon's.
-fn run_owner(rec: &RunRecord) -> u32 {
-    let recorded = rec.on_behalf.as_ref().map(|ob| ob.requester.uid);
-    policy::rights::recorded_owner(recorded, crate::paths::uid())
 }
 
 /// One count in the engine's `waiting` for a spawn that found no free

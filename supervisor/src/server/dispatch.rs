@@ -69,7 +69,9 @@ pub async fn execute(
                 crate::ids::check_session_id(s)
                     .map_err(|e| RpcError::invalid_params("session_id", e))?;
             }
-            let runs = sup.list_for(p.session_id.as_deref(), p.state, who);
+            let runs = sup
+                .list_for(p.session_id.as_deref(), p.state, who)
+                .map_err(r)?;
             Ok(json!({ "runs": runs }))
         }
         Call::TakeNotices(p) => {
