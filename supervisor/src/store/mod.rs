@@ -17,6 +17,9 @@ mod schema;
 mod sessions;
 mod writer;
 
+#[cfg(test)]
+mod tests;
+
 pub use retention::{Candidate, Pruning};
 pub use writer::Out;
 
@@ -290,8 +293,8 @@ fn private(path: &Path) -> Result<()> {
 fn open_ro(path: &Path) -> Result<rusqlite::Connection> {
     use rusqlite::OpenFlags as F;
     let flags = F::SQLITE_OPEN_READ_ONLY | F::SQLITE_OPEN_NOFOLLOW | F::SQLITE_OPEN_NO_MUTEX;
-    let conn =
-        rusqlite::Connection::open_with_flags(path, flags).map_err(|e| schema::classify(path, e))?;
+    let conn = rusqlite::Connection::open_with_flags(path, flags)
+        .map_err(|e| schema::classify(path, e))?;
     schema::pragmas(&conn, path)?;
     conn.execute_batch("PRAGMA query_only = 1")
         .map_err(|e| schema::classify(path, e))?;
@@ -335,8 +338,11 @@ impl Store {
         import_v1::import(&mut conn, &path, layout)?;
         let (tx, rx) = std::sync::mpsc::channel();
         let stats = Arc::new(writer::Stats::default());
-        let writer = writer::spawn(conn, path.clone(), rx, stats.clone())
-            .map_err(io_err(&path, "start the writer for", &path))?;
+        let writer = writer::spawn(conn, path.clone(), rx, stats.clone()).map_err(io_err(
+            &path,
+            "start the writer for",
+            &path,
+        ))?;
         Ok(Store {
             path,
             tx: Some(tx),
@@ -368,7 +374,9 @@ impl Store {
 
     /// Groups the writer has committed since open.
     pub fn group_commits(&self) -> u64 {
-        self.stats.commits.load(std::sync::atomic::Ordering::Relaxed)
+        self.stats
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn send(&self, ops: Vec<Op>) -> Result<tokio::sync::oneshot::Receiver<Result<Out>>> {
@@ -378,6 +386,9 @@ impl Store {
         let tx = self.tx.as_ref().ok_or_else(closed)?;
         let (reply, rx) = tokio::sync::oneshot::channel();
         tx.send(writer::Req { ops, reply }).map_err(|_| closed())?;
+        self.stats
+            .sent
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(rx)
     }
 

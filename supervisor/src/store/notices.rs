@@ -14,12 +14,13 @@ use std::path::{Path, PathBuf};
 
 /// Takes every pending notice of `session`, oldest end first: each is
 /// marked taken in the same statement that returns it, so no other take
-/// returns it again once this one's group commits.
+/// returns it again once this one's group commits. A run being pruned
+/// gives none: its result.md is going.
 pub(super) fn take(conn: &Connection, path: &Path, session: &str, now: u64) -> Result<Vec<Notice>> {
     let mut st = conn
         .prepare_cached(
             "UPDATE runs SET notice = 'taken', notice_taken_at_ms = ?2
-             WHERE session_id = ?1 AND notice = 'pending'
+             WHERE session_id = ?1 AND notice = 'pending' AND prune_state IS NULL
              RETURNING run_id, session_id, state, run_dir, ended_at_ms",
         )
         .map_err(sql(path))?;

@@ -100,7 +100,11 @@ pub(super) fn context(
     id: &str,
 ) -> Result<Option<BTreeMap<String, String>>> {
     let text: Option<String> = conn
-        .query_row("SELECT files FROM run_context WHERE run_id = ?1", [id], |r| r.get(0))
+        .query_row(
+            "SELECT files FROM run_context WHERE run_id = ?1",
+            [id],
+            |r| r.get(0),
+        )
         .optional()
         .map_err(runs::sql(path))?;
     let Some(text) = text else { return Ok(None) };

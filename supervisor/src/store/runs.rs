@@ -157,7 +157,11 @@ pub(super) fn insert(
 ) -> Result<bool> {
     let p = parts(path, rec)?;
     let w = &p.w;
-    let verb = if or_ignore { "INSERT OR IGNORE" } else { "INSERT" };
+    let verb = if or_ignore {
+        "INSERT OR IGNORE"
+    } else {
+        "INSERT"
+    };
     let end_state = w.state.is_terminal().then(|| w.state.as_str());
     let n = conn
         .execute(
@@ -353,8 +357,7 @@ pub(super) fn from_row(path: &Path, r: &Row<'_>) -> Result<RowOf> {
     let w = RecordV1 {
         format: details.format,
         run_id: RunId::parse(id).ok_or_else(|| bad("malformed run id".into()))?,
-        session_id: SessionId::parse(&c.session_id)
-            .map_err(|e| bad(format!("session id: {e}")))?,
+        session_id: SessionId::parse(&c.session_id).map_err(|e| bad(format!("session id: {e}")))?,
         audience: details.audience,
         project_dir: details.project_dir,
         task: details.task,

@@ -181,9 +181,8 @@ pub fn migrate(conn: &mut Connection, path: &Path, from: i64) -> Result<()> {
         if now >= n {
             continue;
         }
-        let batch = format!(
-            "PRAGMA application_id = {APPLICATION_ID}; {sql}; PRAGMA user_version = {n};"
-        );
+        let batch =
+            format!("PRAGMA application_id = {APPLICATION_ID}; {sql}; PRAGMA user_version = {n};");
         tx.execute_batch(&batch).map_err(|e| classify(path, e))?;
         tx.commit().map_err(|source| StoreError::Commit {
             path: path.into(),

@@ -78,7 +78,9 @@ pub(super) fn put(
         params![
             session,
             s.owner_uid,
-            s.project_dir.as_ref().map(|p| p.to_string_lossy().into_owned()),
+            s.project_dir
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
             recent,
             now
         ],

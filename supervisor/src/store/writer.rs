@@ -11,12 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 /// Requests taken into one group at most.
 const GROUP_MAX: usize = 256;
-/// How long a group is gathered at most.
-const GROUP_TIME: Duration = Duration::from_millis(1);
 
 /// What a request's ops gave back.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -40,6 +37,11 @@ pub(super) struct Stats {
     pub(super) commits: std::sync::atomic::AtomicU64,
     /// Requests answered.
     pub(super) requests: std::sync::atomic::AtomicU64,
+    /// Requests sent.
+    pub(super) sent: std::sync::atomic::AtomicU64,
+    /// Held by a test to keep the writer from starting its next group.
+    #[cfg(test)]
+    pub(super) gate: std::sync::Mutex<()>,
 }
 
 /// Starts the writer thread over `conn`.
@@ -57,9 +59,11 @@ pub(super) fn spawn(
 /// The loop: a group per wake-up, until every sender is gone.
 fn run(conn: &Connection, path: &Path, rx: &Receiver<Req>, stats: &Stats) {
     while let Ok(first) = rx.recv() {
+        #[cfg(test)]
+        drop(stats.gate.lock().unwrap_or_else(|p| p.into_inner()));
         let mut group = vec![first];
-        let start = Instant::now();
-        while group.len() < GROUP_MAX && start.elapsed() < GROUP_TIME {
+        // What is queued by now joins the group: one COMMIT for all.
+        while group.len() < GROUP_MAX {
             match rx.try_recv() {
                 Ok(r) => group.push(r),
                 Err(_) => break,
@@ -135,7 +139,9 @@ fn commit_group(conn: &Connection, path: &Path, group: &mut [Req]) -> Vec<Result
 fn in_savepoint(conn: &Connection, path: &Path, ops: Vec<Op>) -> Result<Out> {
     conn.execute_batch("SAVEPOINT req").map_err(sql(path))?;
     let mut out = Out::default();
-    let done = ops.into_iter().try_for_each(|op| apply(conn, path, op, &mut out));
+    let done = ops
+        .into_iter()
+        .try_for_each(|op| apply(conn, path, op, &mut out));
     match done {
         Ok(()) => {
             conn.execute_batch("RELEASE req").map_err(sql(path))?;
@@ -294,7 +300,12 @@ pub(super) fn put_blob(
 }
 
 /// Sets or removes a mark.
-pub(super) fn set_meta(conn: &Connection, path: &Path, key: &str, value: Option<&str>) -> Result<()> {
+pub(super) fn set_meta(
+    conn: &Connection,
+    path: &Path,
+    key: &str,
+    value: Option<&str>,
+) -> Result<()> {
     match value {
         Some(v) => conn.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)",
