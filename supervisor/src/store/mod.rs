@@ -239,23 +239,22 @@ fn io_err(path: &Path, op: &'static str, at: &Path) -> impl FnOnce(std::io::Erro
     }
 }
 
-/// Opens the file read-write, creating it 0600 (umask 077 while SQLite
-/// creates it), never through a symlink.
+/// Opens the file read-write, never through a symlink, creating it 0600
+/// first (SQLite gives -wal and -shm the mode of the file).
 fn open_rw(path: &Path) -> Result<rusqlite::Connection> {
     use rusqlite::OpenFlags as F;
-    let flags = F::SQLITE_OPEN_READ_WRITE
-        | F::SQLITE_OPEN_CREATE
-        | F::SQLITE_OPEN_NOFOLLOW
-        | F::SQLITE_OPEN_NO_MUTEX;
-    // SAFETY: umask only swaps the process's creation mask; it is put back
-    // right after the open.
-    let old = unsafe { libc::umask(0o077) };
-    let conn = rusqlite::Connection::open_with_flags(path, flags);
-    // SAFETY: as above, restoring the mask saved.
-    unsafe { libc::umask(old) };
-    let conn = conn.map_err(|e| schema::classify(path, e))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io_err(path, "create", path))?;
     private(path)?;
-    Ok(conn)
+    let flags = F::SQLITE_OPEN_READ_WRITE | F::SQLITE_OPEN_NOFOLLOW | F::SQLITE_OPEN_NO_MUTEX;
+    rusqlite::Connection::open_with_flags(path, flags).map_err(|e| schema::classify(path, e))
 }
 
 /// The file and its -wal and -shm made 0600 (when they are files).

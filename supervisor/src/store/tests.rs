@@ -233,10 +233,7 @@ fn many_commits_at_once_share_their_commits_and_answer_after_them() {
         drop(gate);
     });
     let groups = store.group_commits() - before;
-    assert!(
-        groups < 64 && groups <= 2,
-        "64 commits took {groups} groups"
-    );
+    assert!(groups <= 2, "64 commits took {groups} groups");
     assert_eq!(all(store).len(), 64);
 }
 
@@ -627,7 +624,7 @@ fn a_pruned_run_leaves_lists_and_then_its_rows() {
         .into_iter()
         .map(|p| p.run_id)
         .collect();
-    assert_eq!(pending, [old.clone()]);
+    assert_eq!(pending, std::slice::from_ref(&old));
     assert_eq!(take(&store, "s"), [kept.to_string()]);
     store
         .commit_blocking(vec![Op::PruneDone {
