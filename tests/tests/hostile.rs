@@ -99,9 +99,14 @@ fn writes_outside_the_allowed_roots_fail() {
     let (st, log) = e.attack(&format!("{script} echo done"), json!({}));
     assert_eq!(st["state"], "succeeded", "{st}");
     assert!(!log.contains("WROTE"), "a write got through:\n{log}");
-    assert_eq!(std::fs::read(victim_run.join("runner.json")).unwrap(), before);
+    assert_eq!(
+        std::fs::read(victim_run.join("runner.json")).unwrap(),
+        before
+    );
     // The records are whole: the database is still one, with the victim.
-    assert!(std::fs::read(&db).unwrap().starts_with(b"SQLite format 3\0"));
+    assert!(std::fs::read(&db)
+        .unwrap()
+        .starts_with(b"SQLite format 3\0"));
     let rec = subagentd_e2e::stored_run(&victim_run).expect("the victim is recorded");
     assert_eq!(rec["state"], "succeeded", "{rec}");
     for t in &targets[2..7] {

@@ -2590,7 +2590,10 @@ fn project_instructions_cannot_pull_in_another_sessions_run_record() {
     let victim = e.spawn(json!(["true"]), json!({"env": {"API_TOKEN": &token}}));
     let vst = e.wait_final(&victim, RUN_LIMIT, "the victim");
     let dir = run_dir(&vst);
-    for record in [dir.join("runner.json"), dir.ancestors().nth(4).unwrap().join("state.db")] {
+    for record in [
+        dir.join("runner.json"),
+        dir.ancestors().nth(4).unwrap().join("state.db"),
+    ] {
         assert!(record.exists(), "{}", record.display());
         let (_, log) = e.sh(
             "mkdir -p .subagents && ln -sfn \"$RECORD\" .subagents/AGENTS.md && echo planted",

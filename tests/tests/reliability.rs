@@ -25,15 +25,22 @@ fn a_draft_without_its_record_goes_and_one_with_it_is_put_in_place() {
         ..Default::default()
     });
     let s = session("drafts");
-    let go = d.dir.path().join("go");
+    let scratch = subagentd_e2e::channel();
+    let go = scratch.path().join("go");
     let mut c = d.conn();
     let blocker = c.spawn(
         &s,
-        &["sh", "-c", &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display())],
+        &[
+            "sh",
+            "-c",
+            &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display()),
+        ],
         json!({}),
     );
     let queued = c.spawn(&s, &["echo", "queued-ran"], json!({}));
-    let st = c.call("check_agent_run", json!({"run_id": queued})).unwrap();
+    let st = c
+        .call("check_agent_run", json!({"run_id": queued}))
+        .unwrap();
     assert_eq!(st["state"], "accepted", "{st}");
     drop(c);
     d.stop();
@@ -60,7 +67,10 @@ fn a_draft_without_its_record_goes_and_one_with_it_is_put_in_place() {
     assert!(!recorded.exists() && !stray.exists());
     assert_eq!(std::fs::read_dir(&drafts).unwrap().count(), 0);
     assert!(c
-        .call("check_agent_run", json!({"run_id": "20200101T000000.000001Z-00000001"}))
+        .call(
+            "check_agent_run",
+            json!({"run_id": "20200101T000000.000001Z-00000001"})
+        )
         .is_err());
 }
 

@@ -72,7 +72,12 @@ fn children_run_as_the_given_user_with_their_dirs() {
     ] {
         let meta = std::fs::metadata(&f).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{}", f.display());
-        assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 0, "{}", f.display());
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            0,
+            "{}",
+            f.display()
+        );
     }
 }
 
@@ -219,7 +224,8 @@ fn a_queued_run_whose_uid_was_taken_meanwhile_gets_another() {
         .unwrap();
     assert_eq!(st["state"], "accepted", "{st}");
     let log = std::path::PathBuf::from(st["log_path"].as_str().unwrap());
-    let record = || -> serde_json::Value { subagentd_e2e::stored_run(log.parent().unwrap()).unwrap() };
+    let record =
+        || -> serde_json::Value { subagentd_e2e::stored_run(log.parent().unwrap()).unwrap() };
     let first = record()["uid"].as_u64().unwrap();
     drop(c);
     d.stop();

@@ -184,7 +184,8 @@ fn record_of_dir(dir: &std::path::Path, run: &str) -> Result<crate::run::record:
     let id = RunId::parse(run).ok_or_else(|| anyhow!("{run:?} is not a run id"))?;
     let layout = StateLayout::of_run_dir(dir)
         .ok_or_else(|| anyhow!("{} is not in a state dir", dir.display()))?;
-    stored_record(&layout, &id)?.ok_or_else(|| anyhow!("run {run} is not in {}", layout.db().display()))
+    stored_record(&layout, &id)?
+        .ok_or_else(|| anyhow!("run {run} is not in {}", layout.db().display()))
 }
 
 /// Finds a run's folder: from the daemon when it answers, else from the
@@ -212,12 +213,12 @@ fn run_dir(ctx: &Ctx, run: &str) -> Result<PathBuf> {
     stored_record(&layout, &id)?
         .map(|r| r.run_dir)
         .ok_or_else(|| {
-        anyhow!(
-            "run {run} not found (asked the daemon at {}, looked in {})",
-            ctx.socket.display(),
-            ctx.state_dir.display()
-        )
-    })
+            anyhow!(
+                "run {run} not found (asked the daemon at {}, looked in {})",
+                ctx.socket.display(),
+                ctx.state_dir.display()
+            )
+        })
 }
 
 /// Runs one of the socket commands (or `logs`); returns the exit code.

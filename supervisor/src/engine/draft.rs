@@ -272,12 +272,16 @@ mod tests {
         assert!(is_draft_name(
             staged.dir.file_name().unwrap().to_str().unwrap()
         ));
-        draft.write(&staged.runner_spec(), b"{}", Sync::Durable).unwrap();
+        draft
+            .write(&staged.runner_spec(), b"{}", Sync::Durable)
+            .unwrap();
         draft
             .write(&staged.context().join("a"), b"x", Sync::Derived)
             .unwrap();
         // A draft's files are new: an existing one is never written through.
-        assert!(draft.write(&staged.runner_spec(), b"[]", Sync::Durable).is_err());
+        assert!(draft
+            .write(&staged.runner_spec(), b"[]", Sync::Durable)
+            .is_err());
         draft.publish().unwrap();
         assert!(draft.take_lease().is_none());
         drop(draft);

@@ -434,7 +434,10 @@ impl Supervisor {
             let (inner, session, who) = (inner.clone(), session.clone(), who.clone());
             blocking(move || Ok(inner.store.may_use(&session, who.as_ref())?)).await?;
         }
-        let out = inner.store.commit(vec![Op::TakeNotices { session }]).await?;
+        let out = inner
+            .store
+            .commit(vec![Op::TakeNotices { session }])
+            .await?;
         Ok(out.notices)
     }
 

@@ -59,7 +59,9 @@ fn sweep_drafts(layout: &StateLayout, live: &[RunRecord]) {
                     tracing::info!(run_id = %rec.run_id, "its run folder was put in place");
                     continue;
                 }
-                Err(e) => tracing::error!(run_id = %rec.run_id, "putting its run folder in place: {e}"),
+                Err(e) => {
+                    tracing::error!(run_id = %rec.run_id, "putting its run folder in place: {e}")
+                }
             }
         }
         tracing::warn!(dir = %d.path().display(), "removing a half-made run folder");
@@ -315,7 +317,11 @@ async fn reassign_uid(
         uid,
         spec,
     };
-    inner.store.commit(vec![reuid]).await.map_err(EngineError::from)?;
+    inner
+        .store
+        .commit(vec![reuid])
+        .await
+        .map_err(EngineError::from)?;
     r.uid = Some(uid);
     slot.published.send_replace(r.clone());
     tracing::info!(run_id = %r.run_id, uid, "its uid was taken while it was queued; it has another");

@@ -220,7 +220,12 @@ impl Inner {
         next: RunRecord,
     ) -> Result<(), EngineError> {
         let op = Op::Update(Box::new(next.clone()));
-        let saved = self.store.commit(vec![op]).await.map(drop).map_err(EngineError::from);
+        let saved = self
+            .store
+            .commit(vec![op])
+            .await
+            .map(drop)
+            .map_err(EngineError::from);
         if saved.is_ok() {
             *current = next;
             if !current.state().is_terminal() || current.settled() {
