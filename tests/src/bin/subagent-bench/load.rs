@@ -97,16 +97,10 @@ fn memory(sleepers: usize) -> (f64, f64, f64) {
     let mut runner_kib = Vec::new();
     for r in &sl.runs {
         let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
-        let rec: Value = serde_json::from_slice(
-            &std::fs::read(
-                std::path::Path::new(st["log_path"].as_str().unwrap())
-                    .parent()
-                    .unwrap()
-                    .join("run.json"),
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let dir = std::path::Path::new(st["log_path"].as_str().unwrap())
+            .parent()
+            .unwrap();
+        let rec: Value = subagentd_e2e::stored_run(dir).unwrap_or_default();
         if let Some(pid) = rec["runner_pid"].as_i64() {
             runner_kib.push(rss_kib(pid as i32) as f64);
         }
