@@ -8,9 +8,9 @@
 //! point runs again and adds nothing twice. The old files stay (their
 //! cleanup is a later phase).
 
+use super::error::{Result, StoreError};
 use super::runs::{self, sql};
 use super::writer::{put_blob, set_meta};
-use super::{Result, StoreError};
 use crate::ids::{RunId, SessionId};
 use crate::paths::StateLayout;
 use crate::run::record::{EndState, Ended, Phase, RunRecord, RunState};

@@ -8,8 +8,10 @@
 //! Uses the run model, the protocol's `Notice`, the sessions' state and
 //! paths; never the engine.
 
+mod error;
 mod import_v1;
 mod notices;
+mod ops;
 mod query;
 mod retention;
 mod runs;
@@ -20,12 +22,14 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
+pub use error::{Result, StoreError};
+pub use ops::{ListQuery, Op, Page, Stored};
 pub use retention::{Candidate, Pruning};
 pub use writer::Out;
 
 use crate::ids::RunId;
 use crate::paths::StateLayout;
-use crate::run::record::{RecordError, RunRecord, RunState};
+use crate::run::record::RunRecord;
 use crate::sessions::SessionState;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,188 +37,6 @@ use std::sync::{Arc, Mutex};
 
 /// The database's file name in the state dir.
 pub const DB_FILE: &str = "state.db";
-
-/// The store could not do what was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The file could not be opened or set up.
-    #[error("state database {}: open: {source}", path.display())]
-    Open {
-        path: PathBuf,
-        source: rusqlite::Error,
-    },
-    /// A statement failed (the request's own work was rolled back).
-    #[error("state database {}: {source}", path.display())]
-    Sql {
-        path: PathBuf,
-        source: rusqlite::Error,
-    },
-    /// The batch's COMMIT failed (disk full, read-only, I/O): nothing of the
-    /// batch was recorded.
-    #[error("database {}: {source}", path.display())]
-    Commit {
-        path: PathBuf,
-        source: rusqlite::Error,
-    },
-    /// The file is not a database or is damaged.
-    #[error(
-        "state database {} is corrupt ({why}): the daemon will not start over it. \
-         Move it away (with -wal and -shm) to start empty, or restore it from a backup; \
-         sqlite3 {} '.recover' can salvage rows",
-        path.display(),
-        path.display()
-    )]
-    Corrupt { path: PathBuf, why: String },
-    /// An SQLite file that is not subagentd's.
-    #[error(
-        "state database {} is an SQLite file of another program (its application_id is not \
-         subagentd's): the daemon will not start over it. Move it away to start empty, or \
-         point --state-dir elsewhere",
-        path.display()
-    )]
-    Foreign { path: PathBuf },
-    /// Written by a newer subagentd.
-    #[error(
-        "state database {} has schema version {found}, newer than the {supported} this \
-         subagentd reads: run the newer subagentd, or restore a backup made by this one",
-        path.display()
-    )]
-    Newer {
-        path: PathBuf,
-        found: i64,
-        supported: i64,
-    },
-    /// A row does not make a record (a running run without its runner).
-    #[error("state database {}: run {run_id}: {source}", path.display())]
-    Record {
-        path: PathBuf,
-        run_id: String,
-        source: RecordError,
-    },
-    /// A JSON column could not be read or written.
-    #[error("state database {}: run {run_id}: {what}: {source}", path.display())]
-    Json {
-        path: PathBuf,
-        run_id: String,
-        what: &'static str,
-        source: serde_json::Error,
-    },
-    /// An op names a run the database does not have.
-    #[error("state database {}: no run {run_id}", path.display())]
-    NoRun { path: PathBuf, run_id: String },
-    /// The session is another uid's.
-    #[error("permission denied: session {session} belongs to another user; use a session id of your own")]
-    NotOwned { path: PathBuf, session: String },
-    /// A file step failed (the database's folder, its mode, an old record).
-    #[error("state database {}: {op} {}: {source}", path.display(), at.display())]
-    Io {
-        path: PathBuf,
-        op: &'static str,
-        at: PathBuf,
-        source: std::io::Error,
-    },
-    /// The writer is gone, or the store was opened read-only.
-    #[error("state database {}: not open for writing", path.display())]
-    Closed { path: PathBuf },
-}
-
-/// A result of the store.
-pub type Result<T, E = StoreError> = std::result::Result<T, E>;
-
-/// One change, applied in its request's savepoint.
-#[derive(Debug)]
-pub enum Op {
-    /// A new run: its row, details, runner spec, first picture, and its
-    /// session (inserted whole when new; else only `project_dir` is set).
-    Accept {
-        rec: Box<RunRecord>,
-        spec: Vec<u8>,
-        before: Option<Vec<u8>>,
-        session: SessionState,
-    },
-    /// Its runner started.
-    Started {
-        id: RunId,
-        pid: i32,
-        ticks: u64,
-        at_ms: u64,
-    },
-    /// The record changed (cancel asked, requeued, adopted, uid, an end
-    /// before finalizing). An ended record's state goes to `end_state`; the
-    /// published `state` becomes terminal only with [`Op::Finalize`].
-    Update(Box<RunRecord>),
-    /// What finalizing found, recorded before it is acted on (the same
-    /// write as [`Op::Update`]).
-    Reported(Box<RunRecord>),
-    /// The end handled (or failed, with `finalize_error`): publishes the
-    /// terminal state; when finalized, makes its notice pending (once),
-    /// drops the spec and first picture and keeps `context`.
-    Finalize {
-        rec: Box<RunRecord>,
-        context: Option<BTreeMap<String, String>>,
-    },
-    /// The run folder's size, measured after its cleanup.
-    DirBytes { id: RunId, bytes: u64 },
-    /// A new per-run uid and the runner spec that names it.
-    Reuid { id: RunId, uid: u32, spec: Vec<u8> },
-    /// Takes the session's pending notices, oldest first (in [`Out::notices`]).
-    TakeNotices { session: String },
-    /// Puts `files` (relative ones against the session's project dir) at
-    /// the front of its recent files; a new session is `owner_uid`'s. The
-    /// state is in [`Out::session`].
-    Touch {
-        session: String,
-        files: Vec<PathBuf>,
-        owner_uid: u32,
-    },
-    /// Retention chose these runs: left out of lists from now on.
-    PruneMark { ids: Vec<RunId>, reason: String },
-    /// Their folders are gone: tombstones from now on.
-    PruneDone { ids: Vec<RunId> },
-    /// Tombstones pruned before `before_ms` are forgotten.
-    ForgetPruned { before_ms: u64 },
-    /// Sets (or with `None` removes) one of the store's marks.
-    SetMeta { key: String, value: Option<String> },
-}
-
-/// What the store holds for a run id.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Stored {
-    /// The run's record.
-    Live(Box<RunRecord>),
-    /// Pruned (or being pruned) at `at_ms`, for `reason`.
-    Pruned { at_ms: u64, reason: String },
-}
-
-/// Which runs a list returns, in run id order.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ListQuery {
-    /// Only this session's.
-    pub session: Option<String>,
-    /// Only runs in this published state.
-    pub state: Option<RunState>,
-    /// Only runs of this owner.
-    pub owner_uid: Option<u32>,
-    /// Created at or after.
-    pub since_ms: Option<u64>,
-    /// Created at or before.
-    pub until_ms: Option<u64>,
-    /// After this id in the list's order (the cursor).
-    pub after: Option<RunId>,
-    /// Newest first.
-    pub desc: bool,
-    /// At most this many.
-    pub limit: usize,
-}
-
-/// One page of a list.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Page {
-    /// The runs, in the list's order.
-    pub runs: Vec<RunRecord>,
-    /// The cursor of the next page, when there are more.
-    pub next: Option<RunId>,
-}
 
 /// Read-only connections kept for reuse.
 const READERS: usize = 4;

@@ -5,8 +5,8 @@
 //! handled, then `pending` (set once, by the finalize commit), then
 //! `taken`. The notice itself is made from the row.
 
+use super::error::Result;
 use super::runs::sql;
-use super::Result;
 use crate::protocol::Notice;
 use crate::run::record::RunState;
 use rusqlite::{params, Connection};

@@ -4,8 +4,9 @@
 //! A list is one SQL statement over the indexes: its cost depends on the
 //! page, not on how many runs the store holds.
 
+use super::error::Result;
+use super::ops::{ListQuery, Page, Stored};
 use super::runs::{self, RowOf};
-use super::{ListQuery, Page, Result, Stored};
 use crate::run::record::RunRecord;
 use rusqlite::{Connection, OptionalExtension, ToSql};
 use std::collections::BTreeMap;
@@ -110,7 +111,7 @@ pub(super) fn context(
     let Some(text) = text else { return Ok(None) };
     serde_json::from_str(&text)
         .map(Some)
-        .map_err(|source| super::StoreError::Json {
+        .map_err(|source| super::error::StoreError::Json {
             path: path.into(),
             run_id: id.into(),
             what: "context",

@@ -1,8 +1,8 @@
 //! What retention reads from the store: the runs it may prune, and the
 //! runs whose pruning a crash interrupted.
 
+use super::error::Result;
 use super::runs::sql;
-use super::Result;
 use crate::ids::RunId;
 use rusqlite::{params, Connection};
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! The record's flat wire form ([`RecordV1`]) is the go-between, so a row
 //! is checked as a run.json is (a running row without its pid fails).
 
-use super::{Result, StoreError};
+use super::error::{Result, StoreError};
 use crate::ids::{RunId, SessionId};
 use crate::run::record::{RecordV1, RunRecord, RunState};
 use policy::{Audience, Limits};
@@ -89,18 +89,17 @@ pub(super) fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
     }
 }
 
-/// The record split into its parts.
+/// The record split into its parts (`details` only when asked for: it is
+/// written once, at accept).
 struct Parts {
     w: RecordV1,
-    details: String,
+    details: Option<String>,
     end: String,
     driver: Option<String>,
 }
 
-fn parts(path: &Path, rec: &RunRecord) -> Result<Parts> {
-    let w = RecordV1::from(rec.clone());
-    let id = w.run_id.to_string();
-    let details = Details {
+fn details_of(w: &RecordV1) -> Details {
+    Details {
         format: w.format,
         audience: w.audience,
         project_dir: w.project_dir.clone(),
@@ -119,7 +118,12 @@ fn parts(path: &Path, rec: &RunRecord) -> Result<Parts> {
         on_behalf: w.on_behalf.clone(),
         network: w.network,
         network_allow: w.network_allow.clone(),
-    };
+    }
+}
+
+fn parts(path: &Path, rec: &RunRecord, with_details: bool) -> Result<Parts> {
+    let w = RecordV1::from(rec.clone());
+    let id = w.run_id.to_string();
     let end = EndJson {
         isolation: w.isolation.clone(),
         resources: w.resources.clone(),
@@ -130,7 +134,10 @@ fn parts(path: &Path, rec: &RunRecord) -> Result<Parts> {
         observed: w.observed.clone(),
         notes: w.notes.clone(),
     };
-    let details = json(path, &id, "details", &details)?;
+    let details = match with_details {
+        true => Some(json(path, &id, "details", &details_of(&w))?),
+        false => None,
+    };
     let end = json(path, &id, "end", &end)?;
     let driver = match &w.driver_run {
         Some(d) => Some(json(path, &id, "driver", d)?),
@@ -155,7 +162,7 @@ pub(super) fn insert(
     notice: Option<&str>,
     or_ignore: bool,
 ) -> Result<bool> {
-    let p = parts(path, rec)?;
+    let p = parts(path, rec, true)?;
     let w = &p.w;
     let verb = if or_ignore {
         "INSERT OR IGNORE"
@@ -221,7 +228,7 @@ pub(super) fn insert(
 /// record goes to `end_state`; `state` is set only when `publish`, or while
 /// the record has not ended.
 pub(super) fn update(conn: &Connection, path: &Path, rec: &RunRecord, publish: bool) -> Result<()> {
-    let p = parts(path, rec)?;
+    let p = parts(path, rec, false)?;
     let w = &p.w;
     let ended = w.state.is_terminal();
     let published = (publish || !ended).then(|| w.state.as_str());

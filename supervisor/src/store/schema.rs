@@ -1,7 +1,7 @@
 //! The schema of state.db: its tables and indexes, its application_id and
 //! version, and the migrations that move one version to the next.
 
-use super::{Result, StoreError};
+use super::error::{Result, StoreError};
 use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;
 

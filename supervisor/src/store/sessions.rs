@@ -4,8 +4,8 @@
 //! The rules (who owns a session, who may use or join it) are the pure
 //! ones of `crate::sessions` and `policy::rights`; here they read rows.
 
+use super::error::{Result, StoreError};
 use super::runs::sql;
-use super::{Result, StoreError};
 use crate::sessions::{absolute, SessionState};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::{Path, PathBuf};

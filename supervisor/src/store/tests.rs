@@ -2,7 +2,7 @@
 //! the faults at open, notices, lists and pruning.
 
 use super::*;
-use crate::run::record::RecordV1;
+use crate::run::record::{RecordV1, RunState};
 use std::sync::atomic::Ordering;
 
 pub(super) fn layout(dir: &Path) -> StateLayout {
@@ -665,4 +665,33 @@ fn a_read_only_store_reads_and_refuses_writes() {
         Err(StoreError::Closed { .. })
     ));
     assert!(Store::open_read_only(&dir.path().join("missing.db")).is_err());
+}
+
+#[test]
+fn a_failed_commit_fails_its_whole_group_and_records_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&layout(dir.path())).unwrap();
+    let store = &store;
+    let ids: Vec<RunId> = (0..3).map(|_| RunId::new()).collect();
+    store.stats.fail_commit.store(true, Ordering::SeqCst);
+    let sent = store.stats.sent.load(Ordering::SeqCst);
+    let answers: Vec<_> = std::thread::scope(|scope| {
+        let gate = store.stats.gate.lock().unwrap();
+        let hs: Vec<_> = ids
+            .iter()
+            .map(|id| scope.spawn(move || store.commit_blocking(vec![accept(id, "s")])))
+            .collect();
+        wait_sent(store, sent, 3);
+        drop(gate);
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for a in &answers {
+        let e = a.as_ref().err().unwrap();
+        assert!(matches!(e, StoreError::Commit { .. }), "{e:?}");
+        assert!(e.to_string().contains(DB_FILE), "{e}");
+    }
+    assert!(all(store).is_empty());
+    // The writer goes on.
+    store.commit_blocking(vec![accept(&ids[0], "s")]).unwrap();
+    assert_eq!(all(store).len(), 1);
 }

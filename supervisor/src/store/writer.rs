@@ -2,8 +2,9 @@
 //! takes requests from a channel, applies each in a savepoint of one
 //! transaction per group and answers only after that group's COMMIT.
 
+use super::error::{Result, StoreError};
+use super::ops::Op;
 use super::runs::{self, sql};
-use super::{Op, Result, StoreError};
 use crate::protocol::Notice;
 use crate::sessions::SessionState;
 use rusqlite::{params, Connection};
@@ -42,6 +43,10 @@ pub(super) struct Stats {
     /// Held by a test to keep the writer from starting its next group.
     #[cfg(test)]
     pub(super) gate: std::sync::Mutex<()>,
+    /// Set by a test: the next group's transaction is gone before its
+    /// COMMIT, which then fails.
+    #[cfg(test)]
+    pub(super) fail_commit: std::sync::atomic::AtomicBool,
 }
 
 /// Starts the writer thread over `conn`.
@@ -69,7 +74,7 @@ fn run(conn: &Connection, path: &Path, rx: &Receiver<Req>, stats: &Stats) {
                 Err(_) => break,
             }
         }
-        let answers = commit_group(conn, path, &mut group);
+        let answers = commit_group(conn, path, &mut group, stats);
         stats.commits.fetch_add(1, Ordering::Relaxed);
         stats
             .requests
@@ -102,7 +107,12 @@ fn commit_error(path: &Path, e: &rusqlite::Error) -> StoreError {
 /// gives each its answer. A request that fails is undone alone; a failed
 /// COMMIT (or a statement that rolled the whole transaction back) fails
 /// them all.
-fn commit_group(conn: &Connection, path: &Path, group: &mut [Req]) -> Vec<Result<Out>> {
+fn commit_group(
+    conn: &Connection,
+    path: &Path,
+    group: &mut [Req],
+    stats: &Stats,
+) -> Vec<Result<Out>> {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         return group.iter().map(|_| Err(commit_error(path, &e))).collect();
     }
@@ -126,6 +136,12 @@ fn commit_group(conn: &Connection, path: &Path, group: &mut [Req]) -> Vec<Result
         }
         answers.push(answer);
     }
+    #[cfg(test)]
+    if stats.fail_commit.swap(false, Ordering::SeqCst) {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    #[cfg(not(test))]
+    let _ = stats;
     if let Err(e) = conn.execute_batch("COMMIT") {
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
