@@ -468,3 +468,16 @@ pub fn channel() -> tempfile::TempDir {
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     d
 }
+
+/// The record of the run whose folder is `run_dir`, as its state dir's
+/// state.db holds it (opened read-only), in the flat form the protocol's
+/// records have always had; `None` when the database has no such run.
+pub fn stored_run(run_dir: &Path) -> Option<serde_json::Value> {
+    let layout = subagentd::paths::StateLayout::of_run_dir(run_dir)?;
+    let id = subagentd::ids::RunId::parse(run_dir.file_name()?.to_str()?)?;
+    let store = subagentd::store::Store::open_read_only(&layout.db()).unwrap();
+    match store.get(&id).unwrap()? {
+        subagentd::store::Stored::Live(rec) => Some(serde_json::to_value(*rec).unwrap()),
+        subagentd::store::Stored::Pruned { .. } => None,
+    }
+}

@@ -127,7 +127,7 @@ const CASES: &[(&str, &str, i32)] = &[
 ];
 
 /// The runner pid and run folder of the running run whose task is `task`,
-/// from run.json.
+/// from state.db.
 fn runner_pid(state: &Path, task: &str) -> Option<(i32, std::path::PathBuf)> {
     for s in std::fs::read_dir(state.join("sessions")).ok()?.flatten() {
         for r in std::fs::read_dir(s.path().join("runs"))
@@ -135,10 +135,7 @@ fn runner_pid(state: &Path, task: &str) -> Option<(i32, std::path::PathBuf)> {
             .flatten()
             .flatten()
         {
-            let Ok(text) = std::fs::read_to_string(r.path().join("run.json")) else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            let Some(v) = subagentd_e2e::stored_run(&r.path()) else {
                 continue;
             };
             if v["task"] == task && v["state"] == "running" {
@@ -331,8 +328,7 @@ fn interrupting_an_embedded_run_cancels_it() {
                 .flatten()
                 .flatten()
                 .any(|r| {
-                    std::fs::read_to_string(r.path().join("run.json"))
-                        .is_ok_and(|t| t.contains("\"state\": \"running\""))
+                    subagentd_e2e::stored_run(&r.path()).is_some_and(|v| v["state"] == "running")
                 })
         })
     };

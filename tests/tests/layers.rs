@@ -95,7 +95,7 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
     ("run services", &["egress", "gateway"]),
     (
         "protocol",
-        &["protocol", "paging", "status", "notices", "result_md"],
+        &["protocol", "paging", "status", "result_md", "store"],
     ),
     (
         "engine parts",

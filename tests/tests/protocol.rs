@@ -447,23 +447,19 @@ fn shutdown_answers_a_pending_wait() {
     assert_eq!(error_of(&m).0, -32004, "{m}");
     assert!(d.child.wait().unwrap().success());
     // The run is still going without the daemon; end it by hand.
-    let rec: Value = serde_json::from_slice(
-        &std::fs::read(
-            d.state
-                .join("sessions")
-                .read_dir()
-                .unwrap()
-                .next()
-                .unwrap()
-                .unwrap()
-                .path()
-                .join("runs")
-                .join(&run)
-                .join("run.json"),
-        )
-        .unwrap(),
+    let rec = subagentd_e2e::stored_run(
+        &d.state
+            .join("sessions")
+            .read_dir()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path()
+            .join("runs")
+            .join(&run),
     )
-    .unwrap();
+    .expect("the run is in state.db");
     subagentd_e2e::unsafe_kill(rec["runner_pid"].as_i64().unwrap() as i32, libc::SIGTERM);
 }
 

@@ -165,8 +165,30 @@ fn wait(ctx: &Ctx, run: &str, timeout: Option<f64>) -> Result<u8> {
     Ok(wait_exit_code(&status))
 }
 
-/// Finds a run's folder: from the daemon when it answers, else by scanning
-/// the state dir.
+/// The run's record in the state dir's database, opened read-only (the
+/// daemon may be down); `None` when it has no such run.
+fn stored_record(
+    layout: &StateLayout,
+    id: &RunId,
+) -> Result<Option<crate::run::record::RunRecord>> {
+    let store = crate::store::Store::open_read_only(&layout.db())?;
+    Ok(match store.get(id)? {
+        Some(crate::store::Stored::Live(r)) => Some(*r),
+        _ => None,
+    })
+}
+
+/// The record of the run in folder `dir`, from its state dir's database.
+fn record_of_dir(dir: &std::path::Path, run: &str) -> Result<crate::run::record::RunRecord> {
+    let id = RunId::parse(run).ok_or_else(|| anyhow!("{run:?} is not a run id"))?;
+    let layout = StateLayout::of_run_dir(dir)
+        .ok_or_else(|| anyhow!("{} is not in a state dir", dir.display()))?;
+    stored_record(&layout, &id)?
+        .ok_or_else(|| anyhow!("run {run} is not in {}", layout.db().display()))
+}
+
+/// Finds a run's folder: from the daemon when it answers, else from the
+/// state dir's database.
 fn run_dir(ctx: &Ctx, run: &str) -> Result<PathBuf> {
     let id = RunId::parse(run).ok_or_else(|| anyhow!("{run:?} is not a run id"))?;
     match ctx.call("check_agent_run", json!({ "run_id": run })) {
@@ -184,17 +206,18 @@ fn run_dir(ctx: &Ctx, run: &str) -> Result<PathBuf> {
             }
         }
     }
-    StateLayout {
+    let layout = StateLayout {
         root: ctx.state_dir.clone(),
-    }
-    .find_run_dir(&id)
-    .ok_or_else(|| {
-        anyhow!(
-            "run {run} not found (asked the daemon at {}, looked in {})",
-            ctx.socket.display(),
-            ctx.state_dir.display()
-        )
-    })
+    };
+    stored_record(&layout, &id)?
+        .map(|r| r.run_dir)
+        .ok_or_else(|| {
+            anyhow!(
+                "run {run} not found (asked the daemon at {}, looked in {})",
+                ctx.socket.display(),
+                ctx.state_dir.display()
+            )
+        })
 }
 
 /// Runs one of the socket commands (or `logs`); returns the exit code.
@@ -336,7 +359,7 @@ fn context(ctx: &Ctx, run: &str, detail: bool, show: bool) -> Result<u8> {
     let plan: policy::compose::Plan = serde_json::from_str(&dir.read("plan.json")?)?;
     let sizes = dir.tool_sizes()?;
     // A record from before drivers delivered through files alone.
-    let delivery = crate::run::record::RunRecord::load(&run_dir.join("run.json"))
+    let delivery = record_of_dir(&run_dir, run)
         .ok()
         .and_then(|r| r.driver_run)
         .map(|d| d.delivered)
@@ -377,7 +400,7 @@ fn working_context(ctx: &Ctx, session: &str) -> Result<u8> {
 
 fn remove_worktree(ctx: &Ctx, run: &str) -> Result<u8> {
     let dir = run_dir(ctx, run)?;
-    let rec = crate::run::record::RunRecord::load(&dir.join("run.json"))?;
+    let rec = record_of_dir(&dir, run)?;
     let wt = rec
         .worktree
         .as_ref()

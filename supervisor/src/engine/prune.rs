@@ -1,21 +1,20 @@
-//! The engine's prune phase: the finished runs as retention candidates,
-//! the plan `policy::retention` makes of them, and its application (the
-//! run leaves the table, then its folder and notice files go). The daemon
-//! prunes every `[retention] interval`, and `prune_runs` on demand.
-//!
-//! The source of candidates ([`finished`], [`candidates`]) and the steps
-//! that apply a plan ([`unlist`], [`remove_files`]) are kept apart, so
-//! that each can move to the records' store on its own.
+//! The engine's prune phase: the store's finished runs as retention
+//! candidates, the plan `policy::retention` makes of them, and its
+//! crash-safe application: the runs are marked `pruning` in one commit
+//! (from then on neither listed nor found), their folders go, then one
+//! commit makes them tombstones. A daemon killed in between finishes the
+//! marked ones at its next start ([`finish_pending`]). The daemon prunes
+//! every `[retention] interval`, and `prune_runs` on demand.
 
 use super::error::EngineError;
 use super::finish::remove_tree;
 use super::state::{blocking, Inner};
-use crate::paths::StateLayout;
+use crate::ids::RunId;
 use crate::protocol::{KeptRun, PruneParams, PruneResult, PrunedRun};
-use crate::run::record::RunRecord;
+use crate::store::Op;
 use policy::retention::{Candidate, Filter, Plan};
 use policy::rights::Requester;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
@@ -43,7 +42,7 @@ pub(crate) async fn prune_runs(
         requester: who,
     };
     let (inner, dry_run) = (inner.clone(), params.dry_run);
-    blocking(move || Ok(prune(&inner, &filter, dry_run))).await
+    blocking(move || prune(&inner, &filter, dry_run)).await
 }
 
 /// Prunes by the limits alone every `interval` while the engine lives;
@@ -60,7 +59,7 @@ pub(crate) async fn every_interval(inner: Weak<Inner>) {
         let Some(strong) = inner.upgrade() else {
             return;
         };
-        let done = blocking(move || Ok(prune(&strong, &Filter::default(), false))).await;
+        let done = blocking(move || prune(&strong, &Filter::default(), false)).await;
         if let Ok(r) = done {
             if !r.removed.is_empty() {
                 tracing::info!(removed = r.removed.len(), "retention pruned runs");
@@ -70,92 +69,59 @@ pub(crate) async fn every_interval(inner: Weak<Inner>) {
 }
 
 /// Plans and (unless `dry_run`) applies a prune. Blocking.
-fn prune(inner: &Inner, filter: &Filter, dry_run: bool) -> PruneResult {
-    let runs = finished(inner);
-    let candidates = candidates(&inner.layout, &runs);
+fn prune(inner: &Inner, filter: &Filter, dry_run: bool) -> Result<PruneResult, EngineError> {
+    let candidates = candidates(inner)?;
     let limits = inner.cfg.settings.retention.limits();
     let plan = policy::retention::plan(crate::timefmt::now_ms(), &limits, filter, &candidates);
     let result = describe(&plan, &candidates, dry_run);
     if !dry_run {
-        for (id, reason) in &plan.remove {
-            let Some(rec) = runs.get(id.as_str()) else {
-                continue;
-            };
-            unlist(inner, rec);
-            remove_files(&inner.layout, rec);
-            tracing::info!(run_id = %id, reason = reason.as_str(), "run pruned");
+        for batch in plan.remove.chunks(PRUNE_BATCH) {
+            mark(inner, batch)?;
+            finish_pending(inner)?;
         }
     }
-    result
+    Ok(result)
 }
 
-/// Every run that has ended and been finalized, by id: today, the
-/// engine's table.
-fn finished(inner: &Inner) -> BTreeMap<String, RunRecord> {
-    let slots: Vec<_> = inner
-        .runs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .values()
-        .cloned()
-        .collect();
-    slots
-        .iter()
-        .map(|s| s.snapshot())
-        .filter(|r| r.state().is_terminal() && r.finalized())
-        .map(|r| (r.run_id.to_string(), r))
-        .collect()
-}
+/// Runs marked in one transaction, and so removed in one pass.
+const PRUNE_BATCH: usize = 100;
 
-/// The runs as retention sees them: whose, when they ended, their
-/// folder's size, whether their notice waits, whether their worktree is
-/// still there.
-fn candidates(layout: &StateLayout, runs: &BTreeMap<String, RunRecord>) -> Vec<Candidate> {
-    let mut pending: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
-    for rec in runs.values() {
-        let session = rec.session_id.as_str();
-        if !pending.contains_key(session) {
-            pending.insert(session, pending_notices(layout, session));
-        }
-    }
-    runs.values()
-        .map(|rec| {
-            let session = rec.session_id.as_str();
-            let owner = rec.on_behalf.as_ref().map(|ob| ob.requester.uid);
+/// The store's ended, finalized runs as retention sees them. A folder
+/// not yet measured is measured once and its size recorded.
+fn candidates(inner: &Inner) -> Result<Vec<Candidate>, EngineError> {
+    let stored = inner.store.retention_candidates()?;
+    let mut measured = Vec::new();
+    let out = stored
+        .into_iter()
+        .map(|c| {
+            let mut bytes = c.dir_bytes;
+            if bytes == 0 {
+                bytes = unmeasured_bytes(inner, &c);
+                measured.push(Op::DirBytes {
+                    id: c.run_id.clone(),
+                    bytes,
+                });
+            }
             Candidate {
-                run_id: rec.run_id.to_string(),
-                session_id: session.to_owned(),
-                owner_uid: policy::rights::recorded_owner(owner, crate::paths::uid()),
-                ended_at_ms: rec.ended_at_ms().unwrap_or(rec.created_at_ms),
-                dir_bytes: dir_bytes(&rec.run_dir),
-                notice_pending: pending
-                    .get(session)
-                    .is_some_and(|p| p.contains(rec.run_id.as_str())),
-                worktree: rec
-                    .worktree
-                    .as_ref()
-                    .map(|w| w.dir.clone())
-                    .filter(|d| d.symlink_metadata().is_ok()),
+                run_id: c.run_id.to_string(),
+                session_id: c.session_id,
+                owner_uid: c.owner_uid,
+                ended_at_ms: c.ended_at_ms,
+                dir_bytes: bytes,
+                notice_pending: c.notice_pending,
+                worktree: c.worktree_dir.filter(|d| d.symlink_metadata().is_ok()),
             }
         })
-        .collect()
+        .collect();
+    if !measured.is_empty() {
+        inner.store.commit_blocking(measured)?;
+    }
+    Ok(out)
 }
 
-/// The run ids with a notice in the session's `pending/`
-/// (`<ended_ms>-<run_id>.json`).
-fn pending_notices(layout: &StateLayout, session: &str) -> BTreeSet<String> {
-    let dir = layout.notices_dir(session).join("pending");
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return BTreeSet::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let id = name.strip_suffix(".json")?.split_once('-')?.1;
-            Some(id.to_owned())
-        })
-        .collect()
+/// The size of a run folder the store has no size for.
+fn unmeasured_bytes(inner: &Inner, c: &crate::store::Candidate) -> u64 {
+    dir_bytes(&inner.layout.run_dir(&c.session_id, &c.run_id))
 }
 
 /// The bytes a folder's tree takes on disk; no link is followed, and an
@@ -177,6 +143,72 @@ fn dir_bytes(dir: &Path) -> u64 {
         }
     }
     total
+}
+
+/// Commits that `batch` is being pruned, each with its reason: from now
+/// on those runs are neither listed nor found, and a crash leaves them
+/// marked for [`finish_pending`] at the next start.
+fn mark(inner: &Inner, batch: &[(String, policy::retention::Reason)]) -> Result<(), EngineError> {
+    let mut by_reason: BTreeMap<&str, Vec<RunId>> = BTreeMap::new();
+    for (id, reason) in batch {
+        if let Some(id) = RunId::parse(id) {
+            by_reason.entry(reason.as_str()).or_default().push(id);
+        }
+    }
+    let ops = by_reason
+        .into_iter()
+        .map(|(reason, ids)| Op::PruneMark {
+            ids,
+            reason: reason.to_owned(),
+        })
+        .collect();
+    inner.store.commit_blocking(ops)?;
+    for (id, reason) in batch {
+        tracing::info!(run_id = %id, reason = reason.as_str(), "run pruned");
+    }
+    Ok(())
+}
+
+/// Finishes the prunes a crash cut short (their runs marked, their
+/// folders perhaps still there) before the daemon answers.
+pub(crate) async fn finish_at_start(inner: &Arc<Inner>) {
+    let strong = inner.clone();
+    match blocking(move || finish_pending(&strong)).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(runs = n, "finished an interrupted prune"),
+        Err(e) => tracing::warn!("finishing an interrupted prune: {e}"),
+    }
+}
+
+/// Removes the folder of every run marked as being pruned, then commits
+/// them as pruned (tombstones). Run at start for a prune a crash cut
+/// short, and after each batch a prune marks. Blocking.
+pub(crate) fn finish_pending(inner: &Inner) -> Result<usize, EngineError> {
+    let pending = inner.store.pending_prunes()?;
+    if pending.is_empty() {
+        return Ok(0);
+    }
+    for p in &pending {
+        test_pause();
+        remove_tree(&p.run_dir);
+    }
+    let ids: Vec<RunId> = pending.into_iter().map(|p| p.run_id).collect();
+    let n = ids.len();
+    inner.store.commit_blocking(vec![Op::PruneDone { ids }])?;
+    Ok(n)
+}
+
+/// A debug build's pause between two folders of a prune
+/// (`SUBAGENTD_TEST_PRUNE_PAUSE_MS`), so a test can kill the daemon in
+/// the middle of one.
+fn test_pause() {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("SUBAGENTD_TEST_PRUNE_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 /// The plan as `prune_runs` answers it.
@@ -212,36 +244,6 @@ fn describe(plan: &Plan, candidates: &[Candidate], dry_run: bool) -> PruneResult
     }
 }
 
-/// The run leaves the engine's table: from now on it is neither listed
-/// nor found.
-fn unlist(inner: &Inner, rec: &RunRecord) {
-    inner
-        .runs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&rec.run_id);
-}
-
-/// Removes the run's folder and its notice files (pending or taken).
-fn remove_files(layout: &StateLayout, rec: &RunRecord) {
-    remove_tree(&rec.run_dir);
-    let notices = layout.notices_dir(rec.session_id.as_str());
-    let id = rec.run_id.as_str();
-    let mut files = vec![notices.join("taken").join(format!("{id}.json"))];
-    if let Some(ended) = rec.ended_at_ms() {
-        let name = format!("{ended:013}-{id}.json");
-        files.push(notices.join("pending").join(name));
-    }
-    for f in files {
-        match std::fs::remove_file(&f) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                tracing::warn!(path = %f.display(), "removing a pruned run's notice: {e}");
-            }
-            _ => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,21 +265,5 @@ mod tests {
             "a link counts only itself"
         );
         assert_eq!(dir_bytes(&dir.path().join("missing")), 0);
-    }
-
-    #[test]
-    fn pending_notices_are_read_from_their_names() {
-        let dir = tempfile::tempdir().unwrap();
-        let layout = StateLayout {
-            root: dir.path().to_path_buf(),
-        };
-        let pending = layout.notices_dir("s").join("pending");
-        std::fs::create_dir_all(&pending).unwrap();
-        let id = "20261201T070317.792757Z-5fe54002";
-        std::fs::write(pending.join(format!("0001764572597123-{id}.json")), "{}").unwrap();
-        std::fs::write(pending.join(".tmp-x"), "").unwrap();
-        let found = pending_notices(&layout, "s");
-        assert_eq!(found.into_iter().collect::<Vec<_>>(), [id]);
-        assert!(pending_notices(&layout, "other").is_empty());
     }
 }

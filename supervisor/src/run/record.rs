@@ -319,12 +319,6 @@ impl RunRecord {
         }
     }
 
-    /// Writes run.json atomically (temp file, fsync, rename, fsync folder).
-    pub fn save(&self) -> Result<(), RecordError> {
-        subagent_runner::atomic::write_atomic(&self.files().record(), &self.to_bytes())?;
-        Ok(())
-    }
-
     /// run.json's bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();

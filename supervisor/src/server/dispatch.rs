@@ -70,7 +70,7 @@ pub async fn execute(
                     .map_err(|e| RpcError::invalid_params("session_id", e))?;
             }
             let page = p.page()?;
-            let q = crate::engine::ListQuery {
+            let q = crate::store::ListQuery {
                 session: p.session_id,
                 state: p.state,
                 // Root and the daemon's uid see every run, others their own.
@@ -81,7 +81,7 @@ pub async fn execute(
                 desc: page.desc,
                 limit: page.limit,
             };
-            let page = sup.list(&q);
+            let page = sup.list(&q, who).map_err(r)?;
             let next = page.next.as_ref().map(crate::paging::encode_cursor);
             Ok(json!({ "runs": page.runs, "next_cursor": next }))
         }

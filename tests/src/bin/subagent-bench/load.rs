@@ -114,8 +114,7 @@ fn runner_pids(c: &mut Conn, runs: &[String], daemon: i32) -> Vec<i32> {
         .filter_map(|r| {
             let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
             let dir = std::path::Path::new(st["log_path"].as_str()?).parent()?;
-            let rec: Value =
-                serde_json::from_slice(&std::fs::read(dir.join("run.json")).ok()?).ok()?;
+            let rec: Value = subagentd_e2e::stored_run(dir)?;
             rec["runner_pid"].as_i64().map(|p| p as i32)
         })
         .collect();
