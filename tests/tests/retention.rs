@@ -29,14 +29,14 @@ fn finished(c: &mut Conn, session: &str) -> String {
 
 /// The run ids of every listed run, oldest first.
 fn listed(c: &mut Conn) -> Vec<String> {
-    let v = c.call("list_agent_runs", json!({})).unwrap();
+    let v = c.call("list_agent_runs", json!({"limit": 1000})).unwrap();
     let runs = v["runs"].as_array().unwrap().iter();
     runs.map(|r| r["run_id"].as_str().unwrap().to_owned())
         .collect()
 }
 
 fn statuses(c: &mut Conn) -> BTreeMap<String, Value> {
-    let v = c.call("list_agent_runs", json!({})).unwrap();
+    let v = c.call("list_agent_runs", json!({"limit": 1000})).unwrap();
     let runs = v["runs"].as_array().unwrap().iter();
     runs.map(|r| (r["run_id"].as_str().unwrap().to_owned(), r.clone()))
         .collect()
@@ -230,4 +230,130 @@ fn a_bad_older_than_is_refused_naming_it() {
         String::from_utf8_lossy(&out.stderr).contains("older_than"),
         "{out:?}"
     );
+}
+
+/// The run folder of a listed run.
+fn folder(s: &Value) -> std::path::PathBuf {
+    std::path::Path::new(s["log_path"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn a_pruned_run_says_it_was_pruned_and_when_even_after_a_restart() {
+    let (mut d, _cfg) = daemon_with("max_runs = 2\n");
+    let s = session("pruned-check");
+    let mut c = d.conn();
+    let runs: Vec<String> = (0..4).map(|_| finished(&mut c, &s)).collect();
+    assert_eq!(take(&mut c, &s).len(), 4);
+    prune(&d, &[]);
+    let check = |c: &mut Conn, run: &str| {
+        c.call("check_agent_run", json!({ "run_id": run }))
+            .unwrap_err()
+    };
+    for gone in &runs[..2] {
+        for e in [
+            check(&mut c, gone),
+            c.call("wait_agent_run", json!({ "run_id": gone }))
+                .unwrap_err(),
+            c.call("cancel_agent_run", json!({ "run_id": gone }))
+                .unwrap_err(),
+        ] {
+            assert_eq!(e["code"], -32009, "{e}");
+            let m = e["message"].as_str().unwrap();
+            assert!(
+                m.starts_with(&format!("run {gone} was pruned at 20"))
+                    && m.ends_with("(retention: max_runs)"),
+                "{m}"
+            );
+            assert_eq!(e["data"]["reason"], "max_runs", "{e}");
+        }
+    }
+    assert_eq!(listed(&mut c), strs(&runs[2..]));
+    let out = d.cli(&["logs", &runs[0]]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("was pruned at"),
+        "{out:?}"
+    );
+    drop(c);
+    d.restart();
+    let mut c = d.conn();
+    assert_eq!(check(&mut c, &runs[1])["code"], -32009);
+    assert_eq!(
+        check(&mut c, "20261201T070317.792757Z-5fe54002")["code"],
+        -32000,
+        "an unknown run is still not found"
+    );
+}
+
+#[test]
+fn a_kill_9_in_the_middle_of_a_prune_leaves_nothing_half_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[retention]\ninterval = 0\n").unwrap();
+    let mut d = Daemon::start_with(DaemonOpts {
+        args: vec!["--config".into(), cfg.to_str().unwrap().into()],
+        env: vec![("SUBAGENTD_TEST_PRUNE_PAUSE_MS".into(), "20".into())],
+        max_concurrent: Some(16),
+        ..DaemonOpts::default()
+    });
+    let (a, b) = (session("crash-a"), session("crash-b"));
+    let mut c = d.conn();
+    let runs: Vec<String> = (0..200)
+        .map(|_| c.spawn(&a, &["true"], json!({})))
+        .collect();
+    for r in &runs {
+        assert_eq!(c.wait(r)["state"], "succeeded");
+    }
+    assert_eq!(take(&mut c, &a).len(), 200);
+    let untaken = finished(&mut c, &b);
+    let before = statuses(&mut c);
+    assert_eq!(before.len(), 201);
+    let folders: Vec<std::path::PathBuf> = runs.iter().map(|r| folder(&before[r])).collect();
+
+    let mut pruner = d.conn();
+    let call = std::thread::spawn(move || {
+        pruner.call("prune_runs", json!({ "older_than": "0s" })).ok();
+    });
+    subagentd_e2e::wait_until(
+        std::time::Duration::from_secs(60),
+        "the prune to have removed a folder",
+        || folders.iter().any(|f| !f.exists()),
+    );
+    subagentd_e2e::unsafe_kill(d.pid(), libc::SIGKILL);
+    d.child.wait().unwrap();
+    // The call's connection closed with the daemon: its thread panicked.
+    assert!(call.join().is_err());
+    let half = folders.iter().filter(|f| f.exists()).count();
+    assert!(half > 0, "killed before the prune ended");
+
+    d.restart();
+    let mut c = d.conn();
+    let after = statuses(&mut c);
+    for (id, s) in &after {
+        let f = folder(s);
+        assert!(f.join("result.md").exists(), "a listed run is whole: {id}");
+    }
+    for (id, s) in &before {
+        if !after.contains_key(id) {
+            assert!(
+                !folder(s).exists(),
+                "an unlisted run's folder is gone: {id}"
+            );
+            assert_eq!(
+                c.call("check_agent_run", json!({ "run_id": id }))
+                    .unwrap_err()["code"],
+                -32009
+            );
+        }
+    }
+    assert!(
+        after.contains_key(&runs[199]),
+        "the newest of its session stays"
+    );
+    assert!(after.contains_key(&untaken), "an untaken notice stays");
+    assert!(after.len() < 201, "the marked runs were pruned");
+    assert_eq!(take(&mut c, &b), [untaken.clone()]);
 }
