@@ -315,7 +315,9 @@ fn a_kill_9_in_the_middle_of_a_prune_leaves_nothing_half_removed() {
 
     let mut pruner = d.conn();
     let call = std::thread::spawn(move || {
-        pruner.call("prune_runs", json!({ "older_than": "0s" })).ok();
+        pruner
+            .call("prune_runs", json!({ "older_than": "0s" }))
+            .ok();
     });
     subagentd_e2e::wait_until(
         std::time::Duration::from_secs(60),
