@@ -142,8 +142,9 @@ fn reads_outside_the_allowed_roots_fail() {
     std::fs::write(&secret, "TOPSECRET-1\n").unwrap();
     let (victim, _) = e.attack("true", json!({}));
     let script = format!(
-        "cat {} ; cat {}/state.db ; cat /proc/{}/environ ; ls {} ; echo end",
+        "cat {} ; cat {}/state.db {}/state.db-wal ; cat /proc/{}/environ ; ls {} ; echo end",
         sh_quote(&secret),
+        sh_quote(&e.d.state),
         sh_quote(&e.d.state),
         e.d.pid(),
         sh_quote(&e.d.state)
@@ -164,10 +165,10 @@ fn reads_outside_the_allowed_roots_fail() {
         !log.lines().any(|l| l == "sessions" || l == "daemon.lock"),
         "the state dir was listed:\n{log}"
     );
-    // Each of the four reads failed: refused, or not there at all in the
+    // Each of the five reads failed: refused, or not there at all in the
     // run's own root.
     let failed = log.matches("Permission denied").count() + log.matches("No such file").count();
-    assert_eq!(failed, 4, "{log}");
+    assert_eq!(failed, 5, "{log}");
 }
 
 #[test]

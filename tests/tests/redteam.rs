@@ -2578,7 +2578,8 @@ fn bare_git(dir: &Path, branch: &str) {
 }
 
 /// A child with the write right links `.subagents/AGENTS.md` to another
-/// session's records (its runner.json, then the state dir's state.db;
+/// session's records (its runner.json, then the state dir's state.db and
+/// its WAL, where a fresh commit sits;
 /// their paths learned, e.g. from /proc), which hold that session's `env`
 /// secret; the daemon reads the project instructions of the next run as
 /// root. Judged by the secret's absence from the next run's context and
@@ -2593,6 +2594,7 @@ fn project_instructions_cannot_pull_in_another_sessions_run_record() {
     for record in [
         dir.join("runner.json"),
         dir.ancestors().nth(4).unwrap().join("state.db"),
+        dir.ancestors().nth(4).unwrap().join("state.db-wal"),
     ] {
         assert!(record.exists(), "{}", record.display());
         let (_, log) = e.sh(
@@ -2983,10 +2985,11 @@ fn secret_holding_run(e: &Env, s: &str, mark: &str) -> Value {
     st
 }
 
-/// Reads the state dir's state.db (another session's record, its env),
+/// Reads the state dir's state.db and its WAL, where a fresh commit sits
+/// (another session's record, its env),
 /// that session's child.log and runner.json, lists the state dir and looks
 /// for the socket, then reads its own context.
-const STATE_DIR_READER: &str = "cat \"$STATE/state.db\" \"$VICTIM/child.log\" \"$VICTIM/runner.json\" 2>&1; \
+const STATE_DIR_READER: &str = "cat \"$STATE/state.db\" \"$STATE/state.db-wal\" \"$VICTIM/child.log\" \"$VICTIM/runner.json\" 2>&1; \
     ls -1a \"$STATE\" \"$STATE/sessions\" 2>&1; test -e \"$SOCK\" && echo SOCKET-IN-VIEW; \
     grep -q 'Task:' \"$SUBAGENT_CONTEXT_DIR/first_message.md\" && echo CONTEXT-READ; echo attack ran";
 

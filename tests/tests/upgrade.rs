@@ -119,7 +119,8 @@ fn a_format_1_state_dir_is_read_whole() {
 /// makes its run `lost` (the file kept as run.json.corrupt); a run.json
 /// still `running` beside its exit.json, result.md and pending notice (a
 /// crash before its last save) is finished again, its notice handed out
-/// once; a half-made folder and a draft folder are removed.
+/// once; a draft folder is removed, a folder without a record is left as
+/// it is and not listed.
 #[test]
 fn a_corrupt_or_unfinished_format_1_record_is_imported_lost_or_finished_once() {
     if !runnable(
@@ -200,7 +201,15 @@ fn a_corrupt_or_unfinished_format_1_record_is_imported_lost_or_finished_once() {
         runs.join(&bad).join("run.json.corrupt").exists(),
         "kept for inspection"
     );
-    assert!(!half.exists() && !draft.exists());
+    assert!(!draft.exists(), "a draft was never answered: removed");
+    assert!(half.exists(), "a folder without a record is never removed");
+    let e = c
+        .call(
+            "check_agent_run",
+            json!({"run_id": "20200101T000000.000000Z-00000000"}),
+        )
+        .unwrap_err();
+    assert_eq!(e["code"], -32000, "{e}");
     let taken = c
         .call("take_notices", json!({"session_id": "fx-a"}))
         .unwrap();
@@ -219,4 +228,39 @@ fn a_corrupt_or_unfinished_format_1_record_is_imported_lost_or_finished_once() {
     assert_eq!(again["notices"], json!([]));
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A state dir of this format whose state.db was moved away (what the
+/// corrupt-database message tells an operator to do): the new, empty
+/// database's import of the per-file format removes no run folder.
+#[test]
+fn a_database_moved_away_leaves_every_run_folder_in_place() {
+    let mut d = Daemon::start();
+    let mut c = d.conn();
+    let s = subagentd_e2e::session("moved-away");
+    let runs: Vec<String> = (0..3).map(|_| c.spawn(&s, &["true"], json!({}))).collect();
+    let mut folders = Vec::new();
+    for r in &runs {
+        let st = c.wait(r);
+        assert_eq!(st["state"], "succeeded", "{st}");
+        folders.push(
+            Path::new(st["log_path"].as_str().unwrap())
+                .parent()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    drop(c);
+    d.stop();
+    let state = folders[0].ancestors().nth(4).unwrap().to_owned();
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let from = state.join(f);
+        if from.exists() {
+            std::fs::rename(&from, state.join(format!("{f}.moved"))).unwrap();
+        }
+    }
+    d.restart();
+    for f in &folders {
+        assert!(f.join("result.md").exists(), "kept: {}", f.display());
+    }
 }

@@ -60,8 +60,6 @@ pub struct Supervisor {
     inner: Arc<Inner>,
 }
 
-/// How many rows a list reads from the store at once.
-
 /// Capacity of the finished-run broadcast; a subscriber further behind is
 /// told it lagged.
 const FINISHED_CAPACITY: usize = 4096;
@@ -141,7 +139,7 @@ impl Supervisor {
         let base = inner.cfg.temp_base.clone();
         blocking(move || Ok(crate::securedir::sweep_empty_session_dirs(&base))).await?;
         let sup = Supervisor { inner };
-        recover::recover(&sup.inner).await;
+        recover::recover(&sup.inner).await?;
         prune::finish_at_start(&sup.inner).await;
         tokio::spawn(dispatch(sup.clone(), rx));
         tokio::spawn(prune::every_interval(Arc::downgrade(&sup.inner)));

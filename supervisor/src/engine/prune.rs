@@ -188,13 +188,24 @@ pub(crate) fn finish_pending(inner: &Inner) -> Result<usize, EngineError> {
     if pending.is_empty() {
         return Ok(0);
     }
-    for p in &pending {
+    let mut gone = Vec::new();
+    for p in pending {
         test_pause();
-        remove_tree(&p.run_dir);
+        // The folder the ids name, never a path a row holds.
+        let dir = inner.layout.run_dir(&p.session_id, &p.run_id);
+        remove_tree(&dir);
+        if dir.symlink_metadata().is_ok() {
+            tracing::warn!(dir = %dir.display(), "a pruned run's folder is still there; tried again later");
+            continue;
+        }
+        gone.push(p.run_id);
     }
-    let ids: Vec<RunId> = pending.into_iter().map(|p| p.run_id).collect();
-    let n = ids.len();
-    inner.store.commit_blocking(vec![Op::PruneDone { ids }])?;
+    let n = gone.len();
+    if n > 0 {
+        inner
+            .store
+            .commit_blocking(vec![Op::PruneDone { ids: gone }])?;
+    }
     Ok(n)
 }
 

@@ -9,7 +9,7 @@
 
 use super::error::EngineError;
 use super::error::StorageError;
-use super::state::{Inner, Slot};
+use super::state::{blocking, Inner, Slot};
 use super::{finish, launch, pidfd};
 use crate::lockfile;
 use crate::paths::StateLayout;
@@ -70,17 +70,13 @@ fn sweep_drafts(layout: &StateLayout, live: &[RunRecord]) {
 }
 
 /// The runs not settled when the last engine stopped (the store's live
-/// runs), their folders put in place. Blocking.
-fn load_live(inner: &Inner) -> Vec<RunRecord> {
-    let live = match inner.store.live_runs() {
-        Ok(live) => live,
-        Err(e) => {
-            tracing::error!("reading the runs to recover: {e}");
-            Vec::new()
-        }
-    };
+/// runs), their folders put in place. Blocking. An unreadable live set
+/// stops the start: without it the drafts of accepted runs would be
+/// swept and their runners never watched.
+fn load_live(inner: &Inner) -> Result<Vec<RunRecord>, EngineError> {
+    let live = inner.store.live_runs()?;
     sweep_drafts(&inner.layout, &live);
-    live
+    Ok(live)
 }
 
 /// Whether the runner recorded in `rec` is alive (pid and start time match).
@@ -122,12 +118,11 @@ enum Recovered {
     Settled,
 }
 
-/// Reconciles every loaded run with reality.
-pub(crate) async fn recover(inner: &Arc<Inner>) {
+/// Reconciles every loaded run with reality; fails when the live runs
+/// cannot be read.
+pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let inner2 = inner.clone();
-    let recs = tokio::task::spawn_blocking(move || load_live(&inner2))
-        .await
-        .unwrap_or_default();
+    let recs = blocking(move || load_live(&inner2)).await?;
     let (mut alive, mut ended, mut queued) = (0, 0, 0);
     for rec in recs {
         match reconcile(inner, rec).await {
@@ -145,6 +140,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) {
             "recovered runs from the state dir"
         );
     }
+    Ok(())
 }
 
 /// Reconciles one loaded run with reality.

@@ -187,31 +187,41 @@ fn is_draft_name(name: &str) -> bool {
 }
 
 /// The record of the run folder `dir`: its run.json, or a `lost`
-/// placeholder for a corrupt one; `None` (the folder removed) for a draft
-/// or a folder without a record, whose spawn was never answered.
+/// placeholder for a corrupt one; `None` for a draft (removed: its spawn
+/// was never answered) or a folder without a record (left as it is: it
+/// may be a run of the new format whose database was moved away).
 fn read_run(session: &str, name: &str, dir: &Path) -> Option<RunRecord> {
+    if is_draft_name(name) {
+        tracing::warn!(dir = %dir.display(), "removing a half-made run folder");
+        let _ = std::fs::remove_dir_all(dir);
+        return None;
+    }
     let file = dir.join("run.json");
     let corrupt = dir.join("run.json.corrupt");
-    let read = if is_draft_name(name) {
-        None
-    } else {
-        match safefile::read(&file, RECORD_MAX) {
-            Err(e) if e.is_missing() && !corrupt.exists() => None,
-            Err(e) if e.is_missing() => Some(Err("kept from an earlier start".to_owned())),
-            Err(e) => Some(Err(e.to_string())),
-            Ok(bytes) => Some(
-                serde_json::from_slice::<RunRecord>(&bytes)
-                    .map_err(|e| format!("parse {}: {e}", file.display())),
-            ),
-        }
+    let read = match safefile::read(&file, RECORD_MAX) {
+        Err(e) if e.is_missing() && !corrupt.exists() => None,
+        Err(e) if e.is_missing() => Some(Err("kept from an earlier start".to_owned())),
+        Err(e) => Some(Err(e.to_string())),
+        Ok(bytes) => Some(
+            serde_json::from_slice::<RunRecord>(&bytes)
+                .map_err(|e| format!("parse {}: {e}", file.display())),
+        ),
     };
     match read {
         None => {
-            tracing::warn!(dir = %dir.display(), "removing a half-made run folder");
-            let _ = std::fs::remove_dir_all(dir);
+            tracing::warn!(dir = %dir.display(), "not importing a run folder without run.json");
             None
         }
-        Some(Ok(rec)) => Some(rec),
+        Some(Ok(rec)) if rec.run_id.as_str() != name || rec.session_id.as_str() != session => {
+            let why = format!("{} names another run or session", file.display());
+            tracing::error!("a run.json cannot be used; the run is marked lost: {why}");
+            lost_placeholder(session, dir, &why)
+        }
+        Some(Ok(mut rec)) => {
+            // The folder it was read from, never a path the file names.
+            rec.run_dir = dir.to_path_buf();
+            Some(rec)
+        }
         Some(Err(why)) => {
             tracing::error!(
                 "a run.json cannot be loaded; the run is marked lost and the file kept: {why}"
@@ -360,7 +370,7 @@ mod tests {
         std::fs::write(bad.join("run.json"), b"{\"format\": 1, \"run_id\": ").unwrap();
         // Finalized with no notice file: delivered.
         write_run(root, &succeeded(&ids[4], "s", 12));
-        // A draft and a folder without a record: spawns never answered.
+        // A draft (a spawn never answered) and a folder without a record.
         std::fs::create_dir_all(s.join(format!("runs/{}.tmp-x", RunId::new()))).unwrap();
         std::fs::create_dir_all(s.join(format!("runs/{}", RunId::new()))).unwrap();
         ids
@@ -443,8 +453,8 @@ mod tests {
         let runs_dir = dir.path().join("sessions/s/runs");
         assert_eq!(
             std::fs::read_dir(&runs_dir).unwrap().count(),
-            5,
-            "the half-made folders are removed"
+            6,
+            "the draft is removed, a folder without a record left as it is"
         );
         let s = store.session("s").unwrap().unwrap();
         assert_eq!((s.owner_uid, s.recent_files.len()), (Some(4242), 1));
