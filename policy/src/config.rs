@@ -7,6 +7,7 @@ use crate::{Audience, Limits};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// The daemon's configuration; every key optional.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -93,6 +94,147 @@ pub struct Config {
     /// Each driver's settings (`[drivers.claude-code]`, `[drivers.codex]`).
     #[serde(default)]
     pub drivers: crate::driver::Drivers,
+    /// How much finished-run history is kept (`[retention]`).
+    #[serde(default)]
+    pub retention: Retention,
+}
+
+/// `[retention]`: the limits on finished runs, and how often the daemon
+/// applies them. `None` is a limit set to `0`: off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retention {
+    /// Runs that ended longer ago are removed (default 30 days).
+    #[serde(deserialize_with = "setting::max_age")]
+    pub max_age: Option<Duration>,
+    /// At most this many finished runs in all (default 20000).
+    #[serde(deserialize_with = "setting::max_runs")]
+    pub max_runs: Option<u64>,
+    /// At most this many finished runs per session (default 2000).
+    #[serde(deserialize_with = "setting::max_runs_per_session")]
+    pub max_runs_per_session: Option<u64>,
+    /// The finished runs' folders hold at most this much (default 10 GiB).
+    #[serde(deserialize_with = "setting::max_bytes")]
+    pub max_bytes: Option<u64>,
+    /// How often the daemon prunes by itself (default 10 minutes).
+    #[serde(deserialize_with = "setting::interval")]
+    pub interval: Option<Duration>,
+}
+
+impl Default for Retention {
+    fn default() -> Retention {
+        Retention {
+            max_age: Some(Duration::from_secs(30 * 86_400)),
+            max_runs: Some(20_000),
+            max_runs_per_session: Some(2_000),
+            max_bytes: Some(10 << 30),
+            interval: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+impl Retention {
+    /// The limits a prune applies.
+    pub fn limits(&self) -> crate::retention::Limits {
+        crate::retention::Limits {
+            max_age: self.max_age,
+            max_runs: self.max_runs,
+            max_runs_per_session: self.max_runs_per_session,
+            max_bytes: self.max_bytes,
+        }
+    }
+}
+
+/// The readers of `[retention]`'s values, one per key so that an error
+/// names it; `0` (a number or a string) is `None`.
+mod setting {
+    use crate::retention::{parse_duration, parse_size};
+    use serde::{de::Error, Deserialize, Deserializer};
+    use std::time::Duration;
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Number(i64),
+        Text(String),
+    }
+
+    impl std::fmt::Display for Raw {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                Raw::Number(n) => write!(f, "{n}"),
+                Raw::Text(t) => write!(f, "{t:?}"),
+            }
+        }
+    }
+
+    fn raw<'de, D: Deserializer<'de>>(d: D, key: &str) -> Result<Raw, D::Error> {
+        Raw::deserialize(d).map_err(|_| {
+            D::Error::custom(format!("retention.{key}: expected a number or a string"))
+        })
+    }
+
+    fn duration<'de, D: Deserializer<'de>>(d: D, key: &str) -> Result<Option<Duration>, D::Error> {
+        let value = raw(d, key)?;
+        let parsed = match &value {
+            Raw::Number(0) => Ok(Duration::ZERO),
+            Raw::Text(t) => parse_duration(t).map_err(|e| e.to_string()),
+            Raw::Number(_) => Err("a duration needs a unit: s, m, h or d (\"30d\"), or 0".into()),
+        };
+        match parsed {
+            Ok(d) => Ok(Some(d).filter(|d| !d.is_zero())),
+            Err(why) => Err(D::Error::custom(format!(
+                "retention.{key} = {value}: {why}"
+            ))),
+        }
+    }
+
+    fn count<'de, D: Deserializer<'de>>(d: D, key: &str) -> Result<Option<u64>, D::Error> {
+        match raw(d, key)? {
+            Raw::Number(n) if n >= 0 => Ok(Some(n.unsigned_abs()).filter(|n| *n > 0)),
+            value => Err(D::Error::custom(format!(
+                "retention.{key} = {value}: expected a whole number of runs, or 0 for no limit"
+            ))),
+        }
+    }
+
+    fn size<'de, D: Deserializer<'de>>(d: D, key: &str) -> Result<Option<u64>, D::Error> {
+        let value = raw(d, key)?;
+        let parsed = match &value {
+            Raw::Number(0) => Ok(0),
+            Raw::Text(t) => parse_size(t).map_err(|e| e.to_string()),
+            Raw::Number(_) => Err(
+                "a size needs a unit: B, KiB, MiB, GiB or TiB, KB, MB or GB (\"10GiB\"), or 0"
+                    .into(),
+            ),
+        };
+        match parsed {
+            Ok(n) => Ok(Some(n).filter(|n| *n > 0)),
+            Err(why) => Err(D::Error::custom(format!(
+                "retention.{key} = {value}: {why}"
+            ))),
+        }
+    }
+
+    pub fn max_age<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        duration(d, "max_age")
+    }
+
+    pub fn interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        duration(d, "interval")
+    }
+
+    pub fn max_runs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        count(d, "max_runs")
+    }
+
+    pub fn max_runs_per_session<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        count(d, "max_runs_per_session")
+    }
+
+    pub fn max_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        size(d, "max_bytes")
+    }
 }
 
 /// One audience's settings.
@@ -322,6 +464,7 @@ mod tests {
         let c = parse(include_str!("../../examples/subagentd.toml")).unwrap();
         assert_eq!(c.run_as.as_deref(), Some("nobody"));
         assert!(c.tool_policy().unwrap().tool("db_query").is_some());
+        assert_eq!(c.retention, Retention::default());
     }
 
     #[test]
@@ -450,6 +593,85 @@ tools = ["file_read", "db_query"]
         assert!(e.message.contains("drivers.codex.base_url"), "{e}");
         assert!(parse("driver = \"claude\"").is_err());
         assert!(parse("[drivers.claude-code]\nkey = \"x\"").is_err());
+    }
+
+    #[test]
+    fn retention_has_defaults_units_and_zero_for_off() {
+        let d = parse("").unwrap().retention;
+        assert_eq!(d, Retention::default());
+        assert_eq!(d.max_age, Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(d.max_runs, Some(20_000));
+        assert_eq!(d.max_runs_per_session, Some(2_000));
+        assert_eq!(d.max_bytes, Some(10 << 30));
+        assert_eq!(d.interval, Some(Duration::from_secs(600)));
+        let c = parse(
+            "[retention]\nmax_age = \"7d\"\nmax_runs = 5\nmax_runs_per_session = 0\nmax_bytes = \"500MB\"\ninterval = \"30s\"\n",
+        )
+        .unwrap()
+        .retention;
+        assert_eq!(
+            c,
+            Retention {
+                max_age: Some(Duration::from_secs(7 * 86_400)),
+                max_runs: Some(5),
+                max_runs_per_session: None,
+                max_bytes: Some(500_000_000),
+                interval: Some(Duration::from_secs(30)),
+            }
+        );
+        assert_eq!(c.limits().max_runs, Some(5));
+        let off = parse("[retention]\nmax_age = 0\nmax_bytes = \"0\"\ninterval = \"0s\"\n")
+            .unwrap()
+            .retention;
+        assert_eq!(
+            (off.max_age, off.max_bytes, off.interval),
+            (None, None, None)
+        );
+        // Unset keys keep their defaults.
+        assert_eq!(off.max_runs, Some(20_000));
+    }
+
+    #[test]
+    fn retention_errors_name_the_key_and_the_value() {
+        let cases = [
+            (
+                "max_age = \"30x\"",
+                "retention.max_age = \"30x\": \"30x\" is not a duration",
+            ),
+            (
+                "max_age = 30",
+                "retention.max_age = 30: a duration needs a unit",
+            ),
+            ("interval = \"1.5h\"", "retention.interval = \"1.5h\""),
+            (
+                "max_runs = -1",
+                "retention.max_runs = -1: expected a whole number",
+            ),
+            (
+                "max_runs_per_session = \"lots\"",
+                "retention.max_runs_per_session = \"lots\"",
+            ),
+            (
+                "max_bytes = \"10G\"",
+                "retention.max_bytes = \"10G\": \"10G\" is not a size",
+            ),
+            (
+                "max_bytes = 1024",
+                "retention.max_bytes = 1024: a size needs a unit",
+            ),
+            ("max_bytes = \"99999999999TiB\"", "is too large"),
+            (
+                "max_age = true",
+                "retention.max_age: expected a number or a string",
+            ),
+        ];
+        for (line, want) in cases {
+            let e = parse(&format!("[retention]\n{line}\n")).unwrap_err();
+            assert_eq!(e.line, 2, "{line}: {e}");
+            assert!(e.message.contains(want), "{line}: {e}");
+        }
+        let e = parse("[retention]\nmax_rusn = 3\n").unwrap_err();
+        assert!(e.message.contains("max_rusn"), "{e}");
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! - [`env`](mod@env): the allowlisted environment a child starts with.
 //! - [`limits`]: resource limits with their defaults.
 //! - [`observed`]: what a run changed in its project, from two pictures.
+//! - [`retention`]: which finished runs a prune removes, and why others stay.
 //! - [`rights`]: what a run for another uid needs that uid to hold.
 //! - [`tools`]: the tool catalog and capability classes.
 //! - [`toolpolicy`]: audiences' tool sets and the child-tools filter.
@@ -34,6 +35,7 @@ pub mod driver;
 pub mod env;
 pub mod limits;
 pub mod observed;
+pub mod retention;
 pub mod rights;
 pub mod sandbox;
 pub mod toolpolicy;

@@ -24,9 +24,8 @@
 //!   [`gateway`] (the model gateway of driver runs, the daemon adding the
 //!   key).
 //! - protocol: [`protocol`] (the JSON-RPC wire types and error codes),
-//!   [`status`] (a run's status, from its record), [`notices`] (the
-//!   durable finished-run notices), [`result_md`] (a finished run's
-//!   result.md).
+//!   [`status`] (a run's status, from its record), [`result_md`] (a finished run's
+//!   result.md), [`store`] (the daemon's records in SQLite, state.db).
 //! - [`engine`]: the supervisor itself: its parts, its phases (accept,
 //!   launch, finish, recover) and its API; used by the daemon and by
 //!   `subagent run`.
@@ -46,8 +45,8 @@ pub mod ids;
 pub mod isolation;
 pub mod lockfile;
 pub mod mcp;
-pub mod notices;
 pub mod observe;
+pub mod paging;
 pub mod paths;
 pub mod protocol;
 pub mod result_md;
@@ -62,6 +61,7 @@ pub mod selfcheck;
 pub mod server;
 pub mod sessions;
 pub mod status;
+pub mod store;
 pub mod timefmt;
 pub mod trust;
 pub mod uids;

@@ -4,11 +4,10 @@
 //! ```text
 //! <state_dir>/
 //!   daemon.lock                       held by the daemon using this state dir
+//!   state.db (-wal, -shm)             the records: runs, sessions, notices
+//!   drafts/<run_id>.tmp-<hex>/        a run folder being made
 //!   sessions/<session_id>/
-//!     notices/pending/<ms>-<run_id>.json   finished-run notices not yet taken
-//!     notices/taken/<run_id>.json          notices already taken
 //!     runs/<run_id>/
-//!       run.json      the durable record (atomic writes)
 //!       runner.json   the runner's input
 //!       runner.lock   held by the runner while it lives
 //!       runner.log    the runner's own stderr
@@ -180,6 +179,11 @@ impl StateLayout {
     pub fn sessions(&self) -> PathBuf {
         self.root.join("sessions")
     }
+    /// `<root>/drafts`: run folders being made, renamed into their
+    /// session's `runs/` once the run is recorded.
+    pub fn drafts(&self) -> PathBuf {
+        self.root.join("drafts")
+    }
     /// `<root>/sessions/<session>`.
     pub fn session_dir(&self, session: &str) -> PathBuf {
         self.sessions().join(session)
@@ -192,17 +196,17 @@ impl StateLayout {
     pub fn run_dir(&self, session: &str, run: &RunId) -> PathBuf {
         self.runs_dir(session).join(run.as_str())
     }
-    /// `<root>/sessions/<session>/notices`.
-    pub fn notices_dir(&self, session: &str) -> PathBuf {
-        self.session_dir(session).join("notices")
+    /// The state dir that holds the run folder `dir`
+    /// (`<root>/sessions/<session>/runs/<run>`).
+    pub fn of_run_dir(dir: &Path) -> Option<StateLayout> {
+        let root = dir.ancestors().nth(4)?;
+        Some(StateLayout {
+            root: root.to_path_buf(),
+        })
     }
-    /// Finds a run's folder by its id alone, scanning the sessions.
-    pub fn find_run_dir(&self, run: &RunId) -> Option<PathBuf> {
-        let sessions = std::fs::read_dir(self.sessions()).ok()?;
-        sessions
-            .flatten()
-            .map(|s| s.path().join("runs").join(run.as_str()))
-            .find(|p| p.join("run.json").is_file())
+    /// `<root>/state.db`: the daemon's records.
+    pub fn db(&self) -> PathBuf {
+        self.root.join("state.db")
     }
 }
 
@@ -214,10 +218,6 @@ pub struct RunFiles {
 }
 
 impl RunFiles {
-    /// run.json: the durable record.
-    pub fn record(&self) -> PathBuf {
-        self.dir.join("run.json")
-    }
     /// runner.json: the runner's input.
     pub fn runner_spec(&self) -> PathBuf {
         self.dir.join("runner.json")

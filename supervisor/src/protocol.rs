@@ -48,6 +48,9 @@ pub mod codes {
     /// The daemon is shutting down: it accepts no new runs, and a pending
     /// `wait_agent_run` is answered with this.
     pub const SHUTTING_DOWN: i64 = -32004;
+    /// The run existed and was removed by retention; `data` says when and
+    /// why ([`super::PrunedData`]).
+    pub const RUN_PRUNED: i64 = -32009;
 }
 
 /// A JSON-RPC error object.
@@ -57,6 +60,9 @@ pub struct RpcError {
     pub code: i64,
     /// A sentence for people; names the field or path concerned.
     pub message: String,
+    /// More, for programs: only some codes carry it (`-32009`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
 }
 
 impl RpcError {
@@ -64,6 +70,26 @@ impl RpcError {
         RpcError {
             code,
             message: message.into(),
+            data: None,
+        }
+    }
+
+    /// -32009: `run` was pruned at `pruned_at_ms` for `reason`.
+    pub fn run_pruned(run: &str, pruned_at_ms: u64, reason: policy::retention::Reason) -> RpcError {
+        let data = PrunedData {
+            run_id: run.to_owned(),
+            pruned_at: crate::timefmt::rfc3339_ms(pruned_at_ms),
+            reason,
+        };
+        let message = format!(
+            "run {run} was pruned at {} (retention: {})",
+            data.pruned_at,
+            reason.as_str()
+        );
+        RpcError {
+            code: codes::RUN_PRUNED,
+            message,
+            data: serde_json::to_value(&data).ok(),
         }
     }
 
@@ -212,6 +238,32 @@ pub struct ListParams {
     /// Only runs in this state.
     #[serde(default)]
     pub state: Option<crate::run::record::RunState>,
+    /// At most this many runs (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// The previous page's `next_cursor`: this page starts after it.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Only runs created at or after this RFC 3339 time.
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Only runs created at or before this RFC 3339 time.
+    #[serde(default)]
+    pub until: Option<String>,
+    /// By run id (creation time): oldest first (`asc`) or newest first.
+    #[serde(default)]
+    pub order: ListOrder,
+}
+
+/// The order of a `list_agent_runs` page.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListOrder {
+    /// Oldest first.
+    #[default]
+    Asc,
+    /// Newest first.
+    Desc,
 }
 
 /// The params of `subscribe`.
@@ -229,6 +281,63 @@ pub struct SubscribeParams {
 pub struct TakeParams {
     /// The session whose notices to take.
     pub session_id: String,
+}
+
+/// The params of `prune_runs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneParams {
+    /// Only this session's runs.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Also every run that ended at least this long ago (`"7d"`, `"0s"`).
+    #[serde(default)]
+    pub older_than: Option<String>,
+    /// Say what would be removed, and remove nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// The result of `prune_runs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PruneResult {
+    /// The runs removed (with `dry_run`: that would be), oldest first.
+    pub removed: Vec<PrunedRun>,
+    /// The runs a rule wanted that are kept, and why, oldest first.
+    pub kept: Vec<KeptRun>,
+    /// Nothing was removed.
+    pub dry_run: bool,
+}
+
+/// A run `prune_runs` removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrunedRun {
+    pub run_id: String,
+    pub session_id: String,
+    /// When it ended (RFC 3339 UTC).
+    pub ended_at: String,
+    /// Its run folder's size.
+    pub bytes: u64,
+    /// The rule that chose it.
+    pub reason: policy::retention::Reason,
+}
+
+/// A run `prune_runs` kept although a rule wanted it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptRun {
+    pub run_id: String,
+    /// Why, as a sentence (`worktree … exists (subagent worktree rm)`).
+    pub why: String,
+}
+
+/// The `data` of a `-32009` error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrunedData {
+    pub run_id: String,
+    /// When it was removed (RFC 3339 UTC).
+    pub pruned_at: String,
+    /// The rule that removed it.
+    pub reason: policy::retention::Reason,
 }
 
 /// `{}`: methods without params.
@@ -257,6 +366,8 @@ pub enum Call {
     TouchFiles(TouchParams),
     /// A session's working context and its `[working-context]` block.
     WorkingContext(TakeParams),
+    /// Remove finished runs by the retention rules.
+    PruneRuns(PruneParams),
     /// Liveness and version.
     Ping,
 }
@@ -431,6 +542,7 @@ impl Call {
             "take_notices" => params(p).map(Call::TakeNotices),
             "touch_files" => params(p).map(Call::TouchFiles),
             "working_context" => params(p).map(Call::WorkingContext),
+            "prune_runs" => params(p).map(Call::PruneRuns),
             "ping" => params::<NoParams>(p).map(|_| Call::Ping),
             other => Err(RpcError::new(
                 codes::METHOD_NOT_FOUND,
@@ -549,6 +661,47 @@ mod tests {
         assert_eq!(error.code, codes::METHOD_NOT_FOUND);
         assert_eq!(decode(b"  \r"), Decoded::Blank);
         assert_eq!(decode(b""), Decoded::Blank);
+    }
+
+    #[test]
+    fn prune_runs_decodes_and_the_pruned_error_says_when_and_why() {
+        let Decoded::Request(r) = decode(
+            br#"{"jsonrpc":"2.0","id":1,"method":"prune_runs","params":{"session_id":"s","older_than":"7d","dry_run":true}}"#,
+        ) else {
+            panic!()
+        };
+        let want = PruneParams {
+            session_id: Some("s".into()),
+            older_than: Some("7d".into()),
+            dry_run: true,
+        };
+        assert_eq!(r.call, Call::PruneRuns(want));
+        let Decoded::Request(r) = decode(br#"{"jsonrpc":"2.0","id":1,"method":"prune_runs"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(r.call, Call::PruneRuns(PruneParams::default()));
+        let (_, c, m) =
+            code(r#"{"jsonrpc":"2.0","id":1,"method":"prune_runs","params":{"all":true}}"#);
+        assert_eq!(c, codes::INVALID_PARAMS);
+        assert!(m.contains("all"), "{m}");
+        let id = "20261201T070317.792757Z-5fe54002";
+        let e = RpcError::run_pruned(id, 1_764_572_597_123, policy::retention::Reason::MaxRuns);
+        assert_eq!(e.code, -32009);
+        assert_eq!(
+            e.message,
+            format!("run {id} was pruned at 2025-12-01T07:03:17.123Z (retention: max_runs)")
+        );
+        let line = error_response(&json!(3), &e);
+        let v: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(
+            v["error"]["data"],
+            json!({"pruned_at": "2025-12-01T07:03:17.123Z", "reason": "max_runs", "run_id": id})
+        );
+        // Other errors carry no data member.
+        let plain = error_response(&json!(3), &RpcError::new(codes::RUN_NOT_FOUND, "x"));
+        let v: Value = serde_json::from_slice(&plain).unwrap();
+        assert!(v["error"].get("data").is_none(), "{v}");
     }
 
     #[test]

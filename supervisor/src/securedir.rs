@@ -245,6 +245,41 @@ impl PrivateDir {
     }
 }
 
+/// The size at which a daemon log is moved to `<name>.1`: 10 MiB.
+pub const LOG_CAP: u64 = 10 << 20;
+
+impl PrivateDir {
+    /// [`PrivateDir::open_log`], but once the log has reached `cap` bytes
+    /// it is first moved to `<name>.1` (replacing the older one) and a new
+    /// one opened; true then. With `writing`, only when that descriptor is
+    /// the file at `name`: never moves a log someone else put there.
+    pub fn open_capped_log(
+        &self,
+        name: &str,
+        owner: u32,
+        cap: u64,
+        writing: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<(std::fs::File, bool), SecureDirError> {
+        let path = self.path.join(name);
+        let file = self.open_log(name, owner)?;
+        let st = fstat(&file).map_err(sys("stat", &path))?;
+        let ours = match writing {
+            Some(fd) => {
+                let w = fstat(fd).map_err(sys("stat", &path))?;
+                (w.st_dev, w.st_ino) == (st.st_dev, st.st_ino)
+            }
+            None => true,
+        };
+        if !ours || u64::try_from(st.st_size).unwrap_or(0) < cap {
+            return Ok((file, false));
+        }
+        let old = format!("{name}.1");
+        nix::fcntl::renameat(&self.fd, name, &self.fd, old.as_str())
+            .map_err(sys("rename", &path))?;
+        Ok((self.open_log(name, owner)?, true))
+    }
+}
+
 impl PrivateDir {
     /// Sets the directory's mode (through its descriptor, no path lookup).
     pub fn set_mode(&self, mode: u32) -> Result<(), SecureDirError> {

@@ -339,6 +339,22 @@ impl Conn {
         }
     }
 
+    /// Every run `list_agent_runs` with `params` lists, following its
+    /// pages to the end.
+    pub fn list_all(&mut self, params: Value) -> Vec<Value> {
+        let (mut runs, mut p) = (Vec::new(), params);
+        loop {
+            let v = self
+                .call("list_agent_runs", p.clone())
+                .unwrap_or_else(|e| panic!("list_agent_runs: {e}"));
+            runs.extend(v["runs"].as_array().into_iter().flatten().cloned());
+            match v["next_cursor"].as_str() {
+                Some(c) => p["cursor"] = json!(c),
+                None => return runs,
+            }
+        }
+    }
+
     /// Spawns `command` in `session` (project_dir /tmp unless given) and
     /// returns the run id.
     pub fn spawn(&mut self, session: &str, command: &[&str], extra: Value) -> String {
@@ -451,4 +467,17 @@ pub fn channel() -> tempfile::TempDir {
         .unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     d
+}
+
+/// The record of the run whose folder is `run_dir`, as its state dir's
+/// state.db holds it (opened read-only), in the flat form the protocol's
+/// records have always had; `None` when the database has no such run.
+pub fn stored_run(run_dir: &Path) -> Option<serde_json::Value> {
+    let layout = subagentd::paths::StateLayout::of_run_dir(run_dir)?;
+    let id = subagentd::ids::RunId::parse(run_dir.file_name()?.to_str()?)?;
+    let store = subagentd::store::Store::open_read_only(&layout.db()).unwrap();
+    match store.get(&id).unwrap()? {
+        subagentd::store::Stored::Live(rec) => Some(serde_json::to_value(*rec).unwrap()),
+        subagentd::store::Stored::Pruned { .. } => None,
+    }
 }

@@ -44,13 +44,7 @@ impl Sleepers {
             })
             .collect();
         wait_until(limit, &format!("{n} children running"), || {
-            c.call(
-                "list_agent_runs",
-                json!({"session_id": session, "state": "running"}),
-            )
-            .unwrap()["runs"]
-                .as_array()
-                .unwrap()
+            c.list_all(json!({"session_id": session, "state": "running", "limit": 1000}))
                 .len()
                 == n
         });

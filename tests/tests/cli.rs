@@ -127,7 +127,7 @@ const CASES: &[(&str, &str, i32)] = &[
 ];
 
 /// The runner pid and run folder of the running run whose task is `task`,
-/// from run.json.
+/// from state.db.
 fn runner_pid(state: &Path, task: &str) -> Option<(i32, std::path::PathBuf)> {
     for s in std::fs::read_dir(state.join("sessions")).ok()?.flatten() {
         for r in std::fs::read_dir(s.path().join("runs"))
@@ -135,10 +135,7 @@ fn runner_pid(state: &Path, task: &str) -> Option<(i32, std::path::PathBuf)> {
             .flatten()
             .flatten()
         {
-            let Ok(text) = std::fs::read_to_string(r.path().join("run.json")) else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            let Some(v) = subagentd_e2e::stored_run(&r.path()) else {
                 continue;
             };
             if v["task"] == task && v["state"] == "running" {
@@ -331,8 +328,7 @@ fn interrupting_an_embedded_run_cancels_it() {
                 .flatten()
                 .flatten()
                 .any(|r| {
-                    std::fs::read_to_string(r.path().join("run.json"))
-                        .is_ok_and(|t| t.contains("\"state\": \"running\""))
+                    subagentd_e2e::stored_run(&r.path()).is_some_and(|v| v["state"] == "running")
                 })
         })
     };
@@ -447,4 +443,105 @@ fn spawn_network_allow_reaches_the_listed_port_only() {
     assert!(log.contains(&format!("{lp} listed")), "{log}");
     assert!(log.contains(&format!("{op} refused")), "{log}");
     drop(other);
+}
+
+/// `subagent ls` pages: `--limit` prints one page and says more follow,
+/// `--all` streams every page under one header (and `--json` one document),
+/// `--desc` turns the order, `--since`/`--until` take ages and times.
+#[test]
+fn ls_prints_one_page_or_streams_them_all() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let s = session("lspage");
+    let ids: Vec<String> = (0..5)
+        .map(|_| {
+            let id = c.spawn(&s, &["true"], json!({}));
+            c.wait(&id);
+            id
+        })
+        .collect();
+    let rows = |out: &std::process::Output| -> Vec<String> {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let t = text(&out.stdout);
+        assert_eq!(t.lines().filter(|l| l.starts_with("RUN")).count(), 1, "{t}");
+        t.lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().next().unwrap().to_owned())
+            .collect()
+    };
+    let out = d.cli(&["ls", "--session", &s, "--limit", "3"]);
+    assert_eq!(rows(&out), ids[..3]);
+    assert!(text(&out.stderr).contains("--all"), "{}", text(&out.stderr));
+    let out = d.cli(&["ls", "--session", &s, "--limit", "5"]);
+    assert_eq!(rows(&out), ids);
+    assert_eq!(text(&out.stderr), "", "no more to say");
+
+    let out = d.cli(&["ls", "--session", &s, "--all", "--limit", "2"]);
+    assert_eq!(rows(&out), ids, "three pages, one header");
+    assert_eq!(rows(&d.cli(&["ls", "--session", &s])), ids);
+    let mut newest: Vec<String> = ids.clone();
+    newest.reverse();
+    let out = d.cli(&["ls", "--session", &s, "--all", "--limit", "2", "--desc"]);
+    assert_eq!(rows(&out), newest);
+
+    let out = d.cli(&["--json", "ls", "--session", &s, "--all", "--limit", "2"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ids);
+    assert!(v["next_cursor"].is_null());
+    let out = d.cli(&["--json", "ls", "--session", &s, "--limit", "2"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["runs"].as_array().unwrap().len(), 2);
+    assert!(v["next_cursor"].is_string(), "{v}");
+    let out = d.cli(&["--json", "ls", "--session", &session("lsnone")]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["runs"], json!([]));
+
+    assert_eq!(rows(&d.cli(&["ls", "--session", &s, "--since", "1h"])), ids);
+    assert!(rows(&d.cli(&["ls", "--session", &s, "--until", "1h"])).is_empty());
+    let old = ["ls", "--session", &s, "--until", "2000-01-01T00:00:00Z"];
+    assert!(rows(&d.cli(&old)).is_empty());
+    let out = d.cli(&["ls", "--since", "soon"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("--since"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// `subagentd --log-file`: a log that has reached 10 MiB when the daemon
+/// starts is moved to `.1`, and the daemon goes on in a new one.
+#[test]
+fn the_daemons_log_file_is_moved_aside_at_its_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("daemon.log");
+    let full = vec![b'x'; 10 << 20];
+    std::fs::write(&log, &full).unwrap();
+    let opts = subagentd_e2e::DaemonOpts {
+        args: vec!["--log-file".into(), log.to_str().unwrap().into()],
+        ..Default::default()
+    };
+    let mut child = Daemon::spawn_process(
+        &dir.path().join("d.sock"),
+        &dir.path().join("state"),
+        dir.path(),
+        &opts,
+    );
+    let old = dir.path().join("daemon.log.1");
+    wait_until(Duration::from_secs(20), "the log to be moved", || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("log moved to .1"))
+    });
+    // The old log, and what the daemon wrote before its first check.
+    let moved = std::fs::read(&old).unwrap();
+    assert!(moved.starts_with(&full), "{} bytes moved", moved.len());
+    let now = std::fs::read_to_string(&log).unwrap();
+    assert!(now.len() < 1 << 20, "a new log: {now}");
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

@@ -238,13 +238,8 @@ fn descriptors_the_daemon_inherited_do_not_reach_its_runners() {
     let mut pid = 0;
     wait_until(Duration::from_secs(20), "the run to be running", || {
         let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
-        let rec: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(
-                std::path::Path::new(st["log_path"].as_str().unwrap()).with_file_name("run.json"),
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let log = std::path::Path::new(st["log_path"].as_str().unwrap());
+        let rec = subagentd_e2e::stored_run(log.parent().unwrap()).unwrap();
         pid = rec["runner_pid"].as_i64().unwrap_or(0);
         pid > 0
     });

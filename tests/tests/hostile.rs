@@ -74,8 +74,10 @@ fn writes_outside_the_allowed_roots_fail() {
         .prefix("sa-outside-")
         .tempdir_in("/tmp")
         .unwrap();
+    let db = e.d.state.join("state.db");
     let targets = [
-        victim_run.join("run.json"),
+        victim_run.join("runner.json"),
+        db.clone(),
         victim_art.join("planted"),
         e.d.state.join("planted"),
         PathBuf::from("/root/sa-planted"),
@@ -83,7 +85,7 @@ fn writes_outside_the_allowed_roots_fail() {
         e.project.path().join("planted"),
         e.project.path().join("README"),
     ];
-    let before = std::fs::read(victim_run.join("run.json")).unwrap();
+    let before = std::fs::read(victim_run.join("runner.json")).unwrap();
     let script: String = targets
         .iter()
         .map(|t| {
@@ -97,8 +99,17 @@ fn writes_outside_the_allowed_roots_fail() {
     let (st, log) = e.attack(&format!("{script} echo done"), json!({}));
     assert_eq!(st["state"], "succeeded", "{st}");
     assert!(!log.contains("WROTE"), "a write got through:\n{log}");
-    assert_eq!(std::fs::read(victim_run.join("run.json")).unwrap(), before);
-    for t in &targets[1..6] {
+    assert_eq!(
+        std::fs::read(victim_run.join("runner.json")).unwrap(),
+        before
+    );
+    // The records are whole: the database is still one, with the victim.
+    assert!(std::fs::read(&db)
+        .unwrap()
+        .starts_with(b"SQLite format 3\0"));
+    let rec = subagentd_e2e::stored_run(&victim_run).expect("the victim is recorded");
+    assert_eq!(rec["state"], "succeeded", "{rec}");
+    for t in &targets[2..7] {
         assert!(!t.exists(), "{} was created", t.display());
     }
     assert_eq!(
@@ -130,23 +141,21 @@ fn reads_outside_the_allowed_roots_fail() {
     let secret = home.path().join("secret.txt");
     std::fs::write(&secret, "TOPSECRET-1\n").unwrap();
     let (victim, _) = e.attack("true", json!({}));
-    let victim_run = PathBuf::from(victim["log_path"].as_str().unwrap())
-        .parent()
-        .unwrap()
-        .to_path_buf();
     let script = format!(
-        "cat {} ; cat {}/run.json ; cat /proc/{}/environ ; ls {} ; echo end",
+        "cat {} ; cat {}/state.db {}/state.db-wal ; cat /proc/{}/environ ; ls {} ; echo end",
         sh_quote(&secret),
-        sh_quote(&victim_run),
+        sh_quote(&e.d.state),
+        sh_quote(&e.d.state),
         e.d.pid(),
         sh_quote(&e.d.state)
     );
     let (st, log) = e.attack(&script, json!({}));
     assert_eq!(st["state"], "succeeded");
     assert!(!log.contains("TOPSECRET"), "{log}");
+    let victim_id = victim["run_id"].as_str().unwrap();
     assert!(
-        !log.contains("\"run_id\""),
-        "another run's run.json leaked:\n{log}"
+        !log.contains("SQLite format 3") && !log.contains(victim_id),
+        "the state database leaked:\n{log}"
     );
     assert!(
         !log.contains("SUBAGENTD") && !log.contains("RUST_LOG"),
@@ -156,10 +165,10 @@ fn reads_outside_the_allowed_roots_fail() {
         !log.lines().any(|l| l == "sessions" || l == "daemon.lock"),
         "the state dir was listed:\n{log}"
     );
-    // Each of the four reads failed: refused, or not there at all in the
+    // Each of the five reads failed: refused, or not there at all in the
     // run's own root.
     let failed = log.matches("Permission denied").count() + log.matches("No such file").count();
-    assert_eq!(failed, 4, "{log}");
+    assert_eq!(failed, 5, "{log}");
 }
 
 #[test]

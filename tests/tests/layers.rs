@@ -93,7 +93,10 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
     ),
     ("run model", &["run"]),
     ("run services", &["egress", "gateway"]),
-    ("protocol", &["protocol", "status", "notices", "result_md"]),
+    (
+        "protocol",
+        &["protocol", "paging", "status", "result_md", "store"],
+    ),
     (
         "engine parts",
         &[
@@ -117,6 +120,7 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
             "engine::launch",
             "engine::finish",
             "engine::recover",
+            "engine::prune",
         ],
     ),
     ("engine", &["engine"]),

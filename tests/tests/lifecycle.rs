@@ -73,13 +73,12 @@ fn success_writes_log_artifacts_and_result() {
         run_dir.join("delta/delta.json").display()
     );
     assert_eq!(first, want);
-    let rec: Value =
-        serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
+    let rec = subagentd_e2e::stored_run(&run_dir).expect("the run is in state.db");
     assert_eq!(rec["state"], "succeeded");
     assert_eq!(rec["finalized"], true);
-    // The temp files of the run's atomic writes (run.json's changes,
-    // result.md, exit.json's reserve) were renamed into place: the folder
-    // holds the documented files only.
+    // The temp files of the run's atomic writes (result.md, exit.json's
+    // reserve) were renamed into place: the folder holds the documented
+    // files only, and no record of its own.
     let names = || -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(&run_dir)
             .unwrap()
@@ -96,7 +95,6 @@ fn success_writes_log_artifacts_and_result() {
         "exit.json",
         "observed-before.json",
         "result.md",
-        "run.json",
         "runner.json",
         "runner.lock",
         "runner.log",

@@ -447,22 +447,261 @@ fn shutdown_answers_a_pending_wait() {
     assert_eq!(error_of(&m).0, -32004, "{m}");
     assert!(d.child.wait().unwrap().success());
     // The run is still going without the daemon; end it by hand.
-    let rec: Value = serde_json::from_slice(
-        &std::fs::read(
-            d.state
-                .join("sessions")
-                .read_dir()
-                .unwrap()
-                .next()
-                .unwrap()
-                .unwrap()
-                .path()
-                .join("runs")
-                .join(&run)
-                .join("run.json"),
-        )
-        .unwrap(),
+    let rec = subagentd_e2e::stored_run(
+        &d.state
+            .join("sessions")
+            .read_dir()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path()
+            .join("runs")
+            .join(&run),
     )
-    .unwrap();
+    .expect("the run is in state.db");
     subagentd_e2e::unsafe_kill(rec["runner_pid"].as_i64().unwrap() as i32, libc::SIGTERM);
+}
+
+/// Every page of `list_agent_runs` from `params` on, following next_cursor:
+/// the run ids in the order given, and how many pages it took.
+fn walk(c: &mut Conn, params: Value) -> (Vec<String>, usize) {
+    let (mut ids, mut pages, mut p) = (Vec::new(), 0, params);
+    loop {
+        let v = c.call("list_agent_runs", p.clone()).unwrap();
+        pages += 1;
+        for r in v["runs"].as_array().unwrap() {
+            ids.push(r["run_id"].as_str().unwrap().to_owned());
+        }
+        match v["next_cursor"].as_str() {
+            Some(cur) => p["cursor"] = json!(cur),
+            None => return (ids, pages),
+        }
+        assert!(pages < 1000, "the cursor never ends");
+    }
+}
+
+/// Spawns `n` runs of `command` in `s`, waits for each; their ids in order.
+fn runs(c: &mut Conn, s: &str, n: usize, command: &[&str]) -> Vec<String> {
+    (0..n)
+        .map(|_| {
+            let id = c.spawn(s, command, json!({}));
+            c.wait(&id);
+            id
+        })
+        .collect()
+}
+
+#[test]
+fn list_pages_are_bounded_and_bad_params_named() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    for (params, field, says) in [
+        (json!({"limit": 0}), "limit", "1000"),
+        (json!({"limit": 1001}), "limit", "1000"),
+        (json!({"limit": -1}), "limit", ""),
+        (json!({"cursor": "not-a-cursor"}), "cursor", "next_cursor"),
+        (json!({"cursor": 7}), "cursor", ""),
+        (json!({"since": "yesterday"}), "since", "RFC 3339"),
+        (json!({"until": "2026-01-01"}), "until", "RFC 3339"),
+        (json!({"order": "sideways"}), "order", ""),
+    ] {
+        let (code, msg) = error_of(&c.request("list_agent_runs", params.clone()));
+        assert_eq!(code, -32602, "{params}: {msg}");
+        assert!(msg.contains(field) && msg.contains(says), "{params}: {msg}");
+    }
+    // A run id where a cursor belongs is not one either.
+    let s = session("pg-bound");
+    let ids = runs(&mut c, &s, 101, &["true"]);
+    let (_, msg) = error_of(&c.request("list_agent_runs", json!({"cursor": ids[0]})));
+    assert!(msg.contains("cursor"), "{msg}");
+
+    // The default page is 100 runs, and the next one holds the 101st.
+    let v = c.call("list_agent_runs", json!({"session_id": s})).unwrap();
+    let page: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        page,
+        ids[..100].iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    let cursor = v["next_cursor"].as_str().expect("a next page");
+    let v = c
+        .call(
+            "list_agent_runs",
+            json!({"session_id": s, "cursor": cursor}),
+        )
+        .unwrap();
+    assert_eq!(v["runs"].as_array().unwrap().len(), 1);
+    assert_eq!(v["runs"][0]["run_id"], ids[100].as_str());
+    assert!(v["next_cursor"].is_null(), "{v}");
+    // 1000 is allowed, and then all 101 fit in one page.
+    let v = c
+        .call("list_agent_runs", json!({"session_id": s, "limit": 1000}))
+        .unwrap();
+    assert_eq!(v["runs"].as_array().unwrap().len(), 101);
+    assert!(v["next_cursor"].is_null());
+}
+
+#[test]
+fn a_cursor_walks_every_run_once_in_either_order() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let s = session("pg-walk");
+    let ids = runs(&mut c, &s, 25, &["true"]);
+    let (asc, pages) = walk(&mut c, json!({"session_id": s, "limit": 10}));
+    assert_eq!((asc.as_slice(), pages), (ids.as_slice(), 3));
+    let (desc, pages) = walk(
+        &mut c,
+        json!({"session_id": s, "limit": 10, "order": "desc"}),
+    );
+    let reversed: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!((desc, pages), (reversed, 3));
+    // An exact multiple of the limit ends with next_cursor null, no empty page.
+    let (all, pages) = walk(&mut c, json!({"session_id": s, "limit": 5}));
+    assert_eq!((all.len(), pages), (25, 5));
+    // An old client's params: every run, and the new member is null.
+    let v = c.call("list_agent_runs", json!({"session_id": s})).unwrap();
+    assert_eq!(v["runs"].as_array().unwrap().len(), 25);
+    assert!(v.get("next_cursor").is_some_and(Value::is_null), "{v}");
+}
+
+#[test]
+fn runs_spawned_between_pages_are_neither_doubled_nor_skipped() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let s = session("pg-live");
+    let mut ids = runs(&mut c, &s, 9, &["true"]);
+    let mut p = json!({"session_id": s, "limit": 3});
+    let mut seen = Vec::new();
+    let mut spawner = d.conn();
+    loop {
+        let v = c.call("list_agent_runs", p.clone()).unwrap();
+        seen.extend(
+            v["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["run_id"].as_str().unwrap().to_owned()),
+        );
+        match v["next_cursor"].as_str() {
+            Some(cur) => p["cursor"] = json!(cur),
+            None => break,
+        }
+        // A new run, still going, between every two pages for a while.
+        if ids.len() < 15 {
+            ids.push(spawner.spawn(&s, &["sleep", "30"], json!({})));
+        }
+    }
+    assert_eq!(
+        seen, ids,
+        "oldest first, each once, the new ones at the end"
+    );
+    // Newest first from a cursor, the runs spawned since are not in it.
+    let v = c
+        .call(
+            "list_agent_runs",
+            json!({"session_id": s, "limit": 4, "order": "desc"}),
+        )
+        .unwrap();
+    let first: Vec<String> = ids.iter().rev().take(4).cloned().collect();
+    let got: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, first);
+    let later = spawner.spawn(&s, &["true"], json!({}));
+    let (rest, _) = walk(
+        &mut c,
+        json!({"session_id": s, "limit": 4, "order": "desc",
+               "cursor": v["next_cursor"].as_str().unwrap()}),
+    );
+    assert!(!rest.contains(&later));
+    let older: Vec<String> = ids.iter().rev().skip(4).cloned().collect();
+    assert_eq!(rest, older);
+    for id in &ids[9..] {
+        spawner
+            .call("cancel_agent_run", json!({"run_id": id}))
+            .unwrap();
+    }
+}
+
+#[test]
+fn lists_filter_by_session_state_and_creation_time() {
+    let d = Daemon::start();
+    let mut c = d.conn();
+    let (a, b) = (session("pg-fa"), session("pg-fb"));
+    let ok = runs(&mut c, &a, 3, &["true"]);
+    let failed = runs(&mut c, &b, 1, &["false"]);
+    let later = runs(&mut c, &b, 1, &["true"]);
+    let ids = |v: &Value| -> Vec<String> {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let v = c
+        .call(
+            "list_agent_runs",
+            json!({"session_id": b, "state": "failed"}),
+        )
+        .unwrap();
+    assert_eq!(ids(&v), failed);
+    let v = c
+        .call(
+            "list_agent_runs",
+            json!({"session_id": a, "state": "failed"}),
+        )
+        .unwrap();
+    assert!(ids(&v).is_empty() && v["next_cursor"].is_null(), "{v}");
+
+    let created = |id: &str, c: &mut Conn| -> String {
+        let st = c.call("check_agent_run", json!({"run_id": id})).unwrap();
+        st["created_at"].as_str().unwrap().to_owned()
+    };
+    let (t1, t2) = (created(&ok[1], &mut c), created(&failed[0], &mut c));
+    // Both ends are inclusive, and filters combine with the cursor's pages.
+    let mine = |v: &Value| -> Vec<String> {
+        let all = [ok.clone(), failed.clone(), later.clone()].concat();
+        ids(v).into_iter().filter(|i| all.contains(i)).collect()
+    };
+    let v = c
+        .call("list_agent_runs", json!({"since": t1, "until": t2}))
+        .unwrap();
+    assert_eq!(
+        mine(&v),
+        vec![ok[1].clone(), ok[2].clone(), failed[0].clone()]
+    );
+    let (paged, _) = walk(&mut c, json!({"since": t1, "until": t2, "limit": 1}));
+    let paged: Vec<String> = paged
+        .into_iter()
+        .filter(|i| ok.contains(i) || failed.contains(i))
+        .collect();
+    assert_eq!(paged, vec![ok[1].clone(), ok[2].clone(), failed[0].clone()]);
+    let v = c
+        .call("list_agent_runs", json!({"session_id": b, "since": t2}))
+        .unwrap();
+    assert_eq!(ids(&v), [failed.clone(), later.clone()].concat());
+    let v = c
+        .call(
+            "list_agent_runs",
+            json!({"session_id": a, "until": "2000-01-01T00:00:00Z"}),
+        )
+        .unwrap();
+    assert!(ids(&v).is_empty());
+    // An offset names the same instant.
+    let v = c
+        .call(
+            "list_agent_runs",
+            json!({"session_id": a, "since": "2000-01-01T01:00:00+01:00"}),
+        )
+        .unwrap();
+    assert_eq!(ids(&v), ok);
 }

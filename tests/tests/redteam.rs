@@ -1794,16 +1794,17 @@ fn removing_the_temp_dir_does_not_follow_planted_symlinks() {
 }
 
 /// A child appends to its own `context/system.md`, removes `plan.json`,
-/// adds a file to `context/`, forges its run's `exit.json`, `run.json`,
-/// `attempt.json` and `result.md`, writes a handoff note and exits 3 on
-/// the first attempt. Judged by the run's outcome (failed, exit code 3)
-/// and by the context files and result.md afterwards.
+/// adds a file to `context/`, forges its run's `exit.json`, `runner.json`,
+/// `attempt.json`, `result.md` and the state dir's `state.db`, writes a
+/// handoff note and exits 3 on the first attempt. Judged by the run's
+/// outcome (failed, exit code 3), its record in state.db, and the context
+/// files and result.md afterwards.
 #[test]
 fn a_child_cannot_forge_its_own_runs_records() {
     let Some(e) = env() else { return };
     let script = "c=\"$SUBAGENT_CONTEXT_DIR\"; r=\"${c%/context}\"; \
         echo FORGED-RULE >> \"$c/system.md\"; rm -f \"$c/plan.json\"; echo FORGED > \"$c/new.md\"; \
-        for f in exit.json run.json attempt.json result.md; do \
+        for f in exit.json runner.json attempt.json result.md ../../../../state.db; do \
           printf '{\"exit_code\":0,\"state\":\"succeeded\",\"note\":\"FORGED\"}' > \"$r/$f\" && echo WROTE $f; done; \
         echo done > \"$SUBAGENT_ARTIFACT_DIR/handoff.md\"; echo attack ran; exit 3";
     let (st, log) = e.sh(script, json!({}));
@@ -1814,6 +1815,12 @@ fn a_child_cannot_forge_its_own_runs_records() {
         "the run's outcome was forged: {st}\n{log}"
     );
     let dir = run_dir(&st);
+    let rec = subagentd_e2e::stored_run(&dir).expect("the run is in state.db");
+    assert_eq!(
+        (rec["state"].as_str(), rec["exit_code"].as_i64()),
+        (Some("failed"), Some(3)),
+        "the run's record was forged: {rec}"
+    );
     let system = std::fs::read_to_string(dir.join("context/system.md")).unwrap();
     assert!(!system.contains("FORGED"), "system.md was changed");
     assert!(
@@ -2571,27 +2578,37 @@ fn bare_git(dir: &Path, branch: &str) {
 }
 
 /// A child with the write right links `.subagents/AGENTS.md` to another
-/// session's run.json (its path learned, e.g. from /proc), which holds
-/// that session's `env` secret; the daemon reads the project
-/// instructions of the next run as root. Judged by the secret's absence
-/// from the next run's context and log (it prints its system.md).
+/// session's records (its runner.json, then the state dir's state.db and
+/// its WAL, where a fresh commit sits;
+/// their paths learned, e.g. from /proc), which hold that session's `env`
+/// secret; the daemon reads the project instructions of the next run as
+/// root. Judged by the secret's absence from the next run's context and
+/// log (it prints its system.md).
 #[test]
 fn project_instructions_cannot_pull_in_another_sessions_run_record() {
     let Some(e) = env() else { return };
     let token = marker("RT-API-TOKEN");
     let victim = e.spawn(json!(["true"]), json!({"env": {"API_TOKEN": &token}}));
     let vst = e.wait_final(&victim, RUN_LIMIT, "the victim");
-    let record = run_dir(&vst).join("run.json");
-    let (_, log) = e.sh(
-        "mkdir -p .subagents && ln -s \"$RECORD\" .subagents/AGENTS.md && echo planted",
-        json!({"sandbox": {"write_project": true}, "env": {"RECORD": record}}),
-    );
-    assert!(log.contains("planted"), "{log}");
-    let (st, log) = e.sh("cat \"$SUBAGENT_CONTEXT_DIR/system.md\"", json!({}));
-    assert!(
-        !context_text(&st).contains(&token) && !log.contains(&token),
-        "another session's secret reached the next run's context"
-    );
+    let dir = run_dir(&vst);
+    for record in [
+        dir.join("runner.json"),
+        dir.ancestors().nth(4).unwrap().join("state.db"),
+        dir.ancestors().nth(4).unwrap().join("state.db-wal"),
+    ] {
+        assert!(record.exists(), "{}", record.display());
+        let (_, log) = e.sh(
+            "mkdir -p .subagents && ln -sfn \"$RECORD\" .subagents/AGENTS.md && echo planted",
+            json!({"sandbox": {"write_project": true}, "env": {"RECORD": record}}),
+        );
+        assert!(log.contains("planted"), "{log}");
+        let (st, log) = e.sh("cat \"$SUBAGENT_CONTEXT_DIR/system.md\"", json!({}));
+        assert!(
+            !context_text(&st).contains(&token) && !log.contains(&token),
+            "another session's secret reached the next run's context from {}",
+            record.display()
+        );
+    }
 }
 
 /// A child with the write right writes a definition
@@ -2968,9 +2985,11 @@ fn secret_holding_run(e: &Env, s: &str, mark: &str) -> Value {
     st
 }
 
-/// Reads another session's run.json, child.log and runner.json, lists the
-/// state dir and looks for the socket, then reads its own context.
-const STATE_DIR_READER: &str = "cat \"$VICTIM/run.json\" \"$VICTIM/child.log\" \"$VICTIM/runner.json\" 2>&1; \
+/// Reads the state dir's state.db and its WAL, where a fresh commit sits
+/// (another session's record, its env),
+/// that session's child.log and runner.json, lists the state dir and looks
+/// for the socket, then reads its own context.
+const STATE_DIR_READER: &str = "cat \"$STATE/state.db\" \"$STATE/state.db-wal\" \"$VICTIM/child.log\" \"$VICTIM/runner.json\" 2>&1; \
     ls -1a \"$STATE\" \"$STATE/sessions\" 2>&1; test -e \"$SOCK\" && echo SOCKET-IN-VIEW; \
     grep -q 'Task:' \"$SUBAGENT_CONTEXT_DIR/first_message.md\" && echo CONTEXT-READ; echo attack ran";
 
@@ -2994,8 +3013,8 @@ fn assert_state_dir_hidden(log: &str, mark: &str, victim_session: &str) {
 }
 
 /// The daemon's state dir and socket lie inside the project (read only
-/// to the child, reached as its owner): the child reads another
-/// session's run.json (its env), child.log and runner.json, lists the
+/// to the child, reached as its owner): the child reads the state.db
+/// (another session's env), its child.log and runner.json, lists the
 /// state dir and looks for the socket. Judged by the victim's secret and
 /// session in the child's log; the child's own context must still be
 /// readable.

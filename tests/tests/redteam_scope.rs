@@ -465,3 +465,56 @@ fn owners_are_kept_across_a_daemon_restart() {
     );
     refused(e, NOT_OWNED, "root's spawn into the other uid's session");
 }
+
+#[test]
+fn another_uids_prune_removes_and_shows_only_its_own_runs() {
+    let Some(ids) = user() else { return };
+    let (d, _cfg) = otheruser::daemon_allowing(ids.0, "[retention]\ninterval = 0\n");
+    let mine = dir("sa-scope-prune-", 0o700, Some(ids));
+    let (rs, xs) = (session("root-prune"), session("own-prune"));
+    let mut root = d.conn();
+    let roots: Vec<String> = (0..2)
+        .map(|_| {
+            let r = root.spawn(&rs, &["true"], json!({}));
+            root.wait(&r);
+            r
+        })
+        .collect();
+    root.call("take_notices", json!({"session_id": rs}))
+        .unwrap();
+    let mut x = Other::connect(ids, &d.socket);
+    let own: Vec<String> = (0..2)
+        .map(|_| {
+            let r = x.call("spawn_agent", spawn_params(&xs, mine.path(), "true"));
+            let r = r.unwrap_or_else(|e| panic!("refused: {e}"))["run_id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            x.call("wait_agent_run", json!({"run_id": r, "timeout_ms": 60_000}))
+                .unwrap();
+            r
+        })
+        .collect();
+    x.call("take_notices", json!({"session_id": xs})).unwrap();
+    // Root's own session named: nothing of root's is removed or shown.
+    let named = x
+        .call("prune_runs", json!({"session_id": rs, "older_than": "0s"}))
+        .unwrap();
+    assert_eq!(named, json!({"dry_run": false, "kept": [], "removed": []}));
+    let all = x.call("prune_runs", json!({"older_than": "0s"})).unwrap();
+    let removed: Vec<&str> = all["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(removed, [own[0].as_str()], "{all}");
+    assert_eq!(
+        all["kept"],
+        json!([{"run_id": own[1], "why": "the newest run of its session"}])
+    );
+    let list = root.call("list_agent_runs", json!({})).unwrap();
+    for r in &roots {
+        assert!(lists(&list, r, "-"), "root's run {r} is gone: {list}");
+    }
+}

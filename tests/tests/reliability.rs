@@ -14,68 +14,64 @@ use subagentd_e2e::{
     alive, bin, is_root, runnable, session, unsafe_kill, wait_until, Conn, Daemon, DaemonOpts,
 };
 
+/// A crash while a run was being made leaves its draft in
+/// `<state>/drafts/`: with no record it is removed at the next start (its
+/// spawn was never answered); with one (the crash came between the commit
+/// and the rename) it is put in place and the run goes on.
 #[test]
-fn a_corrupt_run_json_makes_that_run_lost_and_the_daemon_still_starts() {
-    let mut d = Daemon::start();
-    let s = session("corrupt");
+fn a_draft_without_its_record_goes_and_one_with_it_is_put_in_place() {
+    let mut d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(1),
+        ..Default::default()
+    });
+    let s = session("drafts");
+    let scratch = subagentd_e2e::channel();
+    let go = scratch.path().join("go");
     let mut c = d.conn();
-    let good = c.spawn(&s, &["true"], json!({}));
-    let bad = c.spawn(&s, &["true"], json!({}));
-    c.wait(&good);
-    let st = c.wait(&bad);
-    c.call("take_notices", json!({"session_id": s})).unwrap();
+    let blocker = c.spawn(
+        &s,
+        &[
+            "sh",
+            "-c",
+            &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display()),
+        ],
+        json!({}),
+    );
+    let queued = c.spawn(&s, &["echo", "queued-ran"], json!({}));
+    let st = c
+        .call("check_agent_run", json!({"run_id": queued}))
+        .unwrap();
+    assert_eq!(st["state"], "accepted", "{st}");
     drop(c);
     d.stop();
     let dir = Path::new(st["log_path"].as_str().unwrap())
         .parent()
         .unwrap()
         .to_path_buf();
-    std::fs::write(dir.join("run.json"), "{\"format\": 1, \"run_id\": \"trunc").unwrap();
-    // A half-made run folder (no run.json) is removed.
-    let half = dir
-        .parent()
-        .unwrap()
-        .join("20200101T000000.000000Z-00000000");
-    std::fs::create_dir_all(half.join("artifacts")).unwrap();
-    // So is a draft folder, even one holding a whole record: it was never
-    // renamed to its run id, so its spawn was never answered.
-    let drafted = "20200101T000000.000001Z-00000001";
-    let draft = dir
-        .parent()
-        .unwrap()
-        .join(format!("{drafted}.tmp-0123abcd"));
-    std::fs::create_dir_all(draft.join("artifacts")).unwrap();
-    let mut rec: Value = serde_json::from_slice(
-        &std::fs::read(dir.parent().unwrap().join(&good).join("run.json")).unwrap(),
-    )
-    .unwrap();
-    rec["run_id"] = json!(drafted);
-    rec["run_dir"] = json!(dir.parent().unwrap().join(drafted));
-    std::fs::write(draft.join("run.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
+    let drafts = d.state.join("drafts");
+    // The queued run's folder as if the crash came before its rename.
+    let recorded = drafts.join(format!("{queued}.tmp-0123abcd"));
+    std::fs::rename(&dir, &recorded).unwrap();
+    // A draft no record names, even one whose id looks like a run's.
+    let stray = drafts.join("20200101T000000.000001Z-00000001.tmp-0123abcd");
+    std::fs::create_dir_all(stray.join("artifacts")).unwrap();
     d.restart();
+    std::fs::write(&go, "").unwrap();
     let mut c = d.conn();
-    let st = c.call("check_agent_run", json!({"run_id": bad})).unwrap();
-    assert_eq!(st["state"], "lost", "{st}");
-    assert!(
-        st["reason"]
-            .as_str()
-            .unwrap()
-            .contains("run.json was corrupt"),
-        "{st}"
-    );
-    assert!(dir.join("run.json.corrupt").exists(), "kept for inspection");
-    assert_eq!(
-        c.call("check_agent_run", json!({"run_id": good})).unwrap()["state"],
-        "succeeded"
-    );
-    assert!(!half.exists());
-    assert!(!draft.exists());
+    assert_eq!(c.wait(&blocker)["state"], "succeeded");
+    let st = c.wait(&queued);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert!(dir.is_dir(), "the recorded draft was put in place");
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    assert!(log.contains("queued-ran"), "{log}");
+    assert!(!recorded.exists() && !stray.exists());
+    assert_eq!(std::fs::read_dir(&drafts).unwrap().count(), 0);
     assert!(c
-        .call("check_agent_run", json!({"run_id": drafted}))
+        .call(
+            "check_agent_run",
+            json!({"run_id": "20200101T000000.000001Z-00000001"})
+        )
         .is_err());
-    // Its notice was taken before the file broke: it is not handed out again.
-    let n = c.call("take_notices", json!({"session_id": s})).unwrap();
-    assert_eq!(n["notices"], json!([]), "{n}");
 }
 
 #[test]
@@ -512,17 +508,20 @@ fn a_full_state_dir_refuses_spawns_cleanly() {
         e["message"].as_str().unwrap().starts_with("state dir: "),
         "{e}"
     );
-    // No half-made run: every run folder has its run.json.
+    // No half-made run: every run folder is a recorded run, and no draft
+    // is left.
     for r in std::fs::read_dir(state.join("sessions").join(&s).join("runs"))
         .unwrap()
         .flatten()
     {
         assert!(
-            r.path().join("run.json").exists(),
+            subagentd_e2e::stored_run(&r.path()).is_some(),
             "half-made run {}",
             r.path().display()
         );
     }
+    let drafts = std::fs::read_dir(state.join("drafts")).map_or(0, |d| d.count());
+    assert_eq!(drafts, 0, "a draft was left");
     assert!(
         c.call("ping", json!({})).is_ok(),
         "the daemon keeps serving"
@@ -553,64 +552,6 @@ fn a_failing_log_write_is_recorded_and_the_child_runs_on() {
     assert!(c.call("ping", json!({})).is_ok());
 }
 
-/// A crash after the notice is stored and before run.json is saved final
-/// leaves run.json `running` beside exit.json, result.md and the stored
-/// notice: the next start finishes the run the same way and hands the
-/// notice out once.
-#[test]
-fn a_crash_after_the_notice_and_before_the_last_save_repeats_nothing() {
-    let mut d = Daemon::start();
-    let s = session("lastsave");
-    let mut c = d.conn();
-    let run = c.spawn(&s, &["true"], json!({}));
-    let st = c.wait(&run);
-    assert_eq!(st["state"], "succeeded", "{st}");
-    drop(c);
-    d.stop();
-    let dir = Path::new(st["log_path"].as_str().unwrap())
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let mut rec: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap()).unwrap();
-    assert_eq!(rec["finalized"], true, "{rec}");
-    let result = std::fs::read(dir.join("result.md")).unwrap();
-    rec["state"] = json!("running");
-    rec["finalized"] = json!(false);
-    rec["exit_code"] = Value::Null;
-    rec["ended_at_ms"] = Value::Null;
-    // Nothing was merged, so the report was not saved on its own either.
-    rec["delta"] = Value::Null;
-    std::fs::write(dir.join("run.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
-    d.restart();
-    let mut c = d.conn();
-    let st = c.wait(&run);
-    assert_eq!(st["state"], "succeeded", "{st}");
-    assert_eq!(st["exit_code"], 0, "{st}");
-    assert_eq!(std::fs::read(dir.join("result.md")).unwrap(), result);
-    let n = c.call("take_notices", json!({"session_id": s})).unwrap();
-    let ids: Vec<&Value> = n["notices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| &n["run_id"])
-        .collect();
-    assert_eq!(ids, [&json!(run)], "{n}");
-    let n = c.call("take_notices", json!({"session_id": s})).unwrap();
-    assert_eq!(n["notices"], json!([]), "{n}");
-    let saved: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap()).unwrap();
-    assert_eq!(
-        (&saved["state"], &saved["finalized"]),
-        (&json!("succeeded"), &json!(true))
-    );
-}
-
-/// A daemon killed between opening a run's gate and recording the run as
-/// running, while its runner is still starting (it holds runner.lock but
-/// has not written its pid yet): the next start waits for the pid instead
-/// of calling the run lost, watches the runner, and the run ends as its
-/// agent did, having run once.
 #[test]
 fn a_runner_still_starting_when_the_daemon_dies_is_watched_again() {
     let scratch = subagentd_e2e::channel();

@@ -66,8 +66,19 @@ fn children_run_as_the_given_user_with_their_dirs() {
         .parent()
         .unwrap()
         .to_path_buf();
-    let meta = std::fs::metadata(run_dir.join("run.json")).unwrap();
-    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    for f in [
+        run_dir.join("runner.json"),
+        run_dir.ancestors().nth(4).unwrap().join("state.db"),
+    ] {
+        let meta = std::fs::metadata(&f).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{}", f.display());
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            0,
+            "{}",
+            f.display()
+        );
+    }
 }
 
 /// The children of a root daemon never walk the host's path to their run
@@ -213,9 +224,8 @@ fn a_queued_run_whose_uid_was_taken_meanwhile_gets_another() {
         .unwrap();
     assert_eq!(st["state"], "accepted", "{st}");
     let log = std::path::PathBuf::from(st["log_path"].as_str().unwrap());
-    let record = || -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(log.with_file_name("run.json")).unwrap()).unwrap()
-    };
+    let record =
+        || -> serde_json::Value { subagentd_e2e::stored_run(log.parent().unwrap()).unwrap() };
     let first = record()["uid"].as_u64().unwrap();
     drop(c);
     d.stop();

@@ -46,6 +46,11 @@ struct Args {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// The file stderr is appended to, to keep it capped: at 10 MiB it is
+    /// moved to PATH.1 (replacing the older one) and a new one started;
+    /// checked at start and every minute.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
     /// Print what this host can enforce and exit: 0 when every default
     /// requirement (Landlock, seccomp, capability drop, network isolation)
     /// holds, 1 otherwise.
@@ -220,6 +225,53 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// How often the `--log-file` is checked against its cap.
+const LOG_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Checks `log` now and every [`LOG_CHECK`] on a thread of its own.
+fn keep_log_capped(log: PathBuf) {
+    let shown = log.display().to_string();
+    let spawned = std::thread::Builder::new()
+        .name("log-cap".into())
+        .spawn(move || loop {
+            match cap_log(&log) {
+                Ok(true) => tracing::info!(log = %log.display(), "log moved to .1 at its cap"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!("capping the log {}: {e:#}", log.display()),
+            }
+            std::thread::sleep(LOG_CHECK);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("capping the log {shown}: {e}");
+    }
+}
+
+/// Moves `log` to `log.1` and points stderr at a new one, when stderr is
+/// `log` and it has reached its cap; true then.
+fn cap_log(log: &std::path::Path) -> Result<bool> {
+    use std::os::fd::AsFd;
+    let name = log
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| anyhow::anyhow!("not a file name"))?;
+    let dir = log
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let dir = subagentd::securedir::open_owned_dir(dir)?;
+    let stderr = std::io::stderr();
+    let (file, moved) = dir.open_capped_log(
+        name,
+        subagentd::paths::uid(),
+        subagentd::securedir::LOG_CAP,
+        Some(stderr.as_fd()),
+    )?;
+    if moved {
+        nix::unistd::dup2_stderr(&file)?;
+    }
+    Ok(moved)
+}
+
 fn main() -> std::process::ExitCode {
     // What the daemon inherited from whoever started it must not reach the
     // runners it spawns.
@@ -233,6 +285,9 @@ fn main() -> std::process::ExitCode {
         return check(args.config.as_deref(), runner);
     }
     init_tracing(args.log_format);
+    if let Some(log) = &args.log_file {
+        keep_log_capped(log.clone());
+    }
     // Descriptors are what runs' proxied connections cost the daemon.
     match subagentd::egress::budget::raise_nofile() {
         Ok(n) => tracing::info!(nofile = n, "descriptor limit"),

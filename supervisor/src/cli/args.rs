@@ -151,15 +151,9 @@ pub enum Command {
         /// The run id.
         run: String,
     },
-    /// List runs.
-    Ls {
-        /// Only this session's runs.
-        #[arg(long, value_name = "ID")]
-        session: Option<String>,
-        /// Only runs in this state.
-        #[arg(long, value_name = "STATE")]
-        state: Option<String>,
-    },
+    /// List runs, oldest first: all of them, fetched and printed a page at a
+    /// time, or one page with --limit.
+    Ls(LsArgs),
     /// Take a session's finished-run notices (each is shown once).
     Notices {
         /// The session.
@@ -224,6 +218,20 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         project_dir: Option<PathBuf>,
     },
+    /// Remove finished runs by the daemon's retention limits now, printing
+    /// each run removed and each kept that a limit wanted, with why.
+    Prune {
+        /// Say what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only this session's runs.
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// Also every run that ended at least this long ago (`7d`, `12h`,
+        /// `0s`), but never the runs retention keeps.
+        #[arg(long, value_name = "D")]
+        older_than: Option<String>,
+    },
     /// Check that the daemon answers.
     Ping,
     /// Serve MCP on stdin/stdout, so an MCP client (Claude Code, Codex, …)
@@ -239,4 +247,31 @@ pub enum WorktreeAction {
         /// The run id.
         run: String,
     },
+}
+
+/// `subagent ls`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LsArgs {
+    /// Only this session's runs.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// Only runs in this state.
+    #[arg(long, value_name = "STATE")]
+    pub state: Option<String>,
+    /// One page of at most N runs (1 to 1000); with --all, the page size.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Every run, a page at a time (the default without --limit).
+    #[arg(long)]
+    pub all: bool,
+    /// Only runs created since: an age (`90s`, `10m`, `2h`, `7d`) or an
+    /// RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+    /// Only runs created until: an age or an RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
+    /// Newest first.
+    #[arg(long)]
+    pub desc: bool,
 }

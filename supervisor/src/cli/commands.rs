@@ -6,7 +6,6 @@ use crate::client::{Client, ClientError};
 use crate::ids::RunId;
 use crate::paths::StateLayout;
 use crate::protocol::{SessionParams, SpawnParams};
-use crate::run::record::RunState;
 use crate::sanitize::{for_terminal, json_text, one_line};
 use crate::status::RunStatus;
 use anyhow::{anyhow, bail, Context, Result};
@@ -166,8 +165,30 @@ fn wait(ctx: &Ctx, run: &str, timeout: Option<f64>) -> Result<u8> {
     Ok(wait_exit_code(&status))
 }
 
-/// Finds a run's folder: from the daemon when it answers, else by scanning
-/// the state dir.
+/// The run's record in the state dir's database, opened read-only (the
+/// daemon may be down); `None` when it has no such run.
+fn stored_record(
+    layout: &StateLayout,
+    id: &RunId,
+) -> Result<Option<crate::run::record::RunRecord>> {
+    let store = crate::store::Store::open_read_only(&layout.db())?;
+    Ok(match store.get(id)? {
+        Some(crate::store::Stored::Live(r)) => Some(*r),
+        _ => None,
+    })
+}
+
+/// The record of the run in folder `dir`, from its state dir's database.
+fn record_of_dir(dir: &std::path::Path, run: &str) -> Result<crate::run::record::RunRecord> {
+    let id = RunId::parse(run).ok_or_else(|| anyhow!("{run:?} is not a run id"))?;
+    let layout = StateLayout::of_run_dir(dir)
+        .ok_or_else(|| anyhow!("{} is not in a state dir", dir.display()))?;
+    stored_record(&layout, &id)?
+        .ok_or_else(|| anyhow!("run {run} is not in {}", layout.db().display()))
+}
+
+/// Finds a run's folder: from the daemon when it answers, else from the
+/// state dir's database.
 fn run_dir(ctx: &Ctx, run: &str) -> Result<PathBuf> {
     let id = RunId::parse(run).ok_or_else(|| anyhow!("{run:?} is not a run id"))?;
     match ctx.call("check_agent_run", json!({ "run_id": run })) {
@@ -185,17 +206,18 @@ fn run_dir(ctx: &Ctx, run: &str) -> Result<PathBuf> {
             }
         }
     }
-    StateLayout {
+    let layout = StateLayout {
         root: ctx.state_dir.clone(),
-    }
-    .find_run_dir(&id)
-    .ok_or_else(|| {
-        anyhow!(
-            "run {run} not found (asked the daemon at {}, looked in {})",
-            ctx.socket.display(),
-            ctx.state_dir.display()
-        )
-    })
+    };
+    stored_record(&layout, &id)?
+        .map(|r| r.run_dir)
+        .ok_or_else(|| {
+            anyhow!(
+                "run {run} not found (asked the daemon at {}, looked in {})",
+                ctx.socket.display(),
+                ctx.state_dir.display()
+            )
+        })
 }
 
 /// Runs one of the socket commands (or `logs`); returns the exit code.
@@ -205,7 +227,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
         Command::Check { run } => status_of(ctx, "check_agent_run", &run),
         Command::Wait { run, timeout } => wait(ctx, &run, timeout),
         Command::Cancel { run } => status_of(ctx, "cancel_agent_run", &run),
-        Command::Ls { session, state } => list(ctx, session, state),
+        Command::Ls(args) => super::list::list(ctx.client()?, ctx.json, &args),
         Command::Notices { session } => notices(ctx, &session),
         Command::Logs {
             run,
@@ -219,6 +241,18 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             action: WorktreeAction::Rm { run },
         } => remove_worktree(ctx, &run),
         Command::Agents { project_dir } => agents(ctx, project_dir),
+        Command::Prune {
+            dry_run,
+            session,
+            older_than,
+        } => {
+            let params = crate::protocol::PruneParams {
+                session_id: session,
+                older_than,
+                dry_run,
+            };
+            prune(ctx, &params)
+        }
         Command::Ping => ping(ctx),
         Command::Run { .. } | Command::Mcp(_) => bail!("run and mcp are handled separately"),
     }
@@ -248,23 +282,6 @@ fn spawn(ctx: &Ctx, run: &RunArgs, then_wait: bool) -> Result<u8> {
 fn status_of(ctx: &Ctx, method: &str, run: &str) -> Result<u8> {
     let v = ctx.call(method, json!({ "run_id": run }))?;
     print_status(ctx, &v)?;
-    Ok(0)
-}
-
-fn list(ctx: &Ctx, session: Option<String>, state: Option<String>) -> Result<u8> {
-    if let Some(s) = &state {
-        RunState::parse(s).ok_or_else(|| anyhow!("--state {s:?} is not a run state"))?;
-    }
-    let v = ctx.call(
-        "list_agent_runs",
-        json!({ "session_id": session, "state": state }),
-    )?;
-    if ctx.json {
-        print_json(&v, true)?;
-    } else {
-        let runs: Vec<RunStatus> = serde_json::from_value(v["runs"].clone())?;
-        stdout::write(&show::table(&runs))?;
-    }
     Ok(0)
 }
 
@@ -342,7 +359,7 @@ fn context(ctx: &Ctx, run: &str, detail: bool, show: bool) -> Result<u8> {
     let plan: policy::compose::Plan = serde_json::from_str(&dir.read("plan.json")?)?;
     let sizes = dir.tool_sizes()?;
     // A record from before drivers delivered through files alone.
-    let delivery = crate::run::record::RunRecord::load(&run_dir.join("run.json"))
+    let delivery = record_of_dir(&run_dir, run)
         .ok()
         .and_then(|r| r.driver_run)
         .map(|d| d.delivered)
@@ -383,7 +400,7 @@ fn working_context(ctx: &Ctx, session: &str) -> Result<u8> {
 
 fn remove_worktree(ctx: &Ctx, run: &str) -> Result<u8> {
     let dir = run_dir(ctx, run)?;
-    let rec = crate::run::record::RunRecord::load(&dir.join("run.json"))?;
+    let rec = record_of_dir(&dir, run)?;
     let wt = rec
         .worktree
         .as_ref()
@@ -417,6 +434,19 @@ fn agents(ctx: &Ctx, project_dir: Option<PathBuf>) -> Result<u8> {
         stdout::write(&show::agents_table(&found, &tools))?;
     }
     Ok(if found.errors.is_empty() { 0 } else { 1 })
+}
+
+/// Asks the daemon to prune now and prints what it did.
+fn prune(ctx: &Ctx, params: &crate::protocol::PruneParams) -> Result<u8> {
+    let v = ctx.call("prune_runs", serde_json::to_value(params)?)?;
+    if ctx.json {
+        print_json(&v, true)?;
+    } else {
+        let result: crate::protocol::PruneResult =
+            serde_json::from_value(v).context("bad prune result from the daemon")?;
+        stdout::write(&super::prune::lines(&result))?;
+    }
+    Ok(0)
 }
 
 fn ping(ctx: &Ctx) -> Result<u8> {

@@ -11,21 +11,33 @@ use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
 use std::path::Path;
 
-/// Whether the run in `dir` has ended, judged from its files alone: the
-/// runner wrote exit.json (after the last byte of the log), run.json is in
-/// a terminal state, or run.json says running but the runner's lock is free
-/// (the runner died without an exit.json). A free lock alone proves
-/// nothing: the daemon creates it just before it starts the runner.
+/// Whether the run in `dir` has ended, judged without the daemon: the
+/// runner wrote exit.json (after the last byte of the log), its state dir's
+/// database says it is in a terminal state, or says running but the
+/// runner's lock is free (the runner died without an exit.json). A free
+/// lock alone proves nothing: the daemon creates it just before it starts
+/// the runner.
 pub fn run_ended(dir: &Path) -> bool {
     if dir.join("exit.json").exists() {
         return true;
     }
-    match RunRecord::load(&dir.join("run.json")) {
-        Ok(r) if r.state().is_terminal() => true,
-        Ok(r) if r.state() == RunState::Running => {
+    match stored(dir) {
+        Some(r) if r.state().is_terminal() => true,
+        Some(r) if r.state() == RunState::Running => {
             crate::lockfile::is_held(&dir.join("runner.lock")) == Some(false)
         }
         _ => false,
+    }
+}
+
+/// The record of the run in `dir`, read from its state dir's database.
+fn stored(dir: &Path) -> Option<RunRecord> {
+    let id = crate::ids::RunId::parse(dir.file_name()?.to_str()?)?;
+    let layout = crate::paths::StateLayout::of_run_dir(dir)?;
+    let store = crate::store::Store::open_read_only(&layout.db()).ok()?;
+    match store.get(&id).ok()?? {
+        crate::store::Stored::Live(r) => Some(*r),
+        crate::store::Stored::Pruned { .. } => None,
     }
 }
 

@@ -6,17 +6,23 @@
 //! - [`follow`]: printing and following child.log from the file.
 //! - [`show`]: human output (status blocks, the `ls` table).
 //! - [`commands`]: the socket commands.
+//! - [`list`]: `subagent ls`, page by page.
+//! - [`prune`]: `subagent prune`'s lines.
 //! - [`run`]: `subagent run`, for CI.
 //! - [`stdout`]: writing to stdout; a closed stdout ends quietly.
 
 pub mod args;
 pub mod commands;
 pub mod follow;
+pub mod list;
+pub mod prune;
 pub mod run;
 pub mod show;
 pub mod stdout;
 
-pub use args::{Cli, Command, RunArgs, WorktreeAction, EXIT_CLIENT_ERROR, EXIT_STILL_RUNNING};
+pub use args::{
+    Cli, Command, LsArgs, RunArgs, WorktreeAction, EXIT_CLIENT_ERROR, EXIT_STILL_RUNNING,
+};
 use clap::Parser;
 use std::path::PathBuf;
 

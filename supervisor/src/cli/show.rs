@@ -64,6 +64,17 @@ fn duration(s: &RunStatus, now: u64) -> String {
 
 /// The `ls` table: run, session, state, age, duration, command.
 pub fn table(runs: &[RunStatus]) -> String {
+    let mut widths = TABLE_HEADER.map(str::len);
+    table_page(runs, &mut widths, true)
+}
+
+/// The `ls` table's columns.
+pub const TABLE_HEADER: [&str; 6] = ["RUN", "SESSION", "STATE", "AGE", "DURATION", "COMMAND"];
+
+/// One page of the `ls` table, its header first when `header`. `widths`
+/// carries the columns' widths from page to page: they only grow, so a
+/// streamed table stays aligned unless a later page has a wider cell.
+pub fn table_page(runs: &[RunStatus], widths: &mut [usize; 6], header: bool) -> String {
     let now = now_ms();
     let rows: Vec<[String; 6]> = runs
         .iter()
@@ -82,8 +93,6 @@ pub fn table(runs: &[RunStatus]) -> String {
             ]
         })
         .collect();
-    let header = ["RUN", "SESSION", "STATE", "AGE", "DURATION", "COMMAND"];
-    let mut widths = header.map(str::len);
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -101,7 +110,9 @@ pub fn table(runs: &[RunStatus]) -> String {
         }
         let _ = writeln!(out, "{}", l.trim_end());
     };
-    line(&header.map(String::from));
+    if header {
+        line(&TABLE_HEADER.map(String::from));
+    }
     for row in &rows {
         line(row);
     }

@@ -2,12 +2,12 @@
 //! draft name, its temp dir, its worktree, its uid lease), undone when the
 //! draft is dropped unless it was published.
 //!
-//! The folder is written as `runs/<run id>.tmp-<8 hex>` and renamed to
-//! `runs/<run id>` once run.json is in it, so a run folder is never seen
-//! half made; recovery removes draft folders a crash left (see
-//! [`is_draft_name`]). The records are written first and fsynced together
-//! when the draft is published, so that a runner started meanwhile (see
-//! `launch`) overlaps the wait.
+//! The folder is written as `<state>/drafts/<run id>.tmp-<8 hex>` and
+//! renamed to its session's `runs/<run id>` once the run is recorded, so a
+//! run folder is never seen half made; recovery sweeps the one drafts
+//! folder (see [`is_draft_name`]). The files to keep are written first and
+//! fsynced together when the draft is published, so that a runner started
+//! meanwhile (see `launch`) overlaps the wait.
 
 use super::error::{StorageError, WorkspaceError};
 use super::EngineError;
@@ -25,10 +25,15 @@ use subagent_runner::ioerr::at;
 /// What separates a draft folder's name from its run id.
 const DRAFT_MARK: &str = ".tmp-";
 
-/// Whether `name` (an entry of a `runs/` folder) is a draft run folder.
+/// Whether `name` (an entry of a `runs/` or drafts folder) is a draft run
+/// folder.
 pub fn is_draft_name(name: &str) -> bool {
-    name.split_once(DRAFT_MARK)
-        .is_some_and(|(id, _)| RunId::parse(id).is_some())
+    draft_run_id(name).is_some()
+}
+
+/// The run id a draft folder named `name` is for.
+pub fn draft_run_id(name: &str) -> Option<RunId> {
+    RunId::parse(name.split_once(DRAFT_MARK)?.0)
 }
 
 /// Whether a file written into a draft is fsynced.
@@ -75,6 +80,7 @@ struct MadeWorktree {
 /// keeps it.
 pub struct RunDraft {
     id: RunId,
+    /// The session's `runs/`, where the folder is renamed to its run id.
     runs_dir: PathBuf,
     /// The folder being written, under its draft name.
     draft_dir: PathBuf,
@@ -89,18 +95,20 @@ pub struct RunDraft {
 }
 
 impl RunDraft {
-    /// Starts run `id` in `runs_dir` (made if missing): its draft folder
-    /// with empty `artifacts/`, `context/` and `delta/`. The draft holds
-    /// `lease` until it is published.
+    /// Starts run `id` of `runs_dir` (made if missing): its draft folder
+    /// in `drafts` with empty `artifacts/`, `context/` and `delta/`. The
+    /// draft holds `lease` until it is published.
     pub fn begin(
+        drafts: &Path,
         runs_dir: PathBuf,
         id: RunId,
         lease: Option<UidLease>,
     ) -> Result<RunDraft, EngineError> {
         mkdir_private(&runs_dir, true)?;
+        mkdir_private(drafts, true)?;
         let name = format!("{id}{DRAFT_MARK}{}", crate::ids::random_hex8());
         let draft = RunDraft {
-            draft_dir: runs_dir.join(name),
+            draft_dir: drafts.join(name),
             id,
             runs_dir,
             renamed: false,
@@ -185,14 +193,25 @@ impl RunDraft {
         Ok(())
     }
 
-    /// Makes the records durable and gives the folder its run id, durably
-    /// (its own entries, the rename, the runs folder). Everything made is
-    /// kept from then on; a failure leaves it to be undone on drop.
-    pub fn publish(&mut self) -> Result<(), EngineError> {
+    /// Makes the files to keep durable, with the folder's own entries.
+    pub fn sync(&mut self) -> Result<(), EngineError> {
         for (path, f) in self.durable.drain(..) {
             f.sync_all().map_err(|e| storage("fsync", &path, e))?;
         }
-        fsync_dir(&self.draft_dir).map_err(|e| EngineError::StateDir(e.into()))?;
+        fsync_dir(&self.draft_dir).map_err(|e| EngineError::StateDir(e.into()))
+    }
+
+    /// Keeps everything made, under the draft name: the run is recorded,
+    /// and recovery puts its folder in place.
+    pub fn keep(&mut self) {
+        self.published = true;
+    }
+
+    /// Makes the files durable ([`RunDraft::sync`]) and gives the folder
+    /// its run id, durably (the rename, the runs folder). Everything made
+    /// is kept from then on; a failure leaves it to be undone on drop.
+    pub fn publish(&mut self) -> Result<(), EngineError> {
+        self.sync()?;
         let dest = self.files().dir;
         std::fs::rename(&self.draft_dir, &dest)
             .map_err(|e| storage("rename into place", &dest, e))?;
@@ -247,24 +266,30 @@ mod tests {
     fn a_published_draft_is_the_run_folder_and_nothing_else_is_left() {
         let root = tempfile::tempdir().unwrap();
         let runs = root.path().join("s").join("runs");
-        let mut draft = RunDraft::begin(runs.clone(), RunId::new(), None).unwrap();
+        let drafts = root.path().join("drafts");
+        let mut draft = RunDraft::begin(&drafts, runs.clone(), RunId::new(), None).unwrap();
         let (files, staged) = (draft.files(), draft.staged());
         assert!(is_draft_name(
             staged.dir.file_name().unwrap().to_str().unwrap()
         ));
-        draft.write(&staged.record(), b"{}", Sync::Durable).unwrap();
+        draft
+            .write(&staged.runner_spec(), b"{}", Sync::Durable)
+            .unwrap();
         draft
             .write(&staged.context().join("a"), b"x", Sync::Derived)
             .unwrap();
         // A draft's files are new: an existing one is never written through.
-        assert!(draft.write(&staged.record(), b"[]", Sync::Durable).is_err());
+        assert!(draft
+            .write(&staged.runner_spec(), b"[]", Sync::Durable)
+            .is_err());
         draft.publish().unwrap();
         assert!(draft.take_lease().is_none());
         drop(draft);
-        assert_eq!(std::fs::read(files.record()).unwrap(), b"{}");
+        assert_eq!(std::fs::read(files.runner_spec()).unwrap(), b"{}");
         assert_eq!(std::fs::read(files.context().join("a")).unwrap(), b"x");
         assert!(files.artifacts().is_dir() && files.delta_dir().is_dir());
         assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 1);
+        assert_eq!(std::fs::read_dir(&drafts).unwrap().count(), 0);
     }
 
     #[test]
@@ -272,13 +297,15 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let runs = root.path().join("runs");
         let base = root.path().join("tmp");
-        let mut draft = RunDraft::begin(runs.clone(), RunId::new(), None).unwrap();
+        let drafts = root.path().join("drafts");
+        let mut draft = RunDraft::begin(&drafts, runs.clone(), RunId::new(), None).unwrap();
         let t = draft.make_temp_dir(&base, "s").unwrap();
         assert!(t.is_dir());
-        let record = draft.staged().record();
+        let record = draft.staged().runner_spec();
         draft.write(&record, b"{}", Sync::Durable).unwrap();
         drop(draft);
         assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(&drafts).unwrap().count(), 0);
         assert!(!t.exists() && !base.join("s").exists());
     }
 }

@@ -24,6 +24,18 @@ pub enum EngineError {
     /// No run has this id (or none the caller may see).
     #[error("run not found: {0}")]
     RunNotFound(String),
+    /// Retention removed the run.
+    #[error("run {run_id} was pruned at {} (retention: {reason})", crate::timefmt::rfc3339_ms(*at_ms))]
+    RunPruned {
+        /// The run.
+        run_id: String,
+        /// When it was marked for pruning.
+        at_ms: u64,
+        /// The limit that removed it (`max_runs`, `on_demand`, …).
+        reason: String,
+        /// Whose it was.
+        owner_uid: u32,
+    },
     /// The session is another uid's.
     #[error(
         "permission denied: session {0} belongs to another user; use a session id of your own"
@@ -86,14 +98,25 @@ impl From<crate::rights::RightsError> for EngineError {
 }
 
 impl From<crate::sessions::SessionError> for EngineError {
-    /// Another uid's session is refused as such; any other failure is the
-    /// state dir's.
+    /// Another uid's session is refused as such.
     fn from(e: crate::sessions::SessionError) -> EngineError {
         match e {
             crate::sessions::SessionError::NotOwned { session } => {
                 EngineError::SessionNotOwned(session)
             }
-            other => EngineError::StateDir(other.into()),
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for EngineError {
+    /// Another uid's session is refused as such; any other failure is the
+    /// state dir's.
+    fn from(e: crate::store::StoreError) -> EngineError {
+        match e {
+            crate::store::StoreError::NotOwned { session, .. } => {
+                EngineError::SessionNotOwned(session)
+            }
+            other => EngineError::StateDir(StorageError::Db(other)),
         }
     }
 }
@@ -114,15 +137,9 @@ pub enum StorageError {
     /// The state dir's lock could not be taken.
     #[error(transparent)]
     Lock(crate::lockfile::LockError),
-    /// run.json could not be saved.
+    /// The state database refused or failed a read or a commit.
     #[error(transparent)]
-    Record(#[from] crate::run::record::RecordError),
-    /// A notice could not be stored or taken.
-    #[error(transparent)]
-    Notice(#[from] crate::notices::NoticeError),
-    /// A session's state could not be saved.
-    #[error(transparent)]
-    Session(#[from] crate::sessions::SessionError),
+    Db(crate::store::StoreError),
     /// A file-system step of the atomic-write helpers failed.
     #[error(transparent)]
     Atomic(#[from] subagent_runner::atomic::AtomicError),
@@ -248,9 +265,22 @@ impl From<InternalError> for EngineError {
 
 impl From<&EngineError> for RpcError {
     fn from(e: &EngineError) -> RpcError {
+        if let EngineError::RunPruned {
+            run_id,
+            at_ms,
+            reason,
+            ..
+        } = e
+        {
+            let known = serde_json::from_value(serde_json::Value::String(reason.clone()));
+            if let Ok(reason) = known {
+                return RpcError::run_pruned(run_id, *at_ms, reason);
+            }
+        }
         let code = match e {
             EngineError::InvalidParams { .. } => codes::INVALID_PARAMS,
             EngineError::RunNotFound(_) => codes::RUN_NOT_FOUND,
+            EngineError::RunPruned { .. } => codes::RUN_PRUNED,
             EngineError::SessionNotOwned(_) => codes::SESSION_NOT_OWNED,
             EngineError::Audience(_) => codes::AUDIENCE_REFUSED,
             EngineError::StateDir(_) => codes::STORAGE,

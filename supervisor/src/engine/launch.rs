@@ -395,12 +395,15 @@ pub(crate) async fn run_started(
 ) {
     let rec = slot.rec.lock().await;
     let (id, pid) = (rec.run_id.to_string(), rec.runner_pid().unwrap_or(0));
-    let to_save = rec.clone();
-    match tokio::task::spawn_blocking(move || to_save.save()).await {
-        Ok(Ok(())) => {}
+    let started = crate::store::Op::Started {
+        id: rec.run_id.clone(),
+        pid,
+        ticks: rec.runner_start_ticks().unwrap_or(0),
+        at_ms: rec.started_at_ms().unwrap_or_else(crate::timefmt::now_ms),
+    };
+    if let Err(e) = inner.store.commit(vec![started]).await {
         // The runner is already going; keep watching it.
-        Ok(Err(e)) => tracing::error!(run_id = %id, "recording the running state: {e}"),
-        Err(e) => tracing::error!(run_id = %id, "recording the running state: {e}"),
+        tracing::error!(run_id = %id, "recording the running state: {e}");
     }
     slot.published.send_replace(rec.clone());
     tracing::info!(run_id = %id, runner_pid = pid, "run started");

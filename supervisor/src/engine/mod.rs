@@ -7,8 +7,8 @@
 //! the phases, which share `state` and never name what is defined here.
 //! In layers, each using only those below it:
 //! - the phases: [`accept`] (validate, plan, place, context, delivery,
-//!   sandbox, run folder) and [`recover`] (picking up the state dir's runs
-//!   at start), over [`launch`] (starting a runner; [`spawn`]: the
+//!   sandbox, run folder), [`recover`] (picking up the state dir's runs
+//!   at start) and `prune` (retention), over [`launch`] (starting a runner; [`spawn`]: the
 //!   `posix_spawn` that does it), over [`finish`] (exit.json to the
 //!   terminal state, the delta, the observation, the agent's report,
 //!   result.md and the notice);
@@ -31,6 +31,7 @@ pub mod launch;
 pub mod pidfd;
 pub mod probe;
 pub mod program;
+mod prune;
 pub mod recover;
 pub mod spawn;
 mod state;
@@ -40,13 +41,13 @@ pub use config::{default_max_concurrent, Config};
 pub use error::EngineError;
 
 use crate::ids::RunId;
-use crate::notices::NoticeStore;
 use crate::paths::StateLayout;
 use crate::protocol::{Notice, SpawnParams};
 use crate::run::record::{EndState, RunRecord, RunState};
 use crate::status::RunStatus;
+use crate::store::{ListQuery, Op, Store, Stored};
 use error::InternalError;
-use state::{blocking, Inner, Slot};
+use state::{blocking, run_owner, Inner, Slot};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -84,6 +85,11 @@ impl Supervisor {
         let layout = StateLayout {
             root: cfg.state_dir.clone(),
         };
+        // Opened once the state dir's lock is held: one writer ever.
+        let store = {
+            let layout = layout.clone();
+            blocking(move || Store::open(&layout).map_err(EngineError::from)).await?
+        };
         let tools = cfg
             .settings
             .tool_policy()
@@ -114,8 +120,7 @@ impl Supervisor {
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
         let inner = Arc::new(Inner {
             slots: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
-            notices: NoticeStore::new(layout.clone()),
-            sessions: crate::sessions::SessionStore::new(layout.clone()),
+            store: Arc::new(store),
             cfg,
             layout,
             runs: Mutex::new(BTreeMap::new()),
@@ -134,8 +139,10 @@ impl Supervisor {
         let base = inner.cfg.temp_base.clone();
         blocking(move || Ok(crate::securedir::sweep_empty_session_dirs(&base))).await?;
         let sup = Supervisor { inner };
-        recover::recover(&sup.inner).await;
+        recover::recover(&sup.inner).await?;
+        prune::finish_at_start(&sup.inner).await;
         tokio::spawn(dispatch(sup.clone(), rx));
+        tokio::spawn(prune::every_interval(Arc::downgrade(&sup.inner)));
         Ok(sup)
     }
 
@@ -237,7 +244,12 @@ impl Supervisor {
         id: &RunId,
         who: Option<&policy::rights::Requester>,
     ) -> Result<(), EngineError> {
-        if policy::rights::may_act_on(who, run_owner(&self.inner.slot(id)?.snapshot())) {
+        let owner = match self.record(id) {
+            Ok(rec) => run_owner(&rec),
+            Err(EngineError::RunPruned { owner_uid, .. }) => owner_uid,
+            Err(e) => return Err(e),
+        };
+        if policy::rights::may_act_on(who, owner) {
             return Ok(());
         }
         Err(EngineError::RunNotFound(id.to_string()))
@@ -256,7 +268,7 @@ impl Supervisor {
     ) -> Result<(), EngineError> {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session.id", p))?;
         let (inner, session, who) = (self.inner.clone(), session.to_owned(), who.cloned());
-        blocking(move || Ok(inner.sessions.may_join(&session, who.as_ref())?)).await
+        blocking(move || Ok(inner.store.may_join(&session, who.as_ref())?)).await
     }
 
     /// Refuses a session `who` may not use (another uid's).
@@ -267,12 +279,35 @@ impl Supervisor {
     ) -> Result<(), EngineError> {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let (inner, session, who) = (self.inner.clone(), session.to_owned(), who.cloned());
-        blocking(move || Ok(inner.sessions.may_use(&session, who.as_ref())?)).await
+        blocking(move || Ok(inner.store.may_use(&session, who.as_ref())?)).await
+    }
+
+    /// The run's record now: its slot's snapshot while it is not settled,
+    /// else its row in the store (a short indexed read: WAL readers never
+    /// wait for the writer). A pruned run is its own error.
+    fn record(&self, id: &RunId) -> Result<RunRecord, EngineError> {
+        if let Some(slot) = self.inner.live_slot(id) {
+            return Ok(slot.snapshot());
+        }
+        match self.inner.store.get(id)? {
+            Some(Stored::Live(rec)) => Ok(*rec),
+            Some(Stored::Pruned {
+                at_ms,
+                reason,
+                owner_uid,
+            }) => Err(EngineError::RunPruned {
+                run_id: id.to_string(),
+                at_ms,
+                reason,
+                owner_uid,
+            }),
+            None => Err(EngineError::RunNotFound(id.to_string())),
+        }
     }
 
     /// A run's current status.
     pub fn status(&self, id: &RunId) -> Result<RunStatus, EngineError> {
-        Ok(RunStatus::from(&self.inner.slot(id)?.snapshot()))
+        Ok(RunStatus::from(&self.record(id)?))
     }
 
     /// Waits until the run has ended (and its result.md and notice exist),
@@ -282,7 +317,11 @@ impl Supervisor {
         id: &RunId,
         timeout: Option<Duration>,
     ) -> Result<RunStatus, EngineError> {
-        let slot = self.inner.slot(id)?;
+        // A run without a slot is settled (recovery is done before anyone
+        // asks): its row is the answer.
+        let Some(slot) = self.inner.live_slot(id) else {
+            return self.status(id);
+        };
         let mut rx = slot.published.subscribe();
         let wait = rx.wait_for(RunRecord::settled);
         match timeout {
@@ -300,7 +339,9 @@ impl Supervisor {
     /// gets SIGTERM on its whole tree and SIGKILL after the grace; an ended
     /// one is left as it is. Returns the status after the request.
     pub async fn cancel(&self, id: &RunId) -> Result<RunStatus, EngineError> {
-        let slot = self.inner.slot(id)?;
+        let Some(slot) = self.inner.live_slot(id) else {
+            return self.status(id);
+        };
         let mut rec = slot.rec.lock().await;
         match rec.state() {
             RunState::Accepted => {
@@ -333,34 +374,46 @@ impl Supervisor {
         Ok(RunStatus::from(&slot.snapshot()))
     }
 
-    /// Runs, oldest first, optionally of one session and in one state.
-    pub fn list(&self, session: Option<&str>, state: Option<RunState>) -> Vec<RunStatus> {
-        self.list_for(session, state, None)
-    }
-
-    /// [`Supervisor::list`] of the runs `who` may see.
-    pub fn list_for(
+    /// One page of the runs `q` selects that `who` may see, in the query's
+    /// order, and the cursor of the next page: the rows of the store, each
+    /// run that is not settled shown as its slot has it. The cost is the
+    /// page's, not the history's.
+    pub fn list(
         &self,
-        session: Option<&str>,
-        state: Option<RunState>,
+        q: &ListQuery,
         who: Option<&policy::rights::Requester>,
-    ) -> Vec<RunStatus> {
-        let slots: Vec<Arc<Slot>> = self
-            .inner
+    ) -> Result<ListPage, EngineError> {
+        let mut q = q.clone();
+        if let Some(w) = who {
+            q.owner_uid = Some(w.uid);
+        }
+        let page = self.inner.store.list(&q)?;
+        let runs = page
             .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        slots
-            .iter()
-            .map(|s| s.snapshot())
-            .filter(|r| session.is_none_or(|s| r.session_id.as_str() == s))
-            .filter(|r| state.is_none_or(|s| r.state() == s))
+            .into_iter()
+            .map(|r| match self.inner.live_slot(&r.run_id) {
+                Some(slot) => slot.snapshot(),
+                None => r,
+            })
+            .filter(|r| q.state.is_none_or(|s| r.state() == s))
             .filter(|r| policy::rights::may_act_on(who, run_owner(r)))
             .map(|r| RunStatus::from(&r))
-            .collect()
+            .collect();
+        Ok(ListPage {
+            runs,
+            next: page.next,
+        })
+    }
+
+    /// Removes finished runs by the retention limits (and `older_than`),
+    /// only runs `who` may act on and, with a session, only its runs; with
+    /// `dry_run`, says what it would remove.
+    pub async fn prune_runs(
+        &self,
+        params: crate::protocol::PruneParams,
+        who: Option<policy::rights::Requester>,
+    ) -> Result<crate::protocol::PruneResult, EngineError> {
+        prune::prune_runs(&self.inner, params, who).await
     }
 
     /// Takes the session's pending notices, oldest first; each is returned
@@ -373,14 +426,15 @@ impl Supervisor {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
         let (session, who) = (session.to_owned(), who.cloned());
-        blocking(move || {
-            inner.sessions.may_use(&session, who.as_ref())?;
-            inner
-                .notices
-                .take(&session)
-                .map_err(|e| EngineError::StateDir(e.into()))
-        })
-        .await
+        {
+            let (inner, session, who) = (inner.clone(), session.clone(), who.clone());
+            blocking(move || Ok(inner.store.may_use(&session, who.as_ref())?)).await?;
+        }
+        let out = inner
+            .store
+            .commit(vec![Op::TakeNotices { session }])
+            .await?;
+        Ok(out.notices)
     }
 
     /// Puts `files` at the front of the session's recent files. Refused
@@ -394,7 +448,18 @@ impl Supervisor {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
         let (session, who) = (session.to_owned(), who.cloned());
-        blocking(move || Ok(inner.sessions.touch(&session, &files, who.as_ref())?)).await
+        {
+            let (inner, session, who) = (inner.clone(), session.clone(), who.clone());
+            blocking(move || Ok(inner.store.may_use(&session, who.as_ref())?)).await?;
+        }
+        let owner_uid = policy::rights::owner_for(who.as_ref(), crate::paths::uid());
+        let touch = Op::Touch {
+            session,
+            files,
+            owner_uid,
+        };
+        let out = inner.store.commit(vec![touch]).await?;
+        Ok(out.session.unwrap_or_default())
     }
 
     /// The session's working context now: its state, a fresh git snapshot,
@@ -438,11 +503,10 @@ fn current(
     inner: &Inner,
     session: &str,
     who: Option<&policy::rights::Requester>,
-) -> Result<
-    (crate::sessions::SessionState, policy::workctx::GitSnapshot),
-    crate::sessions::SessionError,
-> {
-    let state = inner.sessions.get_for(session, who)?;
+) -> Result<(crate::sessions::SessionState, policy::workctx::GitSnapshot), EngineError> {
+    let existing = inner.store.session(session)?;
+    crate::sessions::check_use(session, existing.as_ref(), who)?;
+    let state = existing.unwrap_or_default();
     let git = match &state.project_dir {
         Some(d) => crate::gitsnap::snapshot(d, inner.cfg.git_budget),
         None => policy::workctx::GitSnapshot::Unavailable {
@@ -452,11 +516,13 @@ fn current(
     Ok((state, git))
 }
 
-/// Whose a run is: its requester's when another uid asked for it, else
-/// the daemon's.
-fn run_owner(rec: &RunRecord) -> u32 {
-    let recorded = rec.on_behalf.as_ref().map(|ob| ob.requester.uid);
-    policy::rights::recorded_owner(recorded, crate::paths::uid())
+/// One page of a list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListPage {
+    /// The runs, in the list's order.
+    pub runs: Vec<RunStatus>,
+    /// The cursor of the next page (its last run), when there are more.
+    pub next: Option<RunId>,
 }
 
 /// One count in the engine's `waiting` for a spawn that found no free

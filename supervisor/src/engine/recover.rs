@@ -1,5 +1,7 @@
-//! Picking up where a previous engine left off. Every run folder in the
-//! state dir is loaded; runs that had not ended are reconciled:
+//! Picking up where a previous engine left off. The store's live runs
+//! (not ended, or ended and not finalized) are loaded, their folders put
+//! in place from `<state>/drafts/` when a crash came between the commit
+//! and the rename, and reconciled:
 //! - a runner still alive (its pid and start time match) is watched again;
 //! - a runner that is gone is finished from its exit.json, or `lost`;
 //! - a run accepted but never started is queued again, in FIFO order;
@@ -7,11 +9,11 @@
 
 use super::error::EngineError;
 use super::error::StorageError;
-use super::state::{Inner, Slot};
+use super::state::{blocking, Inner, Slot};
 use super::{finish, launch, pidfd};
 use crate::lockfile;
 use crate::paths::StateLayout;
-use crate::run::record::{EndState, Ended, Phase, RunRecord, RunState};
+use crate::run::record::{EndState, RunRecord, RunState};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 use subagent_runner::ioerr::at;
@@ -41,87 +43,40 @@ pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError
     })
 }
 
-/// Loads every run.json; corrupt ones are logged and left in place.
-fn load_all(layout: &StateLayout) -> Vec<RunRecord> {
-    let mut out = Vec::new();
-    let Ok(sessions) = std::fs::read_dir(layout.sessions()) else {
-        return out;
+/// Sweeps `<state>/drafts/`: a draft whose run was recorded (`live`) but
+/// whose folder was not yet renamed (a crash between the two) is put in
+/// place; any other was never answered, so nobody knows it: removed.
+fn sweep_drafts(layout: &StateLayout, live: &[RunRecord]) {
+    let Ok(drafts) = std::fs::read_dir(layout.drafts()) else {
+        return;
     };
-    for s in sessions.flatten() {
-        let Ok(runs) = std::fs::read_dir(s.path().join("runs")) else {
-            continue;
-        };
-        let session = s.file_name().to_string_lossy().into_owned();
-        for r in runs.flatten() {
-            let path = r.path().join("run.json");
-            let draft = super::draft::is_draft_name(&r.file_name().to_string_lossy());
-            if draft || !path.exists() {
-                // The engine stopped while recording this run (its folder
-                // still has its draft name, or no run.json): its spawn was
-                // never answered, so nobody knows it. Leave nothing behind.
-                tracing::warn!(dir = %r.path().display(), "removing a half-made run folder");
-                let _ = std::fs::remove_dir_all(r.path());
-                continue;
-            }
-            match RunRecord::load(&path) {
-                Ok(rec) => out.push(rec),
+    for d in drafts.flatten() {
+        let id = super::draft::draft_run_id(&d.file_name().to_string_lossy());
+        let rec = id.and_then(|id| live.iter().find(|r| r.run_id == id));
+        if let Some(rec) = rec.filter(|r| !r.run_dir.exists()) {
+            match std::fs::rename(d.path(), &rec.run_dir) {
+                Ok(()) => {
+                    tracing::info!(run_id = %rec.run_id, "its run folder was put in place");
+                    continue;
+                }
                 Err(e) => {
-                    tracing::error!("a run.json cannot be loaded; the run is marked lost and the file kept: {e}");
-                    if let Some(rec) = lost_placeholder(&session, &r.path(), &e.to_string()) {
-                        out.push(rec);
-                    }
+                    tracing::error!(run_id = %rec.run_id, "putting its run folder in place: {e}")
                 }
             }
         }
+        tracing::warn!(dir = %d.path().display(), "removing a half-made run folder");
+        let _ = std::fs::remove_dir_all(d.path());
     }
-    out.sort_by(|a, b| a.run_id.cmp(&b.run_id));
-    out
 }
 
-/// A record for a run whose run.json is corrupt: `lost`, with the reason;
-/// the corrupt file is kept as run.json.corrupt for inspection.
-fn lost_placeholder(session: &str, dir: &std::path::Path, why: &str) -> Option<RunRecord> {
-    let id = crate::ids::RunId::parse(&dir.file_name()?.to_string_lossy())?;
-    let session_id = crate::ids::SessionId::parse(session).ok()?;
-    let _ = std::fs::rename(dir.join("run.json"), dir.join("run.json.corrupt"));
-    let now = crate::timefmt::now_ms();
-    let rec = RunRecord {
-        format: crate::run::record::RECORD_FORMAT,
-        run_id: id,
-        session_id,
-        audience: policy::Audience::Personal,
-        project_dir: "/".into(),
-        task: String::new(),
-        context: None,
-        command: Vec::new(),
-        env: Default::default(),
-        limits: Default::default(),
-        keep_temp: true,
-        reason: Some(format!(
-            "run.json was corrupt ({why}); kept as run.json.corrupt"
-        )),
-        cancel_requested: false,
-        created_at_ms: now,
-        temp_dir: "/nonexistent".into(),
-        run_dir: dir.to_path_buf(),
-        log_truncated: false,
-        sandbox: Default::default(),
-        agent: None,
-        tools: None,
-        rights: None,
-        git: None,
-        worktree: None,
-        max_attempts: 1,
-        uid: None,
-        on_behalf: None,
-        network: None,
-        network_allow: Vec::new(),
-        notes: Vec::new(),
-        driver_run: None,
-        phase: Phase::Ended(Box::new(Ended::bare(EndState::Lost, None, now, None))),
-    };
-    rec.save().ok()?;
-    Some(rec)
+/// The runs not settled when the last engine stopped (the store's live
+/// runs), their folders put in place. Blocking. An unreadable live set
+/// stops the start: without it the drafts of accepted runs would be
+/// swept and their runners never watched.
+fn load_live(inner: &Inner) -> Result<Vec<RunRecord>, EngineError> {
+    let live = inner.store.live_runs()?;
+    sweep_drafts(&inner.layout, &live);
+    Ok(live)
 }
 
 /// Whether the runner recorded in `rec` is alive (pid and start time match).
@@ -163,12 +118,11 @@ enum Recovered {
     Settled,
 }
 
-/// Reconciles every loaded run with reality.
-pub(crate) async fn recover(inner: &Arc<Inner>) {
-    let layout = inner.layout.clone();
-    let recs = tokio::task::spawn_blocking(move || load_all(&layout))
-        .await
-        .unwrap_or_default();
+/// Reconciles every loaded run with reality; fails when the live runs
+/// cannot be read.
+pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
+    let inner2 = inner.clone();
+    let recs = blocking(move || load_live(&inner2)).await?;
     let (mut alive, mut ended, mut queued) = (0, 0, 0);
     for rec in recs {
         match reconcile(inner, rec).await {
@@ -186,6 +140,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) {
             "recovered runs from the state dir"
         );
     }
+    Ok(())
 }
 
 /// Reconciles one loaded run with reality.
@@ -325,13 +280,14 @@ enum ReuidError {
     /// The blocking task did not finish.
     #[error("rewriting runner.json: {0}")]
     Task(#[from] tokio::task::JoinError),
-    /// run.json could not be saved.
+    /// The new uid could not be recorded.
     #[error(transparent)]
     Record(#[from] EngineError),
 }
 
 /// Gives a queued run, which never started and so owns nothing, a new uid
-/// of its own: leased, written into its runner.json and its record.
+/// of its own: leased, written into its runner.json and committed with
+/// the spec to the store.
 async fn reassign_uid(
     inner: &Arc<Inner>,
     slot: &Arc<Slot>,
@@ -341,19 +297,29 @@ async fn reassign_uid(
     let mut r = slot.rec.lock().await;
     let spec_path = r.files().runner_spec();
     let uid = lease.uid;
-    let rewrite = move || -> Result<(), ReuidError> {
+    let rewrite = move || -> Result<Vec<u8>, ReuidError> {
         let spec_err = |e: &dyn std::fmt::Display| ReuidError::Spec(e.to_string());
         let bytes = std::fs::read(&spec_path).map_err(|e| spec_err(&e))?;
         let mut spec =
             subagent_runner::spec::RunnerSpec::parse(&bytes).map_err(|e| spec_err(&e))?;
         spec.run_as = Some((uid, uid));
         let bytes = serde_json::to_vec(&spec).map_err(|e| spec_err(&e))?;
-        subagent_runner::atomic::write_atomic(&spec_path, &bytes).map_err(|e| spec_err(&e))
+        subagent_runner::atomic::write_atomic(&spec_path, &bytes).map_err(|e| spec_err(&e))?;
+        Ok(bytes)
     };
-    tokio::task::spawn_blocking(rewrite).await??;
-    let mut next = r.clone();
-    next.uid = Some(uid);
-    inner.persist(slot, &mut r, next).await?;
+    let spec = tokio::task::spawn_blocking(rewrite).await??;
+    let reuid = crate::store::Op::Reuid {
+        id: r.run_id.clone(),
+        uid,
+        spec,
+    };
+    inner
+        .store
+        .commit(vec![reuid])
+        .await
+        .map_err(EngineError::from)?;
+    r.uid = Some(uid);
+    slot.published.send_replace(r.clone());
     tracing::info!(run_id = %r.run_id, uid, "its uid was taken while it was queued; it has another");
     Ok(lease)
 }

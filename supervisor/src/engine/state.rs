@@ -3,16 +3,16 @@
 //! each field with its locking rule. Phases take `Inner` (by reference,
 //! or an `Arc` of it for what outlives a call); only the engine's API
 //! (`engine/mod.rs`) holds the `Supervisor` handle. May use
-//! the engine's config, errors and probe, the record, and the stores.
+//! the engine's config, errors and probe, the record, and the store.
 
 use super::config::Config;
 use super::error::{EngineError, InternalError};
 use super::probe;
 use crate::ids::RunId;
-use crate::notices::NoticeStore;
 use crate::paths::StateLayout;
 use crate::protocol::Notice;
 use crate::run::record::RunRecord;
+use crate::store::{Op, Store};
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -97,21 +97,20 @@ pub(crate) struct Inner {
     pub(super) cfg: Config,
     /// Where the state dir's files live. Immutable.
     pub(super) layout: StateLayout,
-    /// Every run known, by id. A std lock held only to look up, insert or
-    /// copy out slots: never across an await, never while taking a
-    /// slot's `rec`.
+    /// The runs not settled yet (accepted, running, or ended and not
+    /// finalized), by id; a settled run is read from the store. A std lock
+    /// held only to look up, insert, remove or copy out slots: never across
+    /// an await, never while taking a slot's `rec`.
     pub(super) runs: Mutex<BTreeMap<RunId, Arc<Slot>>>,
     /// Accepted runs for the dispatcher, in FIFO order. Lock-free.
     pub(super) queue: mpsc::UnboundedSender<RunId>,
     /// At most `max_concurrent` runs at once: one permit per running run
     /// (runners adopted at recovery take one only when one is free).
     pub(super) slots: Arc<Semaphore>,
-    /// The sessions' durable notices. Its own std lock, held across its
-    /// file I/O: called only on the blocking pool.
-    pub(super) notices: NoticeStore,
-    /// The sessions' working state. As `notices`; finishing a run takes
-    /// it while holding the slot's `rec` (order: `rec`, then sessions).
-    pub(super) sessions: crate::sessions::SessionStore,
+    /// The durable records: runs, sessions, notices. Its writer thread
+    /// serialises commits; its reads never wait for it, and its reads are
+    /// blocking (short: one indexed query).
+    pub(super) store: Arc<Store>,
     /// Every finished run's notice, for subscribers. Lock-free.
     pub(super) finished: broadcast::Sender<Notice>,
     /// The daemon's environment at start. Immutable.
@@ -144,6 +143,23 @@ impl Inner {
             .get(id)
             .cloned()
             .ok_or_else(|| EngineError::RunNotFound(id.to_string()))
+    }
+
+    /// The run's slot, when it is not settled yet.
+    pub(super) fn live_slot(&self, id: &RunId) -> Option<Arc<Slot>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// Lets a settled run's slot go: from now on it is read from the store.
+    pub(super) fn forget(&self, id: &RunId) {
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 
     pub(super) fn insert(&self, rec: RunRecord) -> Option<Arc<Slot>> {
@@ -203,9 +219,13 @@ impl Inner {
         current: &mut RunRecord,
         next: RunRecord,
     ) -> Result<(), EngineError> {
-        let to_save = next.clone();
-        let saved =
-            blocking(move || to_save.save().map_err(|e| EngineError::StateDir(e.into()))).await;
+        let op = Op::Update(Box::new(next.clone()));
+        let saved = self
+            .store
+            .commit(vec![op])
+            .await
+            .map(drop)
+            .map_err(EngineError::from);
         if saved.is_ok() {
             *current = next;
             if !current.state().is_terminal() || current.settled() {
@@ -214,6 +234,13 @@ impl Inner {
         }
         saved
     }
+}
+
+/// Whose a run is: its requester's when another uid asked for it, else
+/// the daemon's.
+pub(crate) fn run_owner(rec: &RunRecord) -> u32 {
+    let recorded = rec.on_behalf.as_ref().map(|ob| ob.requester.uid);
+    policy::rights::recorded_owner(recorded, crate::paths::uid())
 }
 
 /// Runs `f` on the blocking pool.

@@ -228,6 +228,9 @@ async fn status_of(inner: &Inner, method: &str, a: RunArgs) -> ToolResult {
     Ok(status_result(status, None).await)
 }
 
+/// The runs one `list_agent_runs` tool call shows when it asks for no limit.
+const DEFAULT_LIST_LIMIT: u64 = 50;
+
 async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
     let session = match a.session.as_deref() {
         None => Some(inner.session(None).to_owned()),
@@ -238,7 +241,12 @@ async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
         .link
         .call(
             "list_agent_runs",
-            json!({"session_id": session, "state": a.state}),
+            json!({
+                "session_id": session,
+                "state": a.state,
+                "limit": a.limit.unwrap_or(DEFAULT_LIST_LIMIT),
+                "cursor": a.cursor,
+            }),
         )
         .await?;
     let runs: Vec<Value> = v["runs"]
@@ -252,8 +260,17 @@ async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
         text.push_str(render::status_text(r).lines().next().unwrap_or(""));
         text.push('\n');
     }
+    let next = v["next_cursor"].as_str().map(one_line);
+    if let Some(c) = &next {
+        text.push_str(&format!(
+            "more runs follow: call list_agent_runs again with cursor {c:?}\n"
+        ));
+    }
     let runs: Vec<Value> = runs.into_iter().map(clean).collect();
-    Ok(render::ok(text, json!({ "runs": runs })))
+    Ok(render::ok(
+        text,
+        json!({ "runs": runs, "next_cursor": next }),
+    ))
 }
 
 async fn read_log(inner: &Inner, a: LogArgs) -> ToolResult {

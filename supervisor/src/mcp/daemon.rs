@@ -219,7 +219,8 @@ fn daemon_binary() -> PathBuf {
 }
 
 /// Opens `subagentd.log` beside `socket` for appending, in a directory
-/// that must be ours alone (the daemon would refuse any other).
+/// that must be ours alone (the daemon would refuse any other); one of
+/// 10 MiB or more is first moved to `subagentd.log.1`.
 fn open_log(socket: &Path) -> Result<(std::fs::File, PathBuf), DaemonError> {
     let dir = socket
         .parent()
@@ -234,8 +235,9 @@ fn open_log(socket: &Path) -> Result<(std::fs::File, PathBuf), DaemonError> {
         source,
     };
     let private = crate::securedir::open_owned_dir(&dir).map_err(refuse)?;
-    let file = private
-        .open_log("subagentd.log", crate::paths::uid())
+    let uid = crate::paths::uid();
+    let (file, _) = private
+        .open_capped_log("subagentd.log", uid, crate::securedir::LOG_CAP, None)
         .map_err(refuse)?;
     Ok((file, dir.join("subagentd.log")))
 }
@@ -250,7 +252,8 @@ fn start(socket: &Path, state_dir: Option<&Path>) -> Result<Started, DaemonError
     };
     let (file, log) = open_log(socket)?;
     let mut cmd = std::process::Command::new(&bin);
-    cmd.arg("--socket").arg(socket);
+    // The daemon keeps the log it writes to capped while it runs.
+    cmd.arg("--socket").arg(socket).arg("--log-file").arg(&log);
     if let Some(s) = state_dir {
         cmd.arg("--state-dir").arg(s);
     }
@@ -320,6 +323,69 @@ impl Started {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    fn private_dir() -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sock.d");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        (tmp, dir)
+    }
+
+    #[test]
+    fn a_log_at_its_cap_is_moved_to_dot_1_at_start() {
+        let (_tmp, dir) = private_dir();
+        let log = dir.join("subagentd.log");
+        let cap = crate::securedir::LOG_CAP;
+        std::fs::write(dir.join("subagentd.log.1"), b"oldest\n").unwrap();
+        std::fs::write(&log, vec![b'x'; usize::try_from(cap).unwrap() + 1]).unwrap();
+        std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let (mut file, path) = open_log(&dir.join("sock")).unwrap();
+        assert_eq!(path, log);
+        std::io::Write::write_all(&mut file, b"new\n").unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"new\n");
+        let old = std::fs::metadata(dir.join("subagentd.log.1")).unwrap();
+        assert_eq!(old.len(), cap + 1, "the full log replaced the older one");
+        assert_eq!(
+            std::fs::metadata(&log).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+
+        // Under the cap it is appended to, not moved.
+        let (mut file, _) = open_log(&dir.join("sock")).unwrap();
+        std::io::Write::write_all(&mut file, b"more\n").unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"new\nmore\n");
+        assert_eq!(
+            std::fs::metadata(dir.join("subagentd.log.1"))
+                .unwrap()
+                .len(),
+            cap + 1
+        );
+    }
+
+    #[test]
+    fn a_running_log_is_moved_only_when_it_is_the_one_written() {
+        let (_tmp, dir) = private_dir();
+        let private = crate::securedir::open_owned_dir(&dir).unwrap();
+        let uid = crate::paths::uid();
+        let (mut writing, _) = private.open_capped_log("d.log", uid, 8, None).unwrap();
+        std::io::Write::write_all(&mut writing, b"0123456789").unwrap();
+        use std::os::fd::AsFd;
+        // Another file at the cap is not the one being written: left alone.
+        let stranger = tempfile::tempfile().unwrap();
+        let (_, moved) = private
+            .open_capped_log("d.log", uid, 8, Some(stranger.as_fd()))
+            .unwrap();
+        assert!(!moved);
+        assert!(!dir.join("d.log.1").exists());
+        let (mut fresh, moved) = private
+            .open_capped_log("d.log", uid, 8, Some(writing.as_fd()))
+            .unwrap();
+        assert!(moved);
+        std::io::Write::write_all(&mut fresh, b"a").unwrap();
+        assert_eq!(std::fs::read(dir.join("d.log.1")).unwrap(), b"0123456789");
+        assert_eq!(std::fs::read(dir.join("d.log")).unwrap(), b"a");
+    }
 
     #[test]
     fn the_log_is_not_opened_in_a_dir_that_is_not_ours_alone() {

@@ -80,6 +80,12 @@ pub struct ListArgs {
     /// Only runs in this state: accepted, running, succeeded, failed, cancelled, timed_out or lost.
     #[serde(default)]
     pub state: Option<String>,
+    /// At most this many runs (default 50, at most 1000).
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// The `next_cursor` of the previous answer, to list the runs after it.
+    #[serde(default)]
+    pub cursor: Option<String>,
 }
 
 /// Arguments of `read_agent_log`.
@@ -115,7 +121,7 @@ reason, paths, the last log lines.";
 const CANCEL: &str = "Stop a run: a queued run is cancelled at once; a running one gets \
 SIGTERM, then SIGKILL after 5 s. Returns the status after the request.";
 const LIST: &str = "List runs, oldest first: by default this conversation's, optionally \
-filtered by state.";
+filtered by state; 50 at a time unless `limit` says otherwise, and `next_cursor` goes on.";
 const LOG: &str = "Read a run's output (its stdout and stderr): the last `tail` lines (at \
 most 1000), or from a byte `offset` on (up to 64 KiB per call; `next_offset` says where to \
 go on). Works while the run goes on and after it ended.";

@@ -1,7 +1,7 @@
-//! run.json: the durable record of one run, rewritten atomically on every
-//! state change. The record holds what every run has and its [`Phase`],
-//! which carries the data of that phase; run.json keeps its flat form
-//! ([`RecordV1`]). Uses ids, the run folder's paths and the types its
+//! The record of one run, kept as its row of state.db (the store). It
+//! holds what every run has and its [`Phase`], which carries the data of
+//! that phase; [`RecordV1`] is the flat form a per-file state dir's
+//! run.json holds, read by the store's import and its rows' JSON. Uses ids, the run folder's paths and the types its
 //! fields hold; never the engine's logic, the protocol or the servers.
 
 mod phase;
@@ -16,7 +16,7 @@ use crate::ids::{RunId, SessionId};
 use policy::{Audience, Limits};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use subagent_runner::exit_record::ExitRecord;
 
 /// The version of run.json this code writes.
@@ -319,21 +319,17 @@ impl RunRecord {
         }
     }
 
-    /// Writes run.json atomically (temp file, fsync, rename, fsync folder).
-    pub fn save(&self) -> Result<(), RecordError> {
-        subagent_runner::atomic::write_atomic(&self.files().record(), &self.to_bytes())?;
-        Ok(())
-    }
-
-    /// run.json's bytes.
+    /// run.json's bytes (tests of the per-file format).
+    #[cfg(test)]
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
         bytes.push(b'\n');
         bytes
     }
 
-    /// Reads a run.json.
-    pub fn load(path: &Path) -> Result<RunRecord, RecordError> {
+    /// Reads a run.json (tests of the per-file format).
+    #[cfg(test)]
+    pub fn load(path: &std::path::Path) -> Result<RunRecord, RecordError> {
         let bytes = std::fs::read(path).map_err(|source| RecordError::Io {
             op: "read",
             path: path.to_path_buf(),

@@ -69,8 +69,21 @@ pub async fn execute(
                 crate::ids::check_session_id(s)
                     .map_err(|e| RpcError::invalid_params("session_id", e))?;
             }
-            let runs = sup.list_for(p.session_id.as_deref(), p.state, who);
-            Ok(json!({ "runs": runs }))
+            let page = p.page()?;
+            let q = crate::store::ListQuery {
+                session: p.session_id,
+                state: p.state,
+                // Root and the daemon's uid see every run, others their own.
+                owner_uid: who.map(|r| r.uid),
+                since_ms: page.since_ms,
+                until_ms: page.until_ms,
+                after: page.after,
+                desc: page.desc,
+                limit: page.limit,
+            };
+            let page = sup.list(&q, who).map_err(r)?;
+            let next = page.next.as_ref().map(crate::paging::encode_cursor);
+            Ok(json!({ "runs": page.runs, "next_cursor": next }))
         }
         Call::TakeNotices(p) => {
             let notices = sup.take_notices(&p.session_id, who).await.map_err(r)?;
@@ -84,6 +97,7 @@ pub async fn execute(
             Ok(json!({ "recent_files": state.recent_files }))
         }
         Call::WorkingContext(p) => sup.working_context(&p.session_id, who).await.map_err(r),
+        Call::PruneRuns(p) => Ok(to_value(&sup.prune_runs(p, requester).await.map_err(r)?)),
         Call::Ping => Ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),

@@ -23,26 +23,35 @@ pub(super) struct WorkingContext {
     pub(super) git: policy::workctx::GitSnapshot,
     /// The status's paths and HEAD with it, for the first picture.
     pub(super) status: crate::gitsnap::counts::Listing,
+    /// The session's state with this spawn in it, recorded with the run.
+    pub(super) session: crate::sessions::SessionState,
 }
 
-/// Records the spawn in the session's working context (refused when the
-/// session is not `who`'s) and takes the git snapshot of where the child
-/// will work. Blocking.
+/// The session's working context with the spawn in it (refused when the
+/// session is not `who`'s; recorded with the run) and the git snapshot of
+/// where the child will work. Blocking.
 pub(super) fn working_context(
     inner: &Inner,
     p: &SpawnParams,
     workdir: &Path,
     who: Option<&Requester>,
 ) -> Result<WorkingContext, EngineError> {
-    let session_state = inner.sessions.on_spawn(
+    let existing = inner.store.session(&p.session.id)?;
+    let session = crate::sessions::on_spawn(
         &p.session.id,
+        existing,
         &p.session.project_dir,
         p.session.recent_files.as_deref(),
         who,
     )?;
     let (git, status) = crate::gitsnap::snapshot_with_paths(workdir, inner.cfg.git_budget, None);
-    let block = policy::workctx::render_block(workdir, &session_state.recent_files, &git);
-    Ok(WorkingContext { block, git, status })
+    let block = policy::workctx::render_block(workdir, &session.recent_files, &git);
+    Ok(WorkingContext {
+        block,
+        git,
+        status,
+        session,
+    })
 }
 
 /// What the composition of this run's context depends on (kept in

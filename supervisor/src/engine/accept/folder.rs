@@ -1,7 +1,8 @@
-//! The run folder: run.json as accepted, the run's uid lease, and the
-//! draft published while its runner may start behind its gate. May use
-//! the engine's state, errors, draft and launch, the record, the run's
-//! data, the gateway's setup, uids, timefmt, protocol and policy.
+//! The run folder: the record as accepted, the run's uid lease, and the
+//! draft recorded and published while its runner may start behind its
+//! gate. May use the engine's state, errors, draft and launch, the record,
+//! the store, the run's data, the gateway's setup, uids, timefmt, protocol
+//! and policy.
 
 use super::place::RunPlace;
 use super::plan::Plan;
@@ -13,11 +14,12 @@ use crate::ids::SessionId;
 use crate::protocol::SpawnParams;
 use crate::run::driver::DriverRun;
 use crate::run::record::{Phase, RunRecord, RECORD_FORMAT};
+use crate::store::Op;
 use crate::uids::UidLease;
 use std::os::fd::AsFd;
 use std::path::Path;
 
-/// run.json of a run just accepted.
+/// The record of a run just accepted.
 pub(super) fn accepted_record(
     p: &SpawnParams,
     plan: &Plan,
@@ -92,14 +94,47 @@ pub(super) fn handed_files(draft: &RunDraft) -> Option<RunnerFiles> {
         .ok()
 }
 
-/// Publishes the draft while, on another thread, a runner is started with
-/// `handed` behind its gate; then opens the gate. The runner holds the uid
-/// lease from then on. When publishing fails, the runner is called off
-/// before the draft is undone. With `egress`, the runner gets a channel to
-/// the proxy.
+/// Whether a recorded run's folder got its run id.
+enum Placed {
+    Yes,
+    /// Recorded, but the rename failed: the draft is kept for recovery.
+    No(EngineError),
+}
+
+/// Makes the draft's files durable, commits `accept` and only then
+/// renames the folder to its run id: a row never names a folder that a
+/// crash could leave half made, and a crash between the two leaves a
+/// draft that recovery puts in place. Blocking.
+fn record(inner: &Inner, draft: &mut RunDraft, accept: Op) -> Result<Placed, EngineError> {
+    draft.sync()?;
+    inner.store.commit_blocking(vec![accept])?;
+    match draft.publish() {
+        Ok(()) => Ok(Placed::Yes),
+        Err(e) => {
+            draft.keep();
+            Ok(Placed::No(e))
+        }
+    }
+}
+
+/// Calls off a gated runner whose run could not be recorded; returns why.
+fn called_off(id: &crate::ids::RunId, runner: Option<Launched>, e: EngineError) -> EngineError {
+    if let Some(r) = runner {
+        let how = r.call_off();
+        tracing::warn!(run_id = %id, "recording the run failed ({e}); its runner was called off and {how}");
+    }
+    e
+}
+
+/// Records the run (see [`record`]) while, on another thread, a runner is
+/// started with `handed` behind its gate; then opens the gate. The runner
+/// holds the uid lease from then on. When recording fails, the runner is
+/// called off before the draft is undone. With `egress`, the runner gets a
+/// channel to the proxy.
 pub(super) fn publish(
     inner: &Inner,
     mut draft: RunDraft,
+    accept: Op,
     handed: Option<RunnerFiles>,
     egress: bool,
     gateway: Option<crate::gateway::Setup>,
@@ -108,7 +143,7 @@ pub(super) fn publish(
     // one it is not started here, so a uid is never in use unleased.
     let uid_lock = match draft.lease().map(|l| l.lock().try_clone_to_owned()) {
         Some(Ok(fd)) => Some(fd),
-        Some(Err(_)) => return publish(inner, draft, None, egress, gateway),
+        Some(Err(_)) => return publish(inner, draft, accept, None, egress, gateway),
         None => None,
     };
     let id = draft.id().clone();
@@ -125,7 +160,7 @@ pub(super) fn publish(
                 )
             })
         });
-        let published = draft.publish();
+        let published = record(inner, &mut draft, accept);
         let runner = match start.map(|t| t.join()) {
             Some(Ok(Ok(l))) => Some(l),
             Some(Ok(Err(e))) => {
@@ -136,14 +171,25 @@ pub(super) fn publish(
         };
         (published, runner)
     });
-    if let Err(e) = published {
-        if let Some(r) = runner {
-            let how = r.call_off();
-            tracing::warn!(run_id = %id, "recording the run failed ({e}); its runner was called off and {how}");
-        }
-        return Err(e);
-    }
+    let published = match published {
+        Ok(p) => p,
+        Err(e) => return Err(called_off(&id, runner, e)),
+    };
     let lease = draft.take_lease();
+    let runner = match (published, runner) {
+        (Placed::No(e), r) => {
+            // Recorded, but its folder is still a draft: not started now.
+            // It is queued and fails for want of its folder; the next start
+            // puts the folder in place and finishes it.
+            tracing::error!(run_id = %id, "putting the run folder in place: {e}");
+            if let Some(r) = r {
+                let how = r.call_off();
+                tracing::warn!(run_id = %id, "its runner was called off and {how}");
+            }
+            None
+        }
+        (Placed::Yes, r) => r,
+    };
     match runner {
         Some(mut r) => {
             r.open_gate();

@@ -1,5 +1,6 @@
 //! Accepting a spawn: checking its params, then recording the run durably
-//! (folder, temp dir, runner.json, run.json) before anyone is told its id.
+//! (folder, temp dir, runner.json, its row in the store) before anyone is
+//! told its id.
 //! A failure part-way removes what was made.
 //!
 //! The parts, in order: [`validate`] the params, [`plan`] what they
@@ -22,6 +23,7 @@ use crate::engine::state::Inner;
 use crate::ids::RunId;
 use crate::protocol::SpawnParams;
 use crate::run::record::RunRecord;
+use crate::store::Op;
 use crate::uids::UidLease;
 use context::{compose_input, observe_before, working_context, write_context_files};
 use deliver::with_delivery;
@@ -42,8 +44,8 @@ pub(crate) struct Created {
 }
 
 /// Records a new run: leases its uid (root daemons), makes its temp dir
-/// (and worktree), writes its folder (context files, runner.json, run.json)
-/// under a draft name and renames it to the run id, durably. With
+/// (and worktree), writes its folder (context files, runner.json) under a
+/// draft name, commits its row and renames the folder to the run id. With
 /// `start_now` the runner is started while the records are made durable,
 /// and let go once they are. What was made is removed if any step fails.
 /// Blocking.
@@ -57,6 +59,7 @@ pub(crate) fn create_run(
     check_writable_roots(inner, p, plan)?;
     let session = &p.session.id;
     let mut draft = RunDraft::begin(
+        &inner.layout.drafts(),
         inner.layout.runs_dir(session),
         RunId::new(),
         lease_uid(inner)?,
@@ -91,6 +94,7 @@ pub(crate) fn create_run(
     // Compact: only the runner reads it (about 15 KB pretty-printed).
     let bytes =
         serde_json::to_vec(&spec).map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
+    // The runner reads it from the folder; the store keeps a copy.
     draft.write(&staged.runner_spec(), &bytes, Sync::Durable)?;
     let mut rec = accepted_record(
         p,
@@ -102,7 +106,12 @@ pub(crate) fn create_run(
         delivered.run,
     )?;
     rec.on_behalf = on_behalf.cloned();
-    draft.write(&staged.record(), &rec.to_bytes(), Sync::Durable)?;
+    let accept = Op::Accept {
+        rec: Box::new(rec.clone()),
+        spec: bytes,
+        before: Some(before),
+        session: work.session,
+    };
     let handed = start_now.then(|| handed_files(&draft)).flatten();
     let egress = plan.network == NetworkMode::Allowlist;
     // Checked by `deliver`: a key named and not set refused the spawn.
@@ -110,7 +119,7 @@ pub(crate) fn create_run(
         crate::engine::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, plan.driver)
             .ok()
             .flatten();
-    let (lease, runner) = publish(inner, draft, handed, egress, gateway)?;
+    let (lease, runner) = publish(inner, draft, accept, handed, egress, gateway)?;
     Ok(Created { rec, lease, runner })
 }
 

@@ -104,22 +104,26 @@ pub(crate) fn judge_and_merge(
             Outcome::Rejected(_) => report.rejected.push(v),
         }
     }
-    if let Err(e) = merge_into_recent(inner, rec.session_id.as_str(), &accepted) {
+    if let Err(e) = merge_into_recent(inner, rec, &accepted) {
         report.note = Some(format!("merging failed: {e}"));
     }
     report
 }
 
-/// Puts `files` at the front of the session's recent files.
+/// Puts `files` at the front of the recent files of `rec`'s session.
+/// Blocking.
 pub(super) fn merge_into_recent(
     inner: &Inner,
-    session: &str,
+    rec: &RunRecord,
     files: &[PathBuf],
-) -> Result<(), crate::sessions::SessionError> {
+) -> Result<(), crate::store::StoreError> {
     if !files.is_empty() {
-        inner.sessions.update(session, |s| {
-            s.recent_files = policy::workctx::touch(&s.recent_files, files);
-        })?;
+        let touch = crate::store::Op::Touch {
+            session: rec.session_id.to_string(),
+            files: files.to_vec(),
+            owner_uid: crate::engine::state::run_owner(rec),
+        };
+        inner.store.commit_blocking(vec![touch])?;
     }
     Ok(())
 }

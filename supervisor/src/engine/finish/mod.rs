@@ -1,14 +1,14 @@
 //! Finishing a run, exactly once: the terminal state from exit.json (or
-//! `lost` when there is none), then result.md, the durable notice, the temp
-//! dir's removal, and finally `finalized` in run.json. Each step is
-//! idempotent, so a crash part-way is finished again on restart without
-//! doubling anything.
+//! `lost` when there is none), then result.md and the temp dir's removal,
+//! and finally one commit of the end: `finalized` and its notice pending
+//! together. Each step is idempotent, so a crash part-way is finished
+//! again on restart without doubling anything.
 //!
 //! The end's halves of a run's data live beside: `delta` (the child's
 //! delta, judged and merged), `observed` (what the supervisor saw
 //! change), `report` (the agent's event stream and the files it
 //! reported). May use the engine's state, lockfile and pidfd, the record,
-//! result_md, notices, egress's summary, securedir and the run's data;
+//! result_md, the store, egress's summary, securedir and the run's data;
 //! never recover or launch.
 
 mod delta;
@@ -19,6 +19,7 @@ use super::pidfd::RunnerExit;
 use super::state::{Inner, Slot};
 use crate::protocol::Notice;
 use crate::run::record::{EndState, RunRecord, RunState};
+use crate::store::Op;
 use crate::timefmt::{now_ms, rfc3339_ms};
 use std::sync::Arc;
 use subagent_runner::exit_record::{ExitRecord, ExitRecordError, Outcome};
@@ -35,9 +36,6 @@ pub enum FinishError {
     /// result.md could not be written.
     #[error(transparent)]
     ResultMd(#[from] subagent_runner::atomic::AtomicError),
-    /// The notice could not be stored.
-    #[error(transparent)]
-    Notice(#[from] crate::notices::NoticeError),
 }
 
 /// Applies how the run ended to its record. `exit` is exit.json (or the
@@ -108,11 +106,11 @@ fn runner_log_tail(rec: &RunRecord) -> String {
 
 /// The runner has exited (`runner` says how, when we reaped it):
 /// works out the terminal state, then finalizes. The terminal state is
-/// written to run.json once, with `finalized` (or a merged delta, or a
-/// `finalize_error`), not first on its own: a crash before that write
-/// leaves run.json `running` with a dead runner, and the next start
-/// finishes the run again from exit.json; result.md is rewritten and the
-/// notice is not stored twice (see `NoticeStore::store`).
+/// committed once, with `finalized` (or a merged delta, or a
+/// `finalize_error`), not first on its own: a crash before that commit
+/// leaves the run `running` with a dead runner, and the next start
+/// finishes it again from exit.json; result.md is rewritten and the notice
+/// is made pending only by the commit that finalizes.
 pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: RunnerExit) {
     // The runner is gone: its connections end, and egress.log is whole
     // before it is summed up.
@@ -208,28 +206,28 @@ async fn requeue_called_off(inner: &Arc<Inner>, slot: &Arc<Slot>) -> bool {
     inner.enqueue(id).is_ok()
 }
 
-/// The blocking part of finalizing: result.md, the notice, the temp dir.
-/// Returns the notice when it was newly stored.
-fn finalize_files(inner: &Inner, rec: &RunRecord) -> Result<Option<Notice>, FinishError> {
-    let files = rec.files();
+/// The blocking file steps of finalizing: result.md, the temp dir.
+fn finalize_files(rec: &RunRecord) -> Result<(), FinishError> {
     subagent_runner::atomic::write_atomic(
-        &files.result(),
+        &rec.files().result(),
         crate::result_md::render(rec).as_bytes(),
     )?;
-    let ended = rec.ended_at_ms().unwrap_or_else(now_ms);
-    let notice = Notice {
-        run_id: rec.run_id.to_string(),
-        session_id: rec.session_id.to_string(),
-        state: rec.state(),
-        result_path: files.result(),
-        ended_at: rfc3339_ms(ended),
-    };
-    let fresh = inner.notices.store(&notice, ended)?;
     if !rec.keep_temp {
         remove_tree(&rec.temp_dir);
         crate::securedir::remove_empty_session_dir(&rec.temp_dir);
     }
-    Ok(fresh.then_some(notice))
+    Ok(())
+}
+
+/// The notice of a finalized run, as the store derives it from its row.
+fn notice_of(rec: &RunRecord) -> Notice {
+    Notice {
+        run_id: rec.run_id.to_string(),
+        session_id: rec.session_id.to_string(),
+        state: rec.state(),
+        result_path: rec.files().result(),
+        ended_at: rfc3339_ms(rec.ended_at_ms().unwrap_or_else(now_ms)),
+    }
 }
 
 /// Removes a directory tree the child may have made awkward (read-only
@@ -255,9 +253,10 @@ pub fn remove_tree(dir: &std::path::Path) {
     }
 }
 
-/// Writes result.md, stores the notice and removes the temp dir for a run
-/// in a terminal state, then marks it finalized and tells waiters and
-/// subscribers. Does nothing for a run already finalized.
+/// Writes result.md and removes the temp dir for a run in a terminal
+/// state, then commits it finalized (its notice pending in that same
+/// commit), tells waiters and subscribers, and lets its slot go. Does
+/// nothing for a run already finalized.
 pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
     let mut rec = slot.rec.lock().await;
     if rec.finalized() || !rec.state().is_terminal() {
@@ -269,7 +268,7 @@ pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
     // blocking pool rather than one per step), in this order.
     let (start, inner2) = (rec.clone(), inner.clone());
     let done = tokio::task::spawn_blocking(move || finalize_blocking(&inner2, start)).await;
-    let Ok(done) = done else {
+    let Ok(mut next) = done else {
         // Waiters are released with the reason; the next start tries again.
         let why = "the task finishing the run panicked".to_owned();
         tracing::error!(run_id = %rec.run_id, "{why}");
@@ -277,36 +276,56 @@ pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
         slot.published.send_replace(rec.clone());
         return;
     };
-    let mut next = done.record;
-    if let Err(e) = &done.saved {
-        tracing::error!(run_id = %next.run_id, "recording the run as finalized: {e}");
-    }
     if let Some(e) = next.finalize_error() {
         // Left unfinalized: the next start of the engine tries again.
         // Waiters are released with the reason.
         tracing::error!(run_id = %next.run_id, "finishing the run: {e}");
     }
+    commit_final(inner, &next).await;
     std::mem::swap(&mut *rec, &mut next);
     slot.published.send_replace(rec.clone());
-    if let Some(n) = done.notice {
-        let _ = inner.finished.send(n);
+    if rec.finalized() {
+        let _ = inner.finished.send(notice_of(&rec));
+    }
+    inner.forget(&rec.run_id);
+}
+
+/// How long a failed commit of a run's end waits before it is tried again.
+const FINALIZE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Commits the end of `rec` (its notice made pending when finalized),
+/// trying again until the store takes it (a full disk, say): until then
+/// the run stays live and unpublished.
+async fn commit_final(inner: &Inner, rec: &RunRecord) {
+    loop {
+        let op = Op::Finalize {
+            rec: Box::new(rec.clone()),
+            context: None,
+        };
+        match inner.store.commit(vec![op]).await {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::error!(run_id = %rec.run_id, "recording the run's end (tried again in 5 s): {e}");
+                tokio::time::sleep(FINALIZE_RETRY).await;
+            }
+        }
     }
 }
 
-/// What the blocking part of [`finalize`] did.
-struct Finalized {
-    /// The record as it now stands (saved unless `saved` says otherwise).
-    record: RunRecord,
-    /// Whether the last save of run.json worked.
-    saved: Result<(), crate::run::record::RecordError>,
-    /// The notice, when newly stored.
-    notice: Option<Notice>,
+/// Records what finalizing found before it is acted on, so that no
+/// restart merges it again. Blocking.
+fn record_reported(inner: &Inner, rec: &RunRecord, what: &str) {
+    let op = Op::Reported(Box::new(rec.clone()));
+    if let Err(e) = inner.store.commit_blocking(vec![op]) {
+        tracing::error!(run_id = %rec.run_id, "recording {what}: {e}");
+    }
 }
 
 /// The observation and the delta report (recorded first when something
-/// was merged, so that no restart merges it again), result.md and the notice (tried three times),
-/// then the terminal record with `finalized` or `finalize_error`. Blocking.
-fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> Finalized {
+/// was merged, so that no restart merges it again), then result.md and
+/// the temp dir (tried three times); returns the record with `finalized`
+/// or `finalize_error`. Blocking.
+fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> RunRecord {
     if rec.end().is_some_and(|e| e.delta.is_none()) {
         // Exactly once: the reports are recorded before anything else of
         // the end is done, and never computed again.
@@ -323,21 +342,17 @@ fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> Finalized {
         let merged = !report.accepted.is_empty() || !observed.merged.is_empty();
         rec.reported(report, observed);
         if merged {
-            // Otherwise nothing to repeat: the report is saved with the
-            // final record.
-            if let Err(e) = rec.save() {
-                tracing::error!(run_id = %rec.run_id, "recording the delta: {e}");
-            }
+            // Otherwise nothing to repeat: the report is recorded with the
+            // end.
+            record_reported(inner, &rec, "the delta");
         }
     }
     merge_reported_once(inner, &mut rec);
-    let mut notice = None;
     let mut failure = None;
     for pause_ms in [0, 200, 1000] {
         std::thread::sleep(std::time::Duration::from_millis(pause_ms));
-        match finalize_files(inner, &rec) {
-            Ok(n) => {
-                notice = n;
+        match finalize_files(&rec) {
+            Ok(()) => {
                 failure = None;
                 break;
             }
@@ -345,12 +360,7 @@ fn finalize_blocking(inner: &Inner, mut rec: RunRecord) -> Finalized {
         }
     }
     rec.finalize_done(failure.map(|e| e.to_string()));
-    let saved = rec.save();
-    Finalized {
-        record: rec,
-        saved,
-        notice,
-    }
+    rec
 }
 
 /// What the supervisor saw the run change, merged on success. A run failed
@@ -383,9 +393,7 @@ fn merge_reported_once(inner: &Inner, rec: &mut RunRecord) {
         d.reported_files = files;
     }
     if merged {
-        if let Err(e) = rec.save() {
-            tracing::error!(run_id = %rec.run_id, "recording the reported files: {e}");
-        }
+        record_reported(inner, rec, "the reported files");
     }
 }
 

@@ -74,7 +74,7 @@ pub(crate) fn observe_and_merge(inner: &Inner, rec: &RunRecord, merge: bool) -> 
         })
         .take(policy::workctx::RECENT_CAP)
         .collect();
-    match merge_into_recent(inner, rec.session_id.as_str(), &merged) {
+    match merge_into_recent(inner, rec, &merged) {
         Ok(()) => report.merged = merged,
         Err(e) => report.note = Some(format!("merging failed: {e}")),
     }

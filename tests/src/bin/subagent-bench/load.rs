@@ -94,28 +94,49 @@ fn memory(sleepers: usize) -> (f64, f64, f64) {
         std::time::Duration::from_secs(300),
     );
     let with = rss_mib(d.pid());
-    let mut runner_kib = Vec::new();
-    for r in &sl.runs {
-        let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
-        let rec: Value = serde_json::from_slice(
-            &std::fs::read(
-                std::path::Path::new(st["log_path"].as_str().unwrap())
-                    .parent()
-                    .unwrap()
-                    .join("run.json"),
-            )
-            .unwrap(),
-        )
-        .unwrap();
-        if let Some(pid) = rec["runner_pid"].as_i64() {
-            runner_kib.push(rss_kib(pid as i32) as f64);
-        }
-    }
+    let runner_kib: Vec<f64> = runner_pids(&mut c, &sl.runs, d.pid())
+        .into_iter()
+        .map(|pid| rss_kib(pid) as f64)
+        .collect();
     sl.release(&mut c);
     let mean = runner_kib.iter().sum::<f64>() / runner_kib.len().max(1) as f64 / 1024.0;
     drop(c);
     crate::retire_daemon(d);
     (idle, with, mean)
+}
+
+/// The runners' pids: from each run's run.json where the run folder has
+/// one, else the daemon's children that are runners (a runner is
+/// started by the daemon itself, and the run's init is the runner's).
+fn runner_pids(c: &mut Conn, runs: &[String], daemon: i32) -> Vec<i32> {
+    let from_records: Vec<i32> = runs
+        .iter()
+        .filter_map(|r| {
+            let st = c.call("check_agent_run", json!({"run_id": r})).unwrap();
+            let dir = std::path::Path::new(st["log_path"].as_str()?).parent()?;
+            let rec: Value = subagentd_e2e::stored_run(dir)?;
+            rec["runner_pid"].as_i64().map(|p| p as i32)
+        })
+        .collect();
+    if !from_records.is_empty() {
+        return from_records;
+    }
+    let stat = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            let s = stat(pid);
+            let Some((name, rest)) = s.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))
+            else {
+                return false;
+            };
+            name == "subagent-runner"
+                && rest.split_whitespace().nth(1) == Some(daemon.to_string().as_str())
+        })
+        .collect()
 }
 
 /// The same number of `argv` runs from 32 threads, in runs per second

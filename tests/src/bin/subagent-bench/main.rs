@@ -12,6 +12,8 @@
 //! - [`git`]: the git snapshot against `git status`.
 //! - [`egress`]: the egress proxy's CONNECT throughput and the time it
 //!   adds to a connection's first byte.
+//! - [`history`]: what finished runs cost as they pile up (memory, disk,
+//!   lists, restart, retention); `--runs N` makes N the last size.
 //!
 //! The same binary is the workload: `--stamp FILE`, `--emit`, `--tick`.
 
@@ -19,6 +21,7 @@
 
 mod egress;
 mod git;
+mod history;
 mod load;
 mod logs;
 mod paced;
@@ -104,7 +107,8 @@ fn main() {
     {
         std::env::set_var("SUBAGENT_BIN_DIR", dir);
     }
-    // `--only NAME` (spawn, load, logs, git, egress) runs one part.
+    // `--only NAME` (paced, spawn, load, logs, git, egress, history) runs
+    // one part.
     let args: Vec<String> = std::env::args().collect();
     let only = args
         .iter()
@@ -128,6 +132,7 @@ fn main() {
     let logs = part("logs", logs::bench);
     let git = part("git", git::bench_git);
     let egress = part("egress", egress::bench);
+    let history = part("history", history::bench);
     let results = json!({
         "mode": if quick { "quick" } else { "full" },
         "machine": machine(),
@@ -137,6 +142,7 @@ fn main() {
         "logs": logs,
         "git_snapshot": git,
         "egress": egress,
+        "history": history,
         "elapsed_s": started.elapsed().as_secs_f64(),
         "runner_linking": runner_linking(),
     });
@@ -161,6 +167,9 @@ fn main() {
     }
     if !egress.is_null() {
         egress::rows(&egress);
+    }
+    if !history.is_null() {
+        history::rows(&history);
     }
     let out = Path::new("target/bench");
     std::fs::create_dir_all(out).unwrap();
@@ -363,6 +372,13 @@ fn paced_rows(paced: &Value) {
         ms(&paced["ours_exec"]),
         bw("bwrap_exec"),
         ratio("ratio_exec"),
+        "-",
+    );
+    row(
+        "paced exec → notice, p50/p90 (each spawn's notice less its exec)",
+        ms(&paced["ours_exec_to_notice"]),
+        format!("{} (exec → exit)", bw("bwrap_exec_to_exit")),
+        "-".into(),
         "-",
     );
 }

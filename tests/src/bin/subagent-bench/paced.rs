@@ -25,7 +25,7 @@ pub fn read_ns(p: &Path) -> u128 {
 }
 
 /// One spawn of ours: spawn → exec and spawn → notice in ms, and the
-/// run's exit.json.
+/// run's exit.json (null when the run folder no longer has one).
 pub struct Spawned {
     pub exec: f64,
     pub notice: f64,
@@ -54,8 +54,12 @@ pub fn ours(c: &mut subagentd_e2e::Conn, sub: &mut subagentd_e2e::Conn, s: &str)
     let st = c.call("check_agent_run", json!({"run_id": run})).unwrap();
     let stamp = read_ns(&Path::new(st["artifact_dir"].as_str().unwrap()).join("stamp"));
     let log = Path::new(st["log_path"].as_str().unwrap());
-    let exit =
-        serde_json::from_slice(&std::fs::read(log.with_file_name("exit.json")).unwrap()).unwrap();
+    // exit.json is the runner's; a daemon may remove it once the run is
+    // recorded, and then its setup times are not shown.
+    let exit = std::fs::read(log.with_file_name("exit.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
     Spawned {
         exec: (stamp - t0) as f64 / 1e6,
         notice,
@@ -109,15 +113,22 @@ pub fn bench(quick: bool) -> Value {
         }
         std::thread::sleep(PAUSE);
     }
+    // The two steps of each spawn: to the agent's exec, and from it to
+    // the notice (the run's end and its records) or to bwrap's exit.
+    let after = |end: &[f64], exec: &[f64]| -> Vec<f64> {
+        end.iter().zip(exec).map(|(e, x)| e - x).collect()
+    };
     let mut out = json!({
         "n": n,
         "pause_ms": PAUSE.as_millis() as u64,
         "ours_exec": stats(&exec),
         "ours_notice": stats(&notice),
+        "ours_exec_to_notice": stats(&after(&notice, &exec)),
     });
     if !bw_end.is_empty() {
         out["bwrap_exec"] = stats(&bw_exec);
         out["bwrap_exit"] = stats(&bw_end);
+        out["bwrap_exec_to_exit"] = stats(&after(&bw_end, &bw_exec));
         out["ratio_notice"] = json!(pct(&notice, 50.0) / pct(&bw_end, 50.0));
         out["ratio_exec"] = json!(pct(&exec, 50.0) / pct(&bw_exec, 50.0));
     }

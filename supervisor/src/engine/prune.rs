@@ -1,0 +1,280 @@
+//! The engine's prune phase: the store's finished runs as retention
+//! candidates, the plan `policy::retention` makes of them, and its
+//! crash-safe application: the runs are marked `pruning` in one commit
+//! (from then on neither listed nor found), their folders go, then one
+//! commit makes them tombstones. A daemon killed in between finishes the
+//! marked ones at its next start ([`finish_pending`]). The daemon prunes
+//! every `[retention] interval`, and `prune_runs` on demand.
+
+use super::error::EngineError;
+use super::finish::remove_tree;
+use super::state::{blocking, Inner};
+use crate::ids::RunId;
+use crate::protocol::{KeptRun, PruneParams, PruneResult, PrunedRun};
+use crate::store::Op;
+use policy::retention::{Candidate, Filter, Plan};
+use policy::rights::Requester;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Weak};
+
+/// Applies the retention limits now (narrowed, and with `older_than`
+/// widened, by `params` and `who`), or with `dry_run` only says what that
+/// would remove.
+pub(crate) async fn prune_runs(
+    inner: &Arc<Inner>,
+    params: PruneParams,
+    who: Option<Requester>,
+) -> Result<PruneResult, EngineError> {
+    if let Some(s) = &params.session_id {
+        crate::ids::check_session_id(s).map_err(|p| EngineError::invalid("session_id", p))?;
+    }
+    let older_than = match &params.older_than {
+        Some(d) => Some(
+            policy::retention::parse_duration(d)
+                .map_err(|e| EngineError::invalid("older_than", e))?,
+        ),
+        None => None,
+    };
+    let filter = Filter {
+        session: params.session_id,
+        older_than,
+        requester: who,
+    };
+    let (inner, dry_run) = (inner.clone(), params.dry_run);
+    blocking(move || prune(&inner, &filter, dry_run)).await
+}
+
+/// Prunes by the limits alone every `interval` while the engine lives;
+/// returns at once when the interval is off.
+pub(crate) async fn every_interval(inner: Weak<Inner>) {
+    let Some(interval) = inner
+        .upgrade()
+        .and_then(|i| i.cfg.settings.retention.interval)
+    else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let done = blocking(move || prune(&strong, &Filter::default(), false)).await;
+        if let Ok(r) = done {
+            if !r.removed.is_empty() {
+                tracing::info!(removed = r.removed.len(), "retention pruned runs");
+            }
+        }
+    }
+}
+
+/// Plans and (unless `dry_run`) applies a prune. Blocking.
+fn prune(inner: &Inner, filter: &Filter, dry_run: bool) -> Result<PruneResult, EngineError> {
+    let candidates = candidates(inner)?;
+    let limits = inner.cfg.settings.retention.limits();
+    let plan = policy::retention::plan(crate::timefmt::now_ms(), &limits, filter, &candidates);
+    let result = describe(&plan, &candidates, dry_run);
+    if !dry_run {
+        for batch in plan.remove.chunks(PRUNE_BATCH) {
+            mark(inner, batch)?;
+            finish_pending(inner)?;
+        }
+    }
+    Ok(result)
+}
+
+/// Runs marked in one transaction, and so removed in one pass.
+const PRUNE_BATCH: usize = 100;
+
+/// The store's ended, finalized runs as retention sees them. A folder
+/// not yet measured is measured once and its size recorded.
+fn candidates(inner: &Inner) -> Result<Vec<Candidate>, EngineError> {
+    let stored = inner.store.retention_candidates()?;
+    let mut measured = Vec::new();
+    let out = stored
+        .into_iter()
+        .map(|c| {
+            let mut bytes = c.dir_bytes;
+            if bytes == 0 {
+                bytes = unmeasured_bytes(inner, &c);
+                measured.push(Op::DirBytes {
+                    id: c.run_id.clone(),
+                    bytes,
+                });
+            }
+            Candidate {
+                run_id: c.run_id.to_string(),
+                session_id: c.session_id,
+                owner_uid: c.owner_uid,
+                ended_at_ms: c.ended_at_ms,
+                dir_bytes: bytes,
+                notice_pending: c.notice_pending,
+                worktree: c.worktree_dir.filter(|d| d.symlink_metadata().is_ok()),
+            }
+        })
+        .collect();
+    if !measured.is_empty() {
+        inner.store.commit_blocking(measured)?;
+    }
+    Ok(out)
+}
+
+/// The size of a run folder the store has no size for.
+fn unmeasured_bytes(inner: &Inner, c: &crate::store::Candidate) -> u64 {
+    dir_bytes(&inner.layout.run_dir(&c.session_id, &c.run_id))
+}
+
+/// The bytes a folder's tree takes on disk; no link is followed, and an
+/// entry that cannot be read counts nothing.
+fn dir_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(meta) = d.symlink_metadata() else {
+            continue;
+        };
+        total = total.saturating_add(meta.blocks().saturating_mul(512));
+        if !meta.is_dir() {
+            continue;
+        }
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            stack.push(e.path());
+        }
+    }
+    total
+}
+
+/// Commits that `batch` is being pruned, each with its reason: from now
+/// on those runs are neither listed nor found, and a crash leaves them
+/// marked for [`finish_pending`] at the next start.
+fn mark(inner: &Inner, batch: &[(String, policy::retention::Reason)]) -> Result<(), EngineError> {
+    let mut by_reason: BTreeMap<&str, Vec<RunId>> = BTreeMap::new();
+    for (id, reason) in batch {
+        if let Some(id) = RunId::parse(id) {
+            by_reason.entry(reason.as_str()).or_default().push(id);
+        }
+    }
+    let ops = by_reason
+        .into_iter()
+        .map(|(reason, ids)| Op::PruneMark {
+            ids,
+            reason: reason.to_owned(),
+        })
+        .collect();
+    inner.store.commit_blocking(ops)?;
+    for (id, reason) in batch {
+        tracing::info!(run_id = %id, reason = reason.as_str(), "run pruned");
+    }
+    Ok(())
+}
+
+/// Finishes the prunes a crash cut short (their runs marked, their
+/// folders perhaps still there) before the daemon answers.
+pub(crate) async fn finish_at_start(inner: &Arc<Inner>) {
+    let strong = inner.clone();
+    match blocking(move || finish_pending(&strong)).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(runs = n, "finished an interrupted prune"),
+        Err(e) => tracing::warn!("finishing an interrupted prune: {e}"),
+    }
+}
+
+/// Removes the folder of every run marked as being pruned, then commits
+/// them as pruned (tombstones). Run at start for a prune a crash cut
+/// short, and after each batch a prune marks. Blocking.
+pub(crate) fn finish_pending(inner: &Inner) -> Result<usize, EngineError> {
+    let pending = inner.store.pending_prunes()?;
+    if pending.is_empty() {
+        return Ok(0);
+    }
+    let mut gone = Vec::new();
+    for p in pending {
+        test_pause();
+        // The folder the ids name, never a path a row holds.
+        let dir = inner.layout.run_dir(&p.session_id, &p.run_id);
+        remove_tree(&dir);
+        if dir.symlink_metadata().is_ok() {
+            tracing::warn!(dir = %dir.display(), "a pruned run's folder is still there; tried again later");
+            continue;
+        }
+        gone.push(p.run_id);
+    }
+    let n = gone.len();
+    if n > 0 {
+        inner
+            .store
+            .commit_blocking(vec![Op::PruneDone { ids: gone }])?;
+    }
+    Ok(n)
+}
+
+/// A debug build's pause between two folders of a prune
+/// (`SUBAGENTD_TEST_PRUNE_PAUSE_MS`), so a test can kill the daemon in
+/// the middle of one.
+fn test_pause() {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("SUBAGENTD_TEST_PRUNE_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// The plan as `prune_runs` answers it.
+fn describe(plan: &Plan, candidates: &[Candidate], dry_run: bool) -> PruneResult {
+    let by_id: BTreeMap<&str, &Candidate> =
+        candidates.iter().map(|c| (c.run_id.as_str(), c)).collect();
+    let removed = plan
+        .remove
+        .iter()
+        .filter_map(|(id, reason)| {
+            let c = by_id.get(id.as_str())?;
+            Some(PrunedRun {
+                run_id: id.clone(),
+                session_id: c.session_id.clone(),
+                ended_at: crate::timefmt::rfc3339_ms(c.ended_at_ms),
+                bytes: c.dir_bytes,
+                reason: *reason,
+            })
+        })
+        .collect();
+    let kept = plan
+        .keep
+        .iter()
+        .map(|(id, why)| KeptRun {
+            run_id: id.clone(),
+            why: why.to_string(),
+        })
+        .collect();
+    PruneResult {
+        removed,
+        kept,
+        dry_run,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_is_measured_without_following_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir_all(run.join("artifacts")).unwrap();
+        std::fs::write(run.join("artifacts/a"), vec![1u8; 64 * 1024]).unwrap();
+        let empty = dir_bytes(&run);
+        assert!(empty >= 64 * 1024, "{empty}");
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![1u8; 1 << 20]).unwrap();
+        std::os::unix::fs::symlink(&big, run.join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), run.join("up")).unwrap();
+        assert!(
+            dir_bytes(&run) < empty + 64 * 1024,
+            "a link counts only itself"
+        );
+        assert_eq!(dir_bytes(&dir.path().join("missing")), 0);
+    }
+}

@@ -1,0 +1,92 @@
+//! The store's error, with the database's path in each case, and its
+//! result type.
+
+use crate::run::record::RecordError;
+use std::path::PathBuf;
+
+/// The store could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The file could not be opened or set up.
+    #[error("state database {}: open: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    /// A statement failed (the request's own work was rolled back).
+    #[error("state database {}: {source}", path.display())]
+    Sql {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    /// The batch's COMMIT failed (disk full, read-only, I/O): nothing of the
+    /// batch was recorded.
+    #[error("database {}: {source}", path.display())]
+    Commit {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    /// The file is not a database or is damaged.
+    #[error(
+        "state database {} is corrupt ({why}): the daemon will not start over it. \
+         Move it away (with -wal and -shm) to start empty, or restore it from a backup; \
+         sqlite3 {} '.recover' can salvage rows",
+        path.display(),
+        path.display()
+    )]
+    Corrupt { path: PathBuf, why: String },
+    /// An SQLite file that is not subagentd's.
+    #[error(
+        "state database {} is an SQLite file of another program (its application_id is not \
+         subagentd's): the daemon will not start over it. Move it away to start empty, or \
+         point --state-dir elsewhere",
+        path.display()
+    )]
+    Foreign { path: PathBuf },
+    /// Written by a newer subagentd.
+    #[error(
+        "state database {} has schema version {found}, newer than the {supported} this \
+         subagentd reads: run the newer subagentd, or restore a backup made by this one",
+        path.display()
+    )]
+    Newer {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    /// A row does not make a record (a running run without its runner).
+    #[error("state database {}: run {run_id}: {source}", path.display())]
+    Record {
+        path: PathBuf,
+        run_id: String,
+        source: RecordError,
+    },
+    /// A JSON column could not be read or written.
+    #[error("state database {}: run {run_id}: {what}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        run_id: String,
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    /// An op names a run the database does not have.
+    #[error("state database {}: no run {run_id}", path.display())]
+    NoRun { path: PathBuf, run_id: String },
+    /// The session is another uid's.
+    #[error("permission denied: session {session} belongs to another user; use a session id of your own")]
+    NotOwned { path: PathBuf, session: String },
+    /// A file step failed (the database's folder, its mode, an old record).
+    #[error("state database {}: {op} {}: {source}", path.display(), at.display())]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        at: PathBuf,
+        source: std::io::Error,
+    },
+    /// The writer is gone, or the store was opened read-only.
+    #[error("state database {}: not open for writing", path.display())]
+    Closed { path: PathBuf },
+}
+
+/// A result of the store.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

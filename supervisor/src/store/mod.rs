@@ -1,0 +1,340 @@
+//! The daemon's records in one SQLite file, `<state>/state.db`: every run
+//! (a small `runs` row plus side tables for what is written once), each
+//! session's working state, the notices (a column of the run's row) and
+//! the store's own marks. One writer thread owns the only read-write
+//! connection and commits requests in groups; readers use a small pool of
+//! read-only connections, which WAL never makes wait for the writer.
+//!
+//! Uses the run model, the protocol's `Notice`, the sessions' state and
+//! paths; never the engine.
+
+mod error;
+mod import_v1;
+mod notices;
+mod ops;
+mod query;
+mod retention;
+mod runs;
+mod schema;
+mod sessions;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::{Result, StoreError};
+pub use ops::{ListQuery, Op, Page, Stored};
+pub use retention::{Candidate, Pruning};
+pub use writer::Out;
+
+use crate::ids::RunId;
+use crate::paths::StateLayout;
+use crate::run::record::RunRecord;
+use crate::sessions::SessionState;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// The database's file name in the state dir.
+pub const DB_FILE: &str = "state.db";
+
+/// Read-only connections kept for reuse.
+const READERS: usize = 4;
+
+/// The daemon's records.
+pub struct Store {
+    path: PathBuf,
+    /// Requests to the writer thread; `None` when read-only.
+    tx: Option<std::sync::mpsc::Sender<writer::Req>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    readers: Mutex<Vec<rusqlite::Connection>>,
+    stats: Arc<writer::Stats>,
+}
+
+fn io_err(path: &Path, op: &'static str, at: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
+    let (path, at) = (path.to_path_buf(), at.to_path_buf());
+    move |source| StoreError::Io {
+        path,
+        op,
+        at,
+        source,
+    }
+}
+
+/// Opens the file read-write, never through a symlink, creating it 0600
+/// first (SQLite gives -wal and -shm the mode of the file).
+fn open_rw(path: &Path) -> Result<rusqlite::Connection> {
+    use rusqlite::OpenFlags as F;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io_err(path, "create", path))?;
+    private(path)?;
+    let flags = F::SQLITE_OPEN_READ_WRITE | F::SQLITE_OPEN_NOFOLLOW | F::SQLITE_OPEN_NO_MUTEX;
+    rusqlite::Connection::open_with_flags(path, flags).map_err(|e| schema::classify(path, e))
+}
+
+/// The file and its -wal and -shm made 0600 (when they are files).
+fn private(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut all = vec![path.to_path_buf()];
+    for ext in ["-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(ext);
+        all.push(PathBuf::from(p));
+    }
+    for p in all {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_file() => {
+                if m.permissions().mode() & 0o7777 != 0o600 {
+                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                        .map_err(io_err(path, "chmod", &p))?;
+                }
+            }
+            Ok(_) => {
+                let why = format!("{} is not a regular file", p.display());
+                return Err(StoreError::Corrupt {
+                    path: path.into(),
+                    why,
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(path, "stat", &p)(e)),
+        }
+    }
+    Ok(())
+}
+
+/// A read-only connection.
+fn open_ro(path: &Path) -> Result<rusqlite::Connection> {
+    use rusqlite::OpenFlags as F;
+    let flags = F::SQLITE_OPEN_READ_ONLY | F::SQLITE_OPEN_NOFOLLOW | F::SQLITE_OPEN_NO_MUTEX;
+    let conn = rusqlite::Connection::open_with_flags(path, flags)
+        .map_err(|e| schema::classify(path, e))?;
+    schema::pragmas(&conn, path)?;
+    conn.execute_batch("PRAGMA query_only = 1")
+        .map_err(|e| schema::classify(path, e))?;
+    Ok(conn)
+}
+
+/// Runs the integrity check unless the last daemon stopped cleanly, then
+/// clears that mark.
+fn check_unclean(conn: &rusqlite::Connection, path: &Path) -> Result<()> {
+    let clean = query::meta(conn, path, CLEAN_SHUTDOWN)?.is_some();
+    if !clean {
+        let verdict: String = conn
+            .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+            .map_err(|e| schema::classify(path, e))?;
+        if verdict != "ok" {
+            return Err(StoreError::Corrupt {
+                path: path.into(),
+                why: verdict,
+            });
+        }
+    }
+    writer::set_meta(conn, path, CLEAN_SHUTDOWN, None)
+}
+
+/// The mark a daemon sets when it stops cleanly (`Op::SetMeta`), so that the
+/// next start skips the integrity check.
+pub const CLEAN_SHUTDOWN: &str = "clean_shutdown";
+
+impl Store {
+    /// Opens (or creates) `<state>/state.db`: refuses a corrupt, foreign or
+    /// newer file, migrates, imports an old state dir, starts the writer.
+    /// Blocking.
+    pub fn open(layout: &StateLayout) -> Result<Store> {
+        let path = layout.root.join(DB_FILE);
+        let mut conn = open_rw(&path)?;
+        schema::pragmas(&conn, &path)?;
+        schema::check_and_migrate(&mut conn, &path)?;
+        schema::writer_pragmas(&conn, &path)?;
+        private(&path)?;
+        check_unclean(&conn, &path)?;
+        import_v1::import(&mut conn, &path, layout)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stats = Arc::new(writer::Stats::default());
+        let writer = writer::spawn(conn, path.clone(), rx, stats.clone()).map_err(io_err(
+            &path,
+            "start the writer for",
+            &path,
+        ))?;
+        // A fixed pool opened now: the daemon's fds do not grow with load.
+        let readers = (0..READERS)
+            .map(|_| open_ro(&path))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Store {
+            path,
+            tx: Some(tx),
+            writer: Some(writer),
+            readers: Mutex::new(readers),
+            stats,
+        })
+    }
+
+    /// Opens an existing `state.db` to read only (the CLI, with the daemon
+    /// down): no writer, no migration, no import. Blocking.
+    pub fn open_read_only(path: &Path) -> Result<Store> {
+        std::fs::symlink_metadata(path).map_err(io_err(path, "open", path))?;
+        let conn = open_ro(path)?;
+        schema::check_read_only(&conn, path)?;
+        Ok(Store {
+            path: path.to_path_buf(),
+            tx: None,
+            writer: None,
+            readers: Mutex::new(vec![conn]),
+            stats: Arc::new(writer::Stats::default()),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Groups the writer has committed since open.
+    pub fn group_commits(&self) -> u64 {
+        self.stats
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn send(&self, ops: Vec<Op>) -> Result<tokio::sync::oneshot::Receiver<Result<Out>>> {
+        let closed = || StoreError::Closed {
+            path: self.path.clone(),
+        };
+        let tx = self.tx.as_ref().ok_or_else(closed)?;
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        tx.send(writer::Req { ops, reply }).map_err(|_| closed())?;
+        self.stats
+            .sent
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(rx)
+    }
+
+    /// Applies `ops` in one savepoint of the writer's next group, and
+    /// answers once that group's COMMIT is done.
+    pub async fn commit(&self, ops: Vec<Op>) -> Result<Out> {
+        let rx = self.send(ops)?;
+        rx.await.unwrap_or_else(|_| {
+            Err(StoreError::Closed {
+                path: self.path.clone(),
+            })
+        })
+    }
+
+    /// [`Store::commit`] for code already on a blocking thread (never
+    /// from async code: it blocks until the commit).
+    pub fn commit_blocking(&self, ops: Vec<Op>) -> Result<Out> {
+        let rx = self.send(ops)?;
+        rx.blocking_recv().unwrap_or_else(|_| {
+            Err(StoreError::Closed {
+                path: self.path.clone(),
+            })
+        })
+    }
+
+    /// Runs `f` on a pooled read-only connection.
+    fn read<T>(&self, f: impl FnOnce(&rusqlite::Connection, &Path) -> Result<T>) -> Result<T> {
+        let pooled = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let conn = match pooled {
+            Some(c) => c,
+            None => open_ro(&self.path)?,
+        };
+        let out = f(&conn, &self.path);
+        let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < READERS {
+            pool.push(conn);
+        }
+        out
+    }
+
+    /// The run's record, or that it was pruned. Blocking.
+    pub fn get(&self, id: &RunId) -> Result<Option<Stored>> {
+        self.read(|c, p| query::get(c, p, id.as_str()))
+    }
+
+    /// One page of runs, pruned ones left out. Blocking.
+    pub fn list(&self, q: &ListQuery) -> Result<Page> {
+        self.read(|c, p| query::list(c, p, q))
+    }
+
+    /// Every run recovery must look at: not ended, or ended but not
+    /// finalized (pruned ones left out); by id. Blocking.
+    pub fn live_runs(&self) -> Result<Vec<RunRecord>> {
+        self.read(query::live_runs)
+    }
+
+    /// The runner spec of a run that has not ended. Blocking.
+    pub fn spec(&self, id: &RunId) -> Result<Option<Vec<u8>>> {
+        self.read(|c, p| runs::blob(c, p, "run_specs", "spec", id.as_str()))
+    }
+
+    /// The first picture of a run that is not finalized. Blocking.
+    pub fn before(&self, id: &RunId) -> Result<Option<Vec<u8>>> {
+        self.read(|c, p| runs::blob(c, p, "run_before", "before", id.as_str()))
+    }
+
+    /// The context files of a finalized run. Blocking.
+    pub fn context(&self, id: &RunId) -> Result<Option<BTreeMap<String, String>>> {
+        self.read(|c, p| query::context(c, p, id.as_str()))
+    }
+
+    /// The session's state (`None`: no such session yet). Blocking.
+    pub fn session(&self, id: &str) -> Result<Option<SessionState>> {
+        self.read(|c, p| sessions::read(c, p, id))
+    }
+
+    /// Refuses `who` when the session is another uid's. Blocking.
+    pub fn may_use(&self, session: &str, who: Option<&policy::rights::Requester>) -> Result<()> {
+        match self.read(|c, p| sessions::owner(c, p, session))? {
+            Some(o) if !policy::rights::may_act_on(who, o) => Err(StoreError::NotOwned {
+                path: self.path.clone(),
+                session: session.to_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses a run for `who` in a session that is not `who`'s. Blocking.
+    pub fn may_join(&self, session: &str, who: Option<&policy::rights::Requester>) -> Result<()> {
+        let owner = self.read(|c, p| sessions::owner(c, p, session))?;
+        if policy::rights::may_join(who, crate::paths::uid(), owner) {
+            return Ok(());
+        }
+        Err(StoreError::NotOwned {
+            path: self.path.clone(),
+            session: session.to_owned(),
+        })
+    }
+
+    /// Runs marked for pruning whose removal is not done. Blocking.
+    pub fn pending_prunes(&self) -> Result<Vec<Pruning>> {
+        self.read(retention::pending)
+    }
+
+    /// Every ended, finalized run not pruned, oldest end first. Blocking.
+    pub fn retention_candidates(&self) -> Result<Vec<Candidate>> {
+        self.read(retention::candidates)
+    }
+
+    /// One of the store's marks. Blocking.
+    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+        self.read(|c, p| query::meta(c, p, key))
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // The writer ends when its channel closes, after its last group.
+        self.tx = None;
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The schema of state.db: its tables and indexes, its application_id and
+//! version, and the migrations that move one version to the next.
+
+use super::error::{Result, StoreError};
+use rusqlite::{Connection, OptionalExtension};
+use std::path::Path;
+
+/// `PRAGMA application_id` of subagentd's database: "SUBA".
+pub const APPLICATION_ID: i64 = 0x5355_4241;
+
+/// The schema version this code reads and writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Migration *n* (1-based) moves version n-1 to n.
+pub const MIGRATIONS: &[&str] = &[V1];
+
+const V1: &str = "
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    owner_uid INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    end_state TEXT,
+    created_at_ms INTEGER NOT NULL,
+    started_at_ms INTEGER,
+    ended_at_ms INTEGER,
+    runner_pid INTEGER,
+    runner_start_ticks INTEGER,
+    exit_code INTEGER,
+    signal INTEGER,
+    reason TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    log_truncated INTEGER NOT NULL DEFAULT 0,
+    finalized INTEGER NOT NULL DEFAULT 0,
+    finalize_error TEXT,
+    uid INTEGER,
+    run_dir TEXT NOT NULL,
+    temp_dir TEXT NOT NULL,
+    keep_temp INTEGER NOT NULL DEFAULT 0,
+    worktree_dir TEXT,
+    notice TEXT CHECK (notice IN ('pending', 'taken')),
+    notice_taken_at_ms INTEGER,
+    dir_bytes INTEGER,
+    prune_state TEXT CHECK (prune_state IN ('pruning', 'pruned')),
+    pruned_at_ms INTEGER,
+    prune_reason TEXT
+) WITHOUT ROWID;
+CREATE TABLE run_details (
+    run_id TEXT PRIMARY KEY REFERENCES runs ON DELETE CASCADE,
+    accepted TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE run_ends (
+    run_id TEXT PRIMARY KEY REFERENCES runs ON DELETE CASCADE,
+    end TEXT NOT NULL,
+    driver TEXT
+) WITHOUT ROWID;
+CREATE TABLE run_specs (
+    run_id TEXT PRIMARY KEY REFERENCES runs ON DELETE CASCADE,
+    spec BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE run_context (
+    run_id TEXT PRIMARY KEY REFERENCES runs ON DELETE CASCADE,
+    files TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE run_before (
+    run_id TEXT PRIMARY KEY REFERENCES runs ON DELETE CASCADE,
+    before BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY,
+    owner_uid INTEGER,
+    project_dir TEXT,
+    recent_files TEXT NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX runs_session ON runs(session_id, run_id);
+CREATE INDEX runs_state ON runs(state, run_id);
+CREATE INDEX runs_owner ON runs(owner_uid, run_id);
+CREATE INDEX runs_session_created ON runs(session_id, created_at_ms);
+CREATE INDEX runs_ended ON runs(ended_at_ms) WHERE prune_state IS NULL;
+CREATE INDEX runs_notice_pending ON runs(session_id, ended_at_ms, run_id)
+    WHERE notice = 'pending';
+CREATE INDEX runs_live ON runs(run_id)
+    WHERE state IN ('accepted', 'running') OR finalized = 0 OR prune_state = 'pruning';
+";
+
+/// The tables a version-1 file has.
+const TABLES: &[&str] = &[
+    "runs",
+    "run_details",
+    "run_ends",
+    "run_specs",
+    "run_context",
+    "run_before",
+    "sessions",
+    "meta",
+];
+
+/// Sets the pragmas every connection has.
+pub fn pragmas(conn: &Connection, path: &Path) -> Result<()> {
+    conn.execute_batch(
+        "PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000; PRAGMA synchronous = FULL;",
+    )
+    .map_err(|e| classify(path, e))
+}
+
+/// Sets the writer's pragmas (WAL, its bound).
+pub fn writer_pragmas(conn: &Connection, path: &Path) -> Result<()> {
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(|e| classify(path, e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        let why = format!("journal_mode stayed {mode}");
+        return Err(StoreError::Corrupt {
+            path: path.into(),
+            why,
+        });
+    }
+    conn.execute_batch("PRAGMA journal_size_limit = 67108864;")
+        .map_err(|e| classify(path, e))
+}
+
+/// An open-time error: corrupt and not-a-database files are told apart.
+pub fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode as C;
+    match e.sqlite_error_code() {
+        Some(C::NotADatabase | C::DatabaseCorrupt) => StoreError::Corrupt {
+            path: path.into(),
+            why: e.to_string(),
+        },
+        _ => StoreError::Open {
+            path: path.into(),
+            source: e,
+        },
+    }
+}
+
+fn pragma_i64(conn: &Connection, path: &Path, name: &str) -> Result<i64> {
+    conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
+        .map_err(|e| classify(path, e))
+}
+
+/// Checks what the file is, then moves it to [`SCHEMA_VERSION`]: a new file
+/// gets the application id; a foreign, newer or incomplete one is refused.
+pub fn check_and_migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+    let app = pragma_i64(conn, path, "application_id")?;
+    let version = pragma_i64(conn, path, "user_version")?;
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .map_err(|e| classify(path, e))?;
+    if app != APPLICATION_ID && (app != 0 || tables > 0 || version != 0) {
+        return Err(StoreError::Foreign { path: path.into() });
+    }
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Newer {
+            path: path.into(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    migrate(conn, path, version)?;
+    check_tables(conn, path)
+}
+
+/// Runs the migrations after `from`, each in its own transaction with its
+/// version.
+pub fn migrate(conn: &mut Connection, path: &Path, from: i64) -> Result<()> {
+    for (n, sql) in MIGRATIONS.iter().enumerate().skip(from.max(0) as usize) {
+        let n = n as i64 + 1;
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| classify(path, e))?;
+        // Read again inside the lock: another opener may have migrated.
+        let now: i64 = tx
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| classify(path, e))?;
+        if now >= n {
+            continue;
+        }
+        let batch =
+            format!("PRAGMA application_id = {APPLICATION_ID}; {sql}; PRAGMA user_version = {n};");
+        tx.execute_batch(&batch).map_err(|e| classify(path, e))?;
+        tx.commit().map_err(|source| StoreError::Commit {
+            path: path.into(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Refuses a file that says it is ours but lacks a table.
+fn check_tables(conn: &Connection, path: &Path) -> Result<()> {
+    for t in TABLES {
+        let found: Option<i64> = conn
+            .query_row(
+                "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+                [t],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| classify(path, e))?;
+        if found.is_none() {
+            return Err(StoreError::Corrupt {
+                path: path.into(),
+                why: format!("its table {t} is missing"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The checks of [`check_and_migrate`] for a reader, which changes nothing:
+/// a file that is not (yet) at this version is refused too.
+pub fn check_read_only(conn: &Connection, path: &Path) -> Result<()> {
+    let app = pragma_i64(conn, path, "application_id")?;
+    if app != APPLICATION_ID {
+        return Err(StoreError::Foreign { path: path.into() });
+    }
+    let version = pragma_i64(conn, path, "user_version")?;
+    if version < SCHEMA_VERSION {
+        return Err(StoreError::Corrupt {
+            path: path.into(),
+            why: format!("schema version {version}: start subagentd once to upgrade it"),
+        });
+    }
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Newer {
+            path: path.into(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    check_tables(conn, path)
+}

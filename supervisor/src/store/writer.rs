@@ -1,0 +1,334 @@
+//! The store's one writer: a thread that owns the read-write connection,
+//! takes requests from a channel, applies each in a savepoint of one
+//! transaction per group and answers only after that group's COMMIT.
+
+use super::error::{Result, StoreError};
+use super::ops::Op;
+use super::runs::{self, sql};
+use crate::protocol::Notice;
+use crate::sessions::SessionState;
+use rusqlite::{params, Connection};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+
+/// Requests taken into one group at most.
+const GROUP_MAX: usize = 256;
+
+/// What a request's ops gave back.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Out {
+    /// The notices [`Op::TakeNotices`] took, oldest first.
+    pub notices: Vec<Notice>,
+    /// The session's state after [`Op::Touch`].
+    pub session: Option<SessionState>,
+}
+
+/// One request: its ops and where its answer goes.
+pub(super) struct Req {
+    pub(super) ops: Vec<Op>,
+    pub(super) reply: tokio::sync::oneshot::Sender<Result<Out>>,
+}
+
+/// What the writer has done (read by the tests).
+#[derive(Debug, Default)]
+pub(super) struct Stats {
+    /// Groups committed.
+    pub(super) commits: std::sync::atomic::AtomicU64,
+    /// Requests answered.
+    pub(super) requests: std::sync::atomic::AtomicU64,
+    /// Requests sent.
+    pub(super) sent: std::sync::atomic::AtomicU64,
+    /// Held by a test to keep the writer from starting its next group.
+    #[cfg(test)]
+    pub(super) gate: std::sync::Mutex<()>,
+    /// Set by a test: the next group's transaction is gone before its
+    /// COMMIT, which then fails.
+    #[cfg(test)]
+    pub(super) fail_commit: std::sync::atomic::AtomicBool,
+}
+
+/// Starts the writer thread over `conn`.
+pub(super) fn spawn(
+    conn: Connection,
+    path: PathBuf,
+    rx: Receiver<Req>,
+    stats: Arc<Stats>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("store-writer".into())
+        .spawn(move || run(&conn, &path, &rx, &stats))
+}
+
+/// The loop: a group per wake-up, until every sender is gone.
+fn run(conn: &Connection, path: &Path, rx: &Receiver<Req>, stats: &Stats) {
+    while let Ok(first) = rx.recv() {
+        #[cfg(test)]
+        drop(stats.gate.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut group = vec![first];
+        // What is queued by now joins the group: one COMMIT for all.
+        while group.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Ok(r) => group.push(r),
+                Err(_) => break,
+            }
+        }
+        let answers = commit_group(conn, path, &mut group, stats);
+        stats.commits.fetch_add(1, Ordering::Relaxed);
+        stats
+            .requests
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        for (req, answer) in group.into_iter().zip(answers) {
+            // The asker may have gone; its work is committed all the same.
+            let _ = req.reply.send(answer);
+        }
+    }
+}
+
+/// A copy of a commit's error for each request of the group.
+fn commit_error(path: &Path, e: &rusqlite::Error) -> StoreError {
+    let source = match e {
+        rusqlite::Error::SqliteFailure(code, msg) => {
+            rusqlite::Error::SqliteFailure(*code, msg.clone())
+        }
+        other => rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(other.to_string()),
+        ),
+    };
+    StoreError::Commit {
+        path: path.into(),
+        source,
+    }
+}
+
+/// Applies each request in its savepoint of one transaction, commits, and
+/// gives each its answer. A request that fails is undone alone; a failed
+/// COMMIT (or a statement that rolled the whole transaction back) fails
+/// them all.
+fn commit_group(
+    conn: &Connection,
+    path: &Path,
+    group: &mut [Req],
+    stats: &Stats,
+) -> Vec<Result<Out>> {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        return group.iter().map(|_| Err(commit_error(path, &e))).collect();
+    }
+    let mut answers = Vec::with_capacity(group.len());
+    for req in group.iter_mut() {
+        let ops = std::mem::take(&mut req.ops);
+        let answer = in_savepoint(conn, path, ops);
+        if answer.is_err() && conn.is_autocommit() {
+            // SQLite rolled the transaction back (disk full, I/O): the
+            // group's earlier work is gone too.
+            let lost = rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                Some("the transaction was rolled back".into()),
+            );
+            let mut out: Vec<Result<Out>> = (0..answers.len())
+                .map(|_| Err(commit_error(path, &lost)))
+                .collect();
+            out.push(answer);
+            out.extend((out.len()..group.len()).map(|_| Err(commit_error(path, &lost))));
+            return out;
+        }
+        answers.push(answer);
+    }
+    #[cfg(test)]
+    if stats.fail_commit.swap(false, Ordering::SeqCst) {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    #[cfg(not(test))]
+    let _ = stats;
+    if let Err(e) = conn.execute_batch("COMMIT") {
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        return group.iter().map(|_| Err(commit_error(path, &e))).collect();
+    }
+    answers
+}
+
+/// One request's ops, undone together when one fails.
+fn in_savepoint(conn: &Connection, path: &Path, ops: Vec<Op>) -> Result<Out> {
+    conn.execute_batch("SAVEPOINT req").map_err(sql(path))?;
+    let mut out = Out::default();
+    let done = ops
+        .into_iter()
+        .try_for_each(|op| apply(conn, path, op, &mut out));
+    match done {
+        Ok(()) => {
+            conn.execute_batch("RELEASE req").map_err(sql(path))?;
+            Ok(out)
+        }
+        Err(e) => {
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK TO req; RELEASE req");
+            }
+            Err(e)
+        }
+    }
+}
+
+fn no_run(path: &Path, id: &str) -> StoreError {
+    StoreError::NoRun {
+        path: path.into(),
+        run_id: id.into(),
+    }
+}
+
+/// Does one op.
+fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
+    let now = crate::timefmt::now_ms();
+    match op {
+        Op::Accept {
+            rec,
+            spec,
+            before,
+            session,
+        } => {
+            runs::insert(conn, path, &rec, rec.state(), None, false)?;
+            let id = rec.run_id.as_str();
+            put_blob(conn, path, "run_specs", "spec", id, &spec)?;
+            if let Some(before) = before {
+                put_blob(conn, path, "run_before", "before", id, &before)?;
+            }
+            super::sessions::on_accept(conn, path, rec.session_id.as_str(), &session, now)?;
+        }
+        Op::Started {
+            id,
+            pid,
+            ticks,
+            at_ms,
+        } => {
+            let n = conn
+                .execute(
+                    "UPDATE runs SET state = 'running', started_at_ms = ?2, runner_pid = ?3,
+                     runner_start_ticks = ?4
+                     WHERE run_id = ?1 AND end_state IS NULL AND prune_state IS NULL",
+                    params![id.as_str(), at_ms, pid, ticks],
+                )
+                .map_err(sql(path))?;
+            if n == 0 {
+                return Err(no_run(path, id.as_str()));
+            }
+        }
+        Op::Update(rec) | Op::Reported(rec) => runs::update(conn, path, &rec, false)?,
+        Op::Finalize { rec, context } => finalize(conn, path, &rec, context)?,
+        Op::DirBytes { id, bytes } => {
+            let n = conn
+                .execute(
+                    "UPDATE runs SET dir_bytes = ?2 WHERE run_id = ?1",
+                    params![id.as_str(), bytes],
+                )
+                .map_err(sql(path))?;
+            if n == 0 {
+                return Err(no_run(path, id.as_str()));
+            }
+        }
+        Op::Reuid { id, uid, spec } => {
+            let n = conn
+                .execute(
+                    "UPDATE runs SET uid = ?2 WHERE run_id = ?1 AND prune_state IS NULL",
+                    params![id.as_str(), uid],
+                )
+                .map_err(sql(path))?;
+            if n == 0 {
+                return Err(no_run(path, id.as_str()));
+            }
+            put_blob(conn, path, "run_specs", "spec", id.as_str(), &spec)?;
+        }
+        Op::TakeNotices { session } => {
+            out.notices
+                .extend(super::notices::take(conn, path, &session, now)?);
+        }
+        Op::Touch {
+            session,
+            files,
+            owner_uid,
+        } => {
+            let s = super::sessions::touch(conn, path, &session, &files, owner_uid, now)?;
+            out.session = Some(s);
+        }
+        Op::PruneMark { ids, reason } => super::retention::mark(conn, path, &ids, &reason, now)?,
+        Op::PruneDone { ids } => super::retention::done(conn, path, &ids, now)?,
+        Op::ForgetPruned { before_ms } => super::retention::forget(conn, path, before_ms)?,
+        Op::SetMeta { key, value } => set_meta(conn, path, &key, value.as_deref())?,
+    }
+    Ok(())
+}
+
+/// The end handled: its state published, its notice made pending once (when
+/// finalized), what a live run needed dropped, its context kept.
+fn finalize(
+    conn: &Connection,
+    path: &Path,
+    rec: &crate::run::record::RunRecord,
+    context: Option<std::collections::BTreeMap<String, String>>,
+) -> Result<()> {
+    runs::update(conn, path, rec, true)?;
+    let id = rec.run_id.as_str();
+    if !rec.finalized() {
+        return Ok(());
+    }
+    conn.execute(
+        "UPDATE runs SET notice = 'pending' WHERE run_id = ?1 AND notice IS NULL",
+        [id],
+    )
+    .map_err(sql(path))?;
+    for table in ["run_specs", "run_before"] {
+        conn.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])
+            .map_err(sql(path))?;
+    }
+    if let Some(files) = context {
+        let text = serde_json::to_string(&files).map_err(|source| StoreError::Json {
+            path: path.into(),
+            run_id: id.into(),
+            what: "context",
+            source,
+        })?;
+        conn.execute(
+            "INSERT OR REPLACE INTO run_context (run_id, files) VALUES (?1, ?2)",
+            params![id, text],
+        )
+        .map_err(sql(path))?;
+    }
+    Ok(())
+}
+
+/// Writes one side table's blob.
+pub(super) fn put_blob(
+    conn: &Connection,
+    path: &Path,
+    table: &'static str,
+    col: &'static str,
+    id: &str,
+    bytes: &[u8],
+) -> Result<()> {
+    conn.execute(
+        &format!("INSERT OR REPLACE INTO {table} (run_id, {col}) VALUES (?1, ?2)"),
+        params![id, bytes],
+    )
+    .map_err(sql(path))?;
+    Ok(())
+}
+
+/// Sets or removes a mark.
+pub(super) fn set_meta(
+    conn: &Connection,
+    path: &Path,
+    key: &str,
+    value: Option<&str>,
+) -> Result<()> {
+    match value {
+        Some(v) => conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)",
+            params![key, v],
+        ),
+        None => conn.execute("DELETE FROM meta WHERE key = ?1", [key]),
+    }
+    .map_err(sql(path))?;
+    Ok(())
+}
