@@ -621,6 +621,8 @@ fn runs_holding_tunnels_cannot_exhaust_the_daemons_descriptors() {
         max_concurrent: Some(3),
         ..Default::default()
     });
+    // What the daemon holds before any run (its sockets, its database).
+    let idle = fds(d.pid());
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).unwrap();
     let nofile = limits
         .lines()
@@ -677,10 +679,11 @@ fn runs_holding_tunnels_cannot_exhaust_the_daemons_descriptors() {
         assert!(o <= 128, "over the run's cap: {log}");
         ok += o;
     }
-    // Each run's cap counts both descriptors of a tunnel: 128 tunnels.
+    // Each run's cap counts both descriptors of a tunnel: 128 tunnels,
+    // beyond what the idle daemon held and the runs' own few.
     assert!(
-        held < 2 * 3 * 128 + 100,
-        "the daemon held {held} descriptors"
+        held < idle + 2 * 3 * 128 + 100,
+        "the daemon held {held} descriptors ({idle} idle)"
     );
     assert!(ok >= 128, "only {ok} tunnels were let through");
     assert!(silent.seen() >= ok);
