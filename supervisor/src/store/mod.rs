@@ -33,7 +33,7 @@ use crate::run::record::RunRecord;
 use crate::sessions::SessionState;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// The database's file name in the state dir.
 pub const DB_FILE: &str = "state.db";
@@ -48,6 +48,8 @@ pub struct Store {
     tx: Option<std::sync::mpsc::Sender<writer::Req>>,
     writer: Option<std::thread::JoinHandle<()>>,
     readers: Mutex<Vec<rusqlite::Connection>>,
+    /// Signalled when a reader goes back to the pool.
+    returned: Condvar,
     stats: Arc<writer::Stats>,
 }
 
@@ -173,6 +175,7 @@ impl Store {
             tx: Some(tx),
             writer: Some(writer),
             readers: Mutex::new(readers),
+            returned: Condvar::new(),
             stats,
         })
     }
@@ -188,6 +191,7 @@ impl Store {
             tx: None,
             writer: None,
             readers: Mutex::new(vec![conn]),
+            returned: Condvar::new(),
             stats: Arc::new(writer::Stats::default()),
         })
     }
@@ -239,18 +243,25 @@ impl Store {
         })
     }
 
-    /// Runs `f` on a pooled read-only connection.
+    /// Runs `f` on a pooled read-only connection, waiting for one when all
+    /// are busy: a connection opened and closed beside the pool would leave
+    /// its descriptors with SQLite while the writer holds its locks.
     fn read<T>(&self, f: impl FnOnce(&rusqlite::Connection, &Path) -> Result<T>) -> Result<T> {
-        let pooled = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let conn = match pooled {
-            Some(c) => c,
-            None => open_ro(&self.path)?,
+        let conn = {
+            let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if let Some(c) = pool.pop() {
+                    break c;
+                }
+                pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner());
+            }
         };
         let out = f(&conn, &self.path);
-        let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < READERS {
-            pool.push(conn);
-        }
+        self.readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(conn);
+        self.returned.notify_one();
         out
     }
 
