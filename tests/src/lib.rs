@@ -481,3 +481,12 @@ pub fn stored_run(run_dir: &Path) -> Option<serde_json::Value> {
         subagentd::store::Stored::Pruned { .. } => None,
     }
 }
+
+/// The runner spec that state dir `state`'s state.db holds for run `run`
+/// (opened read-only): the only copy, kept while the run is live; `None`
+/// once the run is finalized, or for no such run.
+pub fn stored_spec(state: &Path, run: &str) -> Option<Vec<u8>> {
+    let id = subagentd::ids::RunId::parse(run)?;
+    let store = subagentd::store::Store::open_read_only(&state.join("state.db")).unwrap();
+    store.spec(&id).unwrap()
+}

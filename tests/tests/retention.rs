@@ -6,7 +6,8 @@
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use subagentd_e2e::{session, Conn, Daemon, DaemonOpts};
+use std::time::Duration;
+use subagentd_e2e::{session, wait_until, Conn, Daemon, DaemonOpts};
 
 /// A daemon with `[retention]` set to `text` (and no periodic prune).
 fn daemon_with(text: &str) -> (Daemon, tempfile::TempDir) {
@@ -206,6 +207,56 @@ fn max_runs_keeps_the_newest_and_the_runs_with_untaken_notices() {
     let (removed, _) = removed_and_kept(&text);
     assert_eq!(removed, [1, 3, 5].map(|i| runs[i].as_str()), "{text}");
     assert_eq!(listed(&mut c), strs(&runs[7..]), "the newest 5");
+}
+
+#[test]
+fn a_crossed_max_runs_prunes_without_waiting_for_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    // A day's interval: only a crossed limit can prune within the test.
+    std::fs::write(&cfg, "[retention]\ninterval = \"1d\"\nmax_runs = 5\n").unwrap();
+    let d = Daemon::start_with(DaemonOpts {
+        args: vec!["--config".into(), cfg.to_str().unwrap().into()],
+        ..DaemonOpts::default()
+    });
+    let s = session("crossed");
+    let mut c = d.conn();
+    let mut runs = Vec::new();
+    let mut sessions_dir = None;
+    for _ in 0..12 {
+        let run = finished(&mut c, &s);
+        // Taken at once: no notice keeps a run past the limit.
+        assert_eq!(take(&mut c, &s), std::slice::from_ref(&run));
+        let st = c.call("check_agent_run", json!({ "run_id": run })).unwrap();
+        sessions_dir.get_or_insert_with(|| folder(&st).parent().unwrap().to_owned());
+        runs.push(run);
+    }
+    let sessions_dir = sessions_dir.unwrap();
+    let folders = || {
+        std::fs::read_dir(&sessions_dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| runs.iter().any(|r| e.file_name() == r.as_str()))
+            .count()
+    };
+    let code = |c: &mut Conn, run: &str| {
+        let e = c
+            .call("check_agent_run", json!({ "run_id": run }))
+            .unwrap_err();
+        e["code"].as_i64().unwrap()
+    };
+    // The pass that removes the last folder also forgets the oldest
+    // tombstones: at most max_runs of them stay.
+    wait_until(
+        Duration::from_secs(30),
+        "the folders down to max_runs",
+        || folders() == 5 && code(&mut c, &runs[1]) == -32000,
+    );
+    assert_eq!(listed(&mut c), strs(&runs[7..]), "the newest 5");
+    for (i, run) in runs[..7].iter().enumerate() {
+        let want = if i < 2 { -32000 } else { -32009 };
+        assert_eq!(code(&mut c, run), want, "run {i}");
+    }
 }
 
 #[test]

@@ -217,11 +217,16 @@ async fn run(args: Args) -> Result<()> {
         "subagentd listening"
     );
     let server_cfg = subagentd::server::ServerConfig::from_settings(&file);
-    subagentd::server::serve(sup, &bound, server_cfg, shutdown)
+    subagentd::server::serve(sup.clone(), &bound, server_cfg, shutdown)
         .await
         .context("serving the socket")?;
     drop(bound);
     tracing::info!("socket removed; running children keep running");
+    // The last write: the next start knows this stop was clean.
+    sup.close_store()
+        .await
+        .context("marking the state database as cleanly stopped")?;
+    tracing::info!("state database marked as cleanly stopped");
     Ok(())
 }
 

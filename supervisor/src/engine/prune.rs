@@ -3,18 +3,21 @@
 //! crash-safe application: the runs are marked `pruning` in one commit
 //! (from then on neither listed nor found), their folders go, then one
 //! commit makes them tombstones. A daemon killed in between finishes the
-//! marked ones at its next start ([`finish_pending`]). The daemon prunes
+//! marked ones at its next start ([`finish_pending`]). Each pass then
+//! forgets the tombstones beyond their bounds. The daemon prunes every
+//! `[retention] interval`, soon after a run's end crosses a count or
+//! bytes limit ([`when_crossed`]), and `prune_runs` on demand. The daemon prunes
 //! every `[retention] interval`, and `prune_runs` on demand.
 
 use super::error::EngineError;
 use super::finish::remove_tree;
-use super::state::{blocking, Inner};
+use super::state::{blocking, Inner, Tally};
 use crate::ids::RunId;
 use crate::protocol::{KeptRun, PruneParams, PruneResult, PrunedRun};
 use crate::store::Op;
-use policy::retention::{Candidate, Filter, Plan};
+use policy::retention::{Candidate, Filter, Limits, Plan};
 use policy::rights::Requester;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
@@ -68,8 +71,56 @@ pub(crate) async fn every_interval(inner: Weak<Inner>) {
     }
 }
 
-/// Plans and (unless `dry_run`) applies a prune. Blocking.
+/// The least time from one pass a crossed limit starts to the next.
+const CROSSED_GAP: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Counts what the limits count, once at start. Blocking.
+pub(crate) fn count_at_start(inner: &Inner) -> Result<(), EngineError> {
+    let mut t = Tally::default();
+    for (session, runs, bytes) in inner.store.retention_tally()? {
+        t.total = t.total.saturating_add(runs);
+        t.bytes = t.bytes.saturating_add(bytes);
+        t.sessions.insert(session, runs);
+    }
+    inner.retention.set(t);
+    Ok(())
+}
+
+/// Prunes by the limits each time a run's end crossed one, one pass at a
+/// time and at most one per [`CROSSED_GAP`]; returns at once when the
+/// daemon prunes only on demand (`interval = 0`).
+pub(crate) async fn when_crossed(inner: Weak<Inner>) {
+    let Some(soon) = inner
+        .upgrade()
+        .filter(|i| i.cfg.settings.retention.interval.is_some())
+        .map(|i| i.retention.soon())
+    else {
+        return;
+    };
+    loop {
+        soon.notified().await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let done = blocking(move || prune(&strong, &Filter::default(), false)).await;
+        match done {
+            Ok(r) if !r.removed.is_empty() => {
+                tracing::info!(
+                    removed = r.removed.len(),
+                    "a limit was crossed: pruned runs"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("pruning after a limit was crossed: {e}"),
+        }
+        tokio::time::sleep(CROSSED_GAP).await;
+    }
+}
+
+/// Plans and (unless `dry_run`) applies a prune, one pass at a time.
+/// Blocking.
 fn prune(inner: &Inner, filter: &Filter, dry_run: bool) -> Result<PruneResult, EngineError> {
+    let _one = inner.retention.one_pass();
     let candidates = candidates(inner)?;
     let limits = inner.cfg.settings.retention.limits();
     let plan = policy::retention::plan(crate::timefmt::now_ms(), &limits, filter, &candidates);
@@ -79,8 +130,38 @@ fn prune(inner: &Inner, filter: &Filter, dry_run: bool) -> Result<PruneResult, E
             mark(inner, batch)?;
             finish_pending(inner)?;
         }
+        recount(inner, &candidates, &plan);
+        forget_tombstones(inner, &limits)?;
     }
     Ok(result)
+}
+
+/// The counts after a pass: the candidates it did not remove.
+fn recount(inner: &Inner, candidates: &[Candidate], plan: &Plan) {
+    let removed: BTreeSet<&str> = plan.remove.iter().map(|(id, _)| id.as_str()).collect();
+    let mut t = Tally::default();
+    for c in candidates
+        .iter()
+        .filter(|c| !removed.contains(c.run_id.as_str()))
+    {
+        t.total += 1;
+        t.bytes = t.bytes.saturating_add(c.dir_bytes);
+        *t.sessions.entry(c.session_id.clone()).or_default() += 1;
+    }
+    inner.retention.set(t);
+}
+
+/// Forgets the tombstones beyond their bounds (`max_age` after the prune,
+/// at most `max_runs` of them): from then on their ids are not found.
+fn forget_tombstones(inner: &Inner, limits: &Limits) -> Result<(), EngineError> {
+    let bounds = limits.tombstones();
+    let age_ms = u64::try_from(bounds.max_age.as_millis()).unwrap_or(u64::MAX);
+    let op = Op::ForgetPruned {
+        before_ms: crate::timefmt::now_ms().saturating_sub(age_ms),
+        keep: bounds.max_count,
+    };
+    inner.store.commit_blocking(vec![op])?;
+    Ok(())
 }
 
 /// Runs marked in one transaction, and so removed in one pass.

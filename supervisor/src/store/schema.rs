@@ -12,7 +12,7 @@ pub const APPLICATION_ID: i64 = 0x5355_4241;
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Migration *n* (1-based) moves version n-1 to n.
-pub const MIGRATIONS: &[&str] = &[V1];
+pub const MIGRATIONS: &[&str] = &[V1, V2];
 
 const V1: &str = "
 CREATE TABLE runs (
@@ -88,7 +88,28 @@ CREATE INDEX runs_live ON runs(run_id)
     WHERE state IN ('accepted', 'running') OR finalized = 0 OR prune_state = 'pruning';
 ";
 
-/// The tables a version-1 file has.
+/// Lists and forgetting without history: the list indexes hold only the
+/// runs a list can return (tombstones left out), `since`/`until` are run id
+/// bounds (the old `runs_session_created` is gone), and tombstones have an
+/// index of their own, by the time they were pruned. `runs_live` is made
+/// again after `runs_listed`: of two indexes equally good for recovery's
+/// read, SQLite takes the one made last.
+const V2: &str = "
+DROP INDEX runs_session;
+DROP INDEX runs_state;
+DROP INDEX runs_owner;
+DROP INDEX runs_session_created;
+CREATE INDEX runs_listed ON runs(run_id) WHERE prune_state IS NULL;
+CREATE INDEX runs_session ON runs(session_id, run_id) WHERE prune_state IS NULL;
+CREATE INDEX runs_state ON runs(state, run_id) WHERE prune_state IS NULL;
+CREATE INDEX runs_owner ON runs(owner_uid, run_id) WHERE prune_state IS NULL;
+CREATE INDEX runs_tombstones ON runs(pruned_at_ms, run_id) WHERE prune_state = 'pruned';
+DROP INDEX runs_live;
+CREATE INDEX runs_live ON runs(run_id)
+    WHERE state IN ('accepted', 'running') OR finalized = 0 OR prune_state = 'pruning';
+";
+
+/// The tables a version-1 file has (version 2 changed only indexes).
 const TABLES: &[&str] = &[
     "runs",
     "run_details",
@@ -187,6 +208,7 @@ pub fn migrate(conn: &mut Connection, path: &Path, from: i64) -> Result<()> {
         tx.commit().map_err(|source| StoreError::Commit {
             path: path.into(),
             source,
+            errno: None,
         })?;
     }
     Ok(())

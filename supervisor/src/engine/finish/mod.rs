@@ -1,7 +1,7 @@
 //! Finishing a run, exactly once: the terminal state from exit.json (or
 //! `lost` when there is none), then result.md and the temp dir's removal,
 //! and finally one commit of the end: `finalized` and its notice pending
-//! together. Each step is idempotent, so a crash part-way is finished
+//! together; then the folder is [`tidy`]ed. Each step is idempotent, so a crash part-way is finished
 //! again on restart without doubling anything.
 //!
 //! The end's halves of a run's data live beside: `delta` (the child's
@@ -14,6 +14,7 @@
 mod delta;
 mod observed;
 mod report;
+mod tidy;
 
 use super::pidfd::RunnerExit;
 use super::state::{Inner, Slot};
@@ -286,6 +287,10 @@ pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
     slot.published.send_replace(rec.clone());
     if rec.finalized() {
         let _ = inner.finished.send(notice_of(&rec));
+        let files = rec.files();
+        drop(tokio::task::spawn_blocking(move || tidy::tidy(&files)));
+        let limits = inner.cfg.settings.retention.limits();
+        inner.retention.finalized(rec.session_id.as_str(), &limits);
     }
     inner.forget(&rec.run_id);
 }
