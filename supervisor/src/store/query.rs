@@ -50,14 +50,17 @@ pub(super) fn list_sql(q: &ListQuery) -> (String, Vec<Box<dyn ToSql>>) {
         args.push(v);
         sql.push_str(&format!(" AND {cond} ?{}", args.len()));
     };
+    // With a session, its index must lead: a unary `+` keeps the planner
+    // off runs_state and runs_owner, whose ranges grow with all history.
+    let plus = if q.session.is_some() { "+" } else { "" };
     if let Some(s) = &q.session {
         and("r.session_id =", Box::new(s.clone()), &mut args);
     }
     if let Some(s) = q.state {
-        and("r.state =", Box::new(s.as_str()), &mut args);
+        and(&format!("{plus}r.state ="), Box::new(s.as_str()), &mut args);
     }
     if let Some(u) = q.owner_uid {
-        and("r.owner_uid =", Box::new(u), &mut args);
+        and(&format!("{plus}r.owner_uid ="), Box::new(u), &mut args);
     }
     // Run ids begin with their accept time: a time range is an id range,
     // read from the same index as the rest of the list.

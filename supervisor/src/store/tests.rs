@@ -631,8 +631,17 @@ fn every_list_shape_is_one_range_of_a_partial_index() {
     drop(Store::open(&layout(dir.path())).unwrap());
     let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
     let now = crate::timefmt::now_ms();
-    let shapes: [(&str, ListQuery); 4] = [
+    let in_session = |state: Option<RunState>, owner_uid: Option<u32>| ListQuery {
+        session: Some("s".into()),
+        state,
+        owner_uid,
+        ..Default::default()
+    };
+    let shapes: [(&str, ListQuery); 7] = [
         ("runs_listed", ListQuery::default()),
+        ("runs_session", in_session(Some(RunState::Failed), None)),
+        ("runs_session", in_session(None, Some(1000))),
+        ("runs_session", in_session(Some(RunState::Failed), Some(1000))),
         (
             "runs_session",
             ListQuery {
