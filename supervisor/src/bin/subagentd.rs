@@ -223,10 +223,18 @@ async fn run(args: Args) -> Result<()> {
     drop(bound);
     tracing::info!("socket removed; running children keep running");
     // The last write: the next start knows this stop was clean.
-    sup.close_store()
+    let marked = sup
+        .close_store()
         .await
         .context("marking the state database as cleanly stopped")?;
-    tracing::info!("state database marked as cleanly stopped");
+    if marked {
+        tracing::info!("state database marked as cleanly stopped");
+    } else {
+        tracing::warn!(
+            "state database not marked as cleanly stopped: it met an I/O failure or damage \
+             while running, so the next start checks its integrity"
+        );
+    }
     Ok(())
 }
 

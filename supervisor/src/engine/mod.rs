@@ -507,8 +507,9 @@ impl Supervisor {
 
     /// Marks the state database as cleanly stopped, as its last write
     /// (later commits are refused): the next start skips its integrity
-    /// check. Called once the socket is closed.
-    pub async fn close_store(&self) -> Result<(), EngineError> {
+    /// check. Called once the socket is closed. False: the store met an
+    /// I/O failure or damage and left no mark.
+    pub async fn close_store(&self) -> Result<bool, EngineError> {
         self.stop_accepting();
         let store = self.inner.store.clone();
         blocking(move || store.close_clean().map_err(EngineError::from)).await

@@ -289,21 +289,23 @@ impl Store {
     /// Records that the daemon stops cleanly ([`CLEAN_SHUTDOWN`]) as the
     /// last write: what was queued before is committed first, and any
     /// commit after is refused ([`StoreError::Closed`]). The next open
-    /// then skips the integrity check. Blocking.
-    pub fn close_clean(&self) -> Result<()> {
+    /// then skips the integrity check. After an I/O failure or a damaged
+    /// file no mark is written (false): the next start checks. Blocking.
+    pub fn close_clean(&self) -> Result<bool> {
+        use std::sync::atomic::Ordering;
         let at = crate::timefmt::rfc3339_ms(crate::timefmt::now_ms());
-        let op = Op::SetMeta {
+        let ops = vec![Op::SetMeta {
             key: CLEAN_SHUTDOWN.to_owned(),
             value: Some(at),
-        };
-        let rx = self.send_then(vec![op], true)?;
-        rx.blocking_recv()
-            .unwrap_or_else(|_| {
-                Err(StoreError::Closed {
-                    path: self.path.clone(),
-                })
+        }];
+        let tainted = self.stats.tainted.load(Ordering::SeqCst);
+        let rx = self.send_then(if tainted { Vec::new() } else { ops }, true)?;
+        let flushed = rx.blocking_recv().unwrap_or_else(|_| {
+            Err(StoreError::Closed {
+                path: self.path.clone(),
             })
-            .map(drop)
+        });
+        flushed.map(|_| !tainted)
     }
 
     /// Applies `ops` in one savepoint of the writer's next group, and

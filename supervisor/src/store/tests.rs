@@ -881,8 +881,8 @@ fn a_read_only_store_reads_and_refuses_writes() {
 #[test]
 fn a_failed_commit_fails_its_whole_group_and_records_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&layout(dir.path())).unwrap();
-    let store = &store;
+    let owned = Store::open(&layout(dir.path())).unwrap();
+    let store = &owned;
     let ids: Vec<RunId> = (0..3).map(|_| RunId::new()).collect();
     store.stats.fail_commit.store(true, Ordering::SeqCst);
     let sent = store.stats.sent.load(Ordering::SeqCst);
@@ -905,6 +905,13 @@ fn a_failed_commit_fails_its_whole_group_and_records_nothing() {
     // The writer goes on.
     store.commit_blocking(vec![accept(&ids[0], "s")]).unwrap();
     assert_eq!(all(store).len(), 1);
+    // But a stop after the failure leaves no clean mark.
+    assert!(!store.close_clean().unwrap());
+    assert_eq!(store.meta(CLEAN_SHUTDOWN).unwrap(), None);
+    drop(owned);
+    let store = Store::open(&layout(dir.path())).unwrap();
+    assert!(store.integrity_checked().is_some());
+    assert_eq!(all(&store).len(), 1);
 }
 
 #[test]
@@ -914,7 +921,7 @@ fn a_clean_close_is_the_last_write_and_skips_the_next_check() {
     let store = Store::open(&layout(dir.path())).unwrap();
     assert!(store.integrity_checked().is_some(), "a new file is checked");
     store.commit_blocking(vec![accept(&id, "s")]).unwrap();
-    store.close_clean().unwrap();
+    assert!(store.close_clean().unwrap());
     assert!(store.meta(CLEAN_SHUTDOWN).unwrap().is_some());
     assert!(matches!(
         store.commit_blocking(vec![accept(&RunId::new(), "s")]),

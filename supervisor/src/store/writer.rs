@@ -40,6 +40,9 @@ pub(super) struct Stats {
     pub(super) requests: std::sync::atomic::AtomicU64,
     /// Requests sent.
     pub(super) sent: std::sync::atomic::AtomicU64,
+    /// Set once a group met an I/O failure or a damaged file: a stop after
+    /// that leaves no clean mark, so the next start checks the file.
+    pub(super) tainted: std::sync::atomic::AtomicBool,
     /// Held by a test to keep the writer from starting its next group.
     #[cfg(test)]
     pub(super) gate: std::sync::Mutex<()>,
@@ -75,6 +78,9 @@ fn run(conn: &Connection, path: &Path, rx: &Receiver<Req>, stats: &Stats) {
             }
         }
         let answers = commit_group(conn, path, &mut group, stats);
+        if answers.iter().any(|a| a.as_ref().is_err_and(taints)) {
+            stats.tainted.store(true, Ordering::SeqCst);
+        }
         stats.commits.fetch_add(1, Ordering::Relaxed);
         stats
             .requests
@@ -83,6 +89,19 @@ fn run(conn: &Connection, path: &Path, rx: &Receiver<Req>, stats: &Stats) {
             // The asker may have gone; its work is committed all the same.
             let _ = req.reply.send(answer);
         }
+    }
+}
+
+/// Whether `e` says the file or its disk failed (not a refused request).
+fn taints(e: &StoreError) -> bool {
+    use rusqlite::ErrorCode as C;
+    match e {
+        StoreError::Commit { .. } | StoreError::Corrupt { .. } | StoreError::Io { .. } => true,
+        StoreError::Sql { source, .. } => matches!(
+            source.sqlite_error_code(),
+            Some(C::SystemIoFailure | C::DatabaseCorrupt | C::NotADatabase | C::DiskFull)
+        ),
+        _ => false,
     }
 }
 
