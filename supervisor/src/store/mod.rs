@@ -8,6 +8,7 @@
 //! Uses the run model, the protocol's `Notice`, the sessions' state and
 //! paths; never the engine.
 
+mod backup;
 mod error;
 mod import_v1;
 mod notices;
@@ -197,10 +198,29 @@ impl Store {
         let path = layout.root.join(DB_FILE);
         let mut conn = open_rw(&path)?;
         schema::pragmas(&conn, &path)?;
-        schema::check_and_migrate(&mut conn, &path)?;
+        let version = schema::identify(&conn, &path)?;
+        // An existing file is checked before a migration rewrites it, and
+        // copied first: the previous release cannot read the new schema.
+        let mut checked = None;
+        if version > 0 {
+            checked = check_unclean(&conn, &path)?;
+        }
+        if version > 0 && version < schema::SCHEMA_VERSION {
+            let bak = backup::before_migrating(&conn, &path, version)?;
+            tracing::info!(
+                db = %path.display(),
+                backup = %bak.display(),
+                "migrating the state database from schema {version} to {}; \
+                 the copy is what the previous release can read",
+                schema::SCHEMA_VERSION
+            );
+        }
+        schema::migrate_and_check(&mut conn, &path, version)?;
         schema::writer_pragmas(&conn, &path)?;
         private(&path)?;
-        let checked = check_unclean(&conn, &path)?;
+        if version == 0 {
+            checked = check_unclean(&conn, &path)?;
+        }
         import_v1::import(&mut conn, &path, layout)?;
         let (tx, rx) = std::sync::mpsc::channel();
         let stats = Arc::new(writer::Stats::default());

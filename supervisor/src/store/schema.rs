@@ -165,9 +165,9 @@ fn pragma_i64(conn: &Connection, path: &Path, name: &str) -> Result<i64> {
         .map_err(|e| classify(path, e))
 }
 
-/// Checks what the file is, then moves it to [`SCHEMA_VERSION`]: a new file
-/// gets the application id; a foreign, newer or incomplete one is refused.
-pub fn check_and_migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+/// Checks what the file is and returns its schema version: a new file is
+/// 0; a foreign or newer one is refused.
+pub fn identify(conn: &Connection, path: &Path) -> Result<i64> {
     let app = pragma_i64(conn, path, "application_id")?;
     let version = pragma_i64(conn, path, "user_version")?;
     let tables: i64 = conn
@@ -183,7 +183,13 @@ pub fn check_and_migrate(conn: &mut Connection, path: &Path) -> Result<()> {
             supported: SCHEMA_VERSION,
         });
     }
-    migrate(conn, path, version)?;
+    Ok(version)
+}
+
+/// Moves a file identified at `from` to [`SCHEMA_VERSION`] and checks its
+/// tables.
+pub fn migrate_and_check(conn: &mut Connection, path: &Path, from: i64) -> Result<()> {
+    migrate(conn, path, from)?;
     check_tables(conn, path)
 }
 
@@ -235,7 +241,7 @@ fn check_tables(conn: &Connection, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The checks of [`check_and_migrate`] for a reader, which changes nothing:
+/// The checks of [`identify`] and [`migrate_and_check`] for a reader, which changes nothing:
 /// a file that is not (yet) at this version is refused too.
 pub fn check_read_only(conn: &Connection, path: &Path) -> Result<()> {
     let app = pragma_i64(conn, path, "application_id")?;

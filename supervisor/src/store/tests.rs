@@ -746,6 +746,16 @@ fn a_version_1_file_is_migrated_and_lists_the_same() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, 2);
+    // The copy made before the migration is the version 1 file, whole.
+    let bak = rusqlite::Connection::open(dir.path().join("state.db.v1.bak")).unwrap();
+    let (version, runs): (i64, i64) = bak
+        .query_row(
+            "SELECT (SELECT user_version FROM pragma_user_version), count(*) FROM runs",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((version, runs), (1, 2));
     let mut st = conn
         .prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL")
         .unwrap();
