@@ -636,7 +636,10 @@ fn a_full_state_dir_refuses_spawns_cleanly() {
     );
     // Nothing accepted before the disk filled is lost: each is listed and
     // answers its status.
-    assert!(!accepted.is_empty(), "no spawn was accepted before the refusal");
+    assert!(
+        !accepted.is_empty(),
+        "no spawn was accepted before the refusal"
+    );
     let listed = c
         .call("list_agent_runs", json!({"session_id": s, "limit": 1000}))
         .unwrap();
@@ -648,7 +651,10 @@ fn a_full_state_dir_refuses_spawns_cleanly() {
         .collect();
     ids.sort();
     accepted.sort();
-    assert_eq!(ids, accepted, "the accepted runs, and only they, are listed");
+    assert_eq!(
+        ids, accepted,
+        "the accepted runs, and only they, are listed"
+    );
     for id in &accepted {
         let st = c.call("check_agent_run", json!({"run_id": id})).unwrap();
         assert!(st["state"].is_string(), "{st}");

@@ -260,6 +260,58 @@ fn a_crossed_max_runs_prunes_without_waiting_for_the_interval() {
 }
 
 #[test]
+fn a_crossed_max_bytes_prunes_without_waiting_for_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    // Each run's folder holds a 256 KiB log: about three fit in 1 MiB.
+    std::fs::write(
+        &cfg,
+        "[retention]\ninterval = \"1d\"\nmax_bytes = \"1MiB\"\n",
+    )
+    .unwrap();
+    let d = Daemon::start_with(DaemonOpts {
+        args: vec!["--config".into(), cfg.to_str().unwrap().into()],
+        ..DaemonOpts::default()
+    });
+    let s = session("bytes");
+    let mut c = d.conn();
+    let mut runs = Vec::new();
+    for _ in 0..8 {
+        let script = "i=0; while [ $i -lt 4096 ]; do printf '%063d\\n' $i; i=$((i+1)); done";
+        let run = c.spawn(&s, &["sh", "-c", script], json!({}));
+        assert_eq!(c.wait(&run)["state"], "succeeded");
+        assert_eq!(take(&mut c, &s), std::slice::from_ref(&run));
+        runs.push(run);
+    }
+    let log = |c: &mut Conn, run: &str| {
+        let st = c.call("check_agent_run", json!({ "run_id": run })).unwrap();
+        std::fs::metadata(st["log_path"].as_str().unwrap())
+            .unwrap()
+            .len()
+    };
+    assert_eq!(
+        log(&mut c, &runs[7]),
+        256 * 1024,
+        "the log is what it wrote"
+    );
+    // About 300 KiB a folder: at most three stay under 1 MiB (passes come
+    // at most every 2 s, so this may take two).
+    wait_until(
+        Duration::from_secs(30),
+        "the oldest runs pruned by max_bytes",
+        || listed(&mut c).len() <= 3,
+    );
+    let kept = listed(&mut c);
+    assert!(!kept.is_empty(), "the newest run of a session stays");
+    assert_eq!(kept, strs(&runs[runs.len() - kept.len()..]), "the newest");
+    let e = c
+        .call("check_agent_run", json!({ "run_id": runs[0] }))
+        .unwrap_err();
+    assert_eq!(e["code"], -32009, "{e}");
+    assert!(e["message"].as_str().unwrap().contains("max_bytes"), "{e}");
+}
+
+#[test]
 fn a_bad_older_than_is_refused_naming_it() {
     let (d, _cfg) = daemon_with("");
     let mut c = d.conn();

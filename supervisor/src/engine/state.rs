@@ -135,16 +135,46 @@ pub(crate) struct RetentionTrigger {
 }
 
 impl RetentionTrigger {
-    /// A run of `session` was finalized: counted, and the pruning task
-    /// woken when that crossed one of `limits`.
-    pub(super) fn finalized(&self, session: &str, limits: &policy::retention::Limits) {
+    /// A run of `session` was finalized, its folder `bytes` on disk:
+    /// counted, and the pruning task woken when that crossed one of
+    /// `limits`.
+    pub(super) fn finalized(&self, session: &str, bytes: u64, limits: &policy::retention::Limits) {
         let over = {
             let mut t = self.tally.lock().unwrap_or_else(|p| p.into_inner());
             t.total = t.total.saturating_add(1);
+            t.bytes = t.bytes.saturating_add(bytes);
             let n = t.sessions.entry(session.to_owned()).or_default();
             *n = n.saturating_add(1);
             t.over(limits, session)
         };
+        if over {
+            self.soon.notify_one();
+        }
+    }
+
+    /// Notices of `session` were taken: the runs they kept may be pruned
+    /// now, so the pruning task is woken when a limit is still crossed.
+    pub(super) fn notices_taken(&self, session: &str, limits: &policy::retention::Limits) {
+        let over = self
+            .tally
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .over(limits, session);
+        if over {
+            self.soon.notify_one();
+        }
+    }
+
+    /// The counts the start found, the pruning task woken when the
+    /// history is past a limit already. Runs finalized while they were
+    /// counted may be off by one until the next pass.
+    pub(super) fn counted(&self, t: Tally, limits: &policy::retention::Limits) {
+        let over = limits.max_runs.is_some_and(|m| t.total > m)
+            || limits.max_bytes.is_some_and(|m| t.bytes > m)
+            || limits
+                .max_runs_per_session
+                .is_some_and(|m| t.sessions.values().any(|&n| n > m));
+        self.set(t);
         if over {
             self.soon.notify_one();
         }

@@ -92,7 +92,9 @@ mod tests {
         let copy = Connection::open(&bak).unwrap();
         let x: i64 = copy.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(x, 7);
-        let v: i64 = copy.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        let v: i64 = copy
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(v, 1);
         // A second start before the migration committed keeps the first copy.
         conn.execute("UPDATE t SET x = 8", []).unwrap();

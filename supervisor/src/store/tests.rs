@@ -641,7 +641,10 @@ fn every_list_shape_is_one_range_of_a_partial_index() {
         ("runs_listed", ListQuery::default()),
         ("runs_session", in_session(Some(RunState::Failed), None)),
         ("runs_session", in_session(None, Some(1000))),
-        ("runs_session", in_session(Some(RunState::Failed), Some(1000))),
+        (
+            "runs_session",
+            in_session(Some(RunState::Failed), Some(1000)),
+        ),
         (
             "runs_session",
             ListQuery {
