@@ -95,16 +95,16 @@ CREATE INDEX runs_live ON runs(run_id)
 /// again after `runs_listed`: of two indexes equally good for recovery's
 /// read, SQLite takes the one made last.
 const V2: &str = "
-DROP INDEX runs_session;
-DROP INDEX runs_state;
-DROP INDEX runs_owner;
-DROP INDEX runs_session_created;
+DROP INDEX IF EXISTS runs_session;
+DROP INDEX IF EXISTS runs_state;
+DROP INDEX IF EXISTS runs_owner;
+DROP INDEX IF EXISTS runs_session_created;
 CREATE INDEX runs_listed ON runs(run_id) WHERE prune_state IS NULL;
 CREATE INDEX runs_session ON runs(session_id, run_id) WHERE prune_state IS NULL;
 CREATE INDEX runs_state ON runs(state, run_id) WHERE prune_state IS NULL;
 CREATE INDEX runs_owner ON runs(owner_uid, run_id) WHERE prune_state IS NULL;
 CREATE INDEX runs_tombstones ON runs(pruned_at_ms, run_id) WHERE prune_state = 'pruned';
-DROP INDEX runs_live;
+DROP INDEX IF EXISTS runs_live;
 CREATE INDEX runs_live ON runs(run_id)
     WHERE state IN ('accepted', 'running') OR finalized = 0 OR prune_state = 'pruning';
 ";
