@@ -7,7 +7,8 @@
 //! whole list where it does not), and a restart to `ping` on the same
 //! state dir. Then, where the daemon has `[retention] max_runs`, 5,000
 //! more runs on a daemon with it at 1,000: the run folders and the state
-//! dir's size as they go.
+//! dir's size as they go, each sampled right after the notices are taken
+//! and once retention has caught up (at most 10 s later).
 
 use crate::pct;
 use serde_json::{json, Value};
@@ -405,14 +406,38 @@ fn retention(p: &Plan) -> Value {
         fill(&d.socket, &sessions, done, to);
         take_all(&d.socket, &sessions);
         done = to;
+        let taken = run_folders(&d.state);
+        let (folders, settle_ms) = settled_folders(&d.state, p.max_runs);
         let u = usage(&d.state);
-        samples.push(json!({"runs": done, "folders": run_folders(&d.state),
+        samples.push(json!({"runs": done, "folders_at_take": taken, "folders": folders,
+                            "settle_ms": settle_ms,
                             "state_bytes": u.bytes, "state_inodes": u.inodes}));
     }
     crate::retire_daemon(d);
     crate::retire(conf);
     json!({"supported": true, "max_runs": p.max_runs, "runs": p.retention_runs,
            "samples": samples})
+}
+
+/// The run folders once retention has caught up with the take: polled
+/// until at most `max_runs` or unchanged for a second, for at most 10 s;
+/// with how long that took.
+fn settled_folders(state: &Path, max_runs: usize) -> (usize, u128) {
+    let t0 = Instant::now();
+    let (mut last, mut since) = (run_folders(state), Instant::now());
+    loop {
+        if last <= max_runs || since.elapsed() >= Duration::from_secs(1) {
+            return (last, t0.elapsed().as_millis());
+        }
+        if t0.elapsed() >= Duration::from_secs(10) {
+            return (last, t0.elapsed().as_millis());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let now = run_folders(state);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
 }
 
 pub fn bench(quick: bool) -> Value {
@@ -586,7 +611,11 @@ fn retention_row(r: &Value) {
     };
     crate::row(
         &name,
-        format!("folders every {BATCH} runs: {}", series("folders", 1.0)),
+        format!(
+            "folders every {BATCH} runs, at the take: {}; settled: {}",
+            series("folders_at_take", 1.0),
+            series("folders", 1.0)
+        ),
         format!("state dir MB: {}", series("state_bytes", 1e6)),
         "-".into(),
         target,
