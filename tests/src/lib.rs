@@ -222,8 +222,16 @@ impl Daemon {
     }
 
     /// Starts the daemon again on the same socket and state dir (after it
-    /// stopped or was killed) and waits until it answers.
+    /// stopped or was killed) and waits until it answers. A daemon still
+    /// running is a test's mistake: the new one would be refused and the
+    /// old one answer in its place, so that fails here.
     pub fn restart(&mut self) {
+        let pid = self.pid();
+        wait_until(
+            Duration::from_secs(10),
+            &format!("the daemon (pid {pid}) to have exited before its restart"),
+            || self.child.try_wait().ok().flatten().is_some(),
+        );
         self.child = Self::spawn_process(
             &self.socket,
             &self.state,

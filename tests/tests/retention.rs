@@ -381,6 +381,7 @@ fn a_pruned_run_says_it_was_pruned_and_when_even_after_a_restart() {
         "{out:?}"
     );
     drop(c);
+    assert!(d.stop().success(), "{}", d.log());
     d.restart();
     let mut c = d.conn();
     assert_eq!(check(&mut c, &runs[1])["code"], -32009);

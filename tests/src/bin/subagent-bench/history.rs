@@ -420,13 +420,14 @@ fn retention(p: &Plan) -> Value {
 }
 
 /// The run folders once retention has caught up with the take: polled
-/// until at most `max_runs` or unchanged for a second, for at most 10 s;
-/// with how long that took.
+/// until at most `max_runs` or unchanged for 3 s (longer than the 2 s
+/// between two passes a crossed limit starts), for at most 10 s; with how
+/// long that took.
 fn settled_folders(state: &Path, max_runs: usize) -> (usize, u128) {
     let t0 = Instant::now();
     let (mut last, mut since) = (run_folders(state), Instant::now());
     loop {
-        if last <= max_runs || since.elapsed() >= Duration::from_secs(1) {
+        if last <= max_runs || since.elapsed() >= Duration::from_secs(3) {
             return (last, t0.elapsed().as_millis());
         }
         if t0.elapsed() >= Duration::from_secs(10) {
