@@ -454,15 +454,24 @@ pub(crate) async fn watch(inner: Arc<Inner>, slot: Arc<Slot>, fd: Arc<OwnedFd>) 
         }
         Err(e) => {
             tracing::warn!("watching a runner's pidfd with epoll: {e}; using a blocking poll");
-            let fd2 = fd.clone();
-            let _ = tokio::task::spawn_blocking(move || {
+            // A thread of its own: it waits the whole run, and the blocking
+            // pool is capped for short work.
+            let (fd2, (tx, rx)) = (fd.clone(), tokio::sync::oneshot::channel());
+            let wait = move || {
                 let mut fds = [nix::poll::PollFd::new(
                     std::os::fd::AsFd::as_fd(&*fd2),
                     nix::poll::PollFlags::POLLIN,
                 )];
-                nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE)
-            })
-            .await;
+                let _ = tx.send(nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE));
+            };
+            let spawned = std::thread::Builder::new()
+                .name("runner-poll".into())
+                .spawn(wait);
+            if let Err(e) = spawned {
+                tracing::error!("starting a thread to watch a runner: {e}; its run is finished at the next start");
+                return;
+            }
+            let _ = rx.await;
         }
     }
     let status = pidfd::reap(&fd);

@@ -122,9 +122,12 @@ fn take_all(socket: &Path, sessions: &[String]) -> usize {
         .sum()
 }
 
-/// The daemon's RSS in KiB once it stops moving (two reads 100 ms apart
-/// within 64 KiB, at most 3 s): what it keeps, not what it is freeing.
+/// The daemon's RSS in KiB once it has been idle 1.5 s and stops moving
+/// (two reads 100 ms apart within 64 KiB, at most 3 s more): what it
+/// keeps, not what it is freeing.
 fn settled_rss_kib(pid: i32) -> u64 {
+    // The daemon gives free heap back once no run has ended for 1 s.
+    std::thread::sleep(Duration::from_millis(1500));
     let mut last = rss_kib(pid);
     for _ in 0..30 {
         std::thread::sleep(Duration::from_millis(100));
@@ -409,9 +412,11 @@ fn retention(p: &Plan) -> Value {
         let taken = run_folders(&d.state);
         let (folders, settle_ms) = settled_folders(&d.state, p.max_runs);
         let u = usage(&d.state);
-        samples.push(json!({"runs": done, "folders_at_take": taken, "folders": folders,
+        samples.push(
+            json!({"runs": done, "folders_at_take": taken, "folders": folders,
                             "settle_ms": settle_ms,
-                            "state_bytes": u.bytes, "state_inodes": u.inodes}));
+                            "state_bytes": u.bytes, "state_inodes": u.inodes}),
+        );
     }
     crate::retire_daemon(d);
     crate::retire(conf);
