@@ -12,7 +12,8 @@
 //! ends every process of the run. It never needs the daemon once started.
 //!
 //! Layout:
-//! - [`spec`]: what the daemon asks for (runner.json), the runner's input.
+//! - [`spec`]: what the daemon asks for (the runner spec, handed over in a
+//!   sealed memfd), the runner's input.
 //! - [`exit_record`]: how the run ended (exit.json), the runner's output.
 //! - [`ioerr`]: an I/O error naming its step and path ([`ioerr::IoAt`]).
 //! - [`atomic`]: write-temp, fsync, rename, fsync-directory.

@@ -6,7 +6,7 @@
 //! - `--lock-fd`: runner.lock, opened and flock'ed by the daemon. The
 //!   runner writes its pid into it and holds it until it dies, so a
 //!   restarted daemon can tell a live runner from a dead one.
-//! - `--spec-fd`: runner.json, read once.
+//! - `--spec-fd`: the runner spec, a sealed memfd, read once.
 //! - `--uid-lock-fd`: the lease on the run's own uid, held the same way.
 //! - `--gate-fd`: the read end of a pipe. The runner prepares the first
 //!   attempt's sandbox, then waits for one byte on it, which the daemon

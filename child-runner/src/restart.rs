@@ -9,8 +9,8 @@ use std::path::PathBuf;
 /// The next attempt's context could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum RestartError {
-    /// runner.json names neither the inputs nor a file of them.
-    #[error("runner.json has no composition inputs")]
+    /// The runner spec names neither the inputs nor a file of them.
+    #[error("the runner spec has no composition inputs")]
     NoInputs,
     /// The inputs' file could not be read.
     #[error("read {}: {source}", path.display())]
@@ -155,7 +155,7 @@ mod tests {
         let d = dir.path();
         let mut inline = spec(d, "ctx-inline");
         inline.compose = Some(input(d));
-        // A runner.json written by a daemon before the inputs moved into it
+        // A spec written by a daemon before the inputs moved into it
         // names a compose.json instead.
         let mut older = spec(d, "ctx-older");
         std::fs::write(
@@ -179,6 +179,6 @@ mod tests {
         let none = spec(d, "ctx-none");
         let e = prepare_next(&none, 2, None).unwrap_err();
         assert!(matches!(e, RestartError::NoInputs), "{e:?}");
-        assert_eq!(e.to_string(), "runner.json has no composition inputs");
+        assert_eq!(e.to_string(), "the runner spec has no composition inputs");
     }
 }

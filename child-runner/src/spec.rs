@@ -1,14 +1,20 @@
-//! runner.json: everything the runner needs, computed by the daemon.
+//! The runner spec: everything the runner needs, computed by the daemon.
+//! The daemon keeps it in state.db while the run is live and hands it to
+//! the runner in a sealed memfd ([`sealed_memfd`]): bytes nobody can
+//! change once the runner has them, and no file in the run folder.
 
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::os::fd::{FromRawFd, RawFd};
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 /// Grace between SIGTERM and SIGKILL when a run is cancelled.
 pub const DEFAULT_KILL_GRACE_MS: u64 = 5000;
 
-/// The runner's input, written by the daemon into the run folder.
+/// The runner's input, handed over by the daemon.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunnerSpec {
@@ -83,36 +89,95 @@ fn default_grace() -> u64 {
     DEFAULT_KILL_GRACE_MS
 }
 
-/// runner.json could not be used.
+/// The runner spec could not be handed over or used.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     /// It could not be read from its descriptor.
-    #[error("read runner.json from fd {fd}: {source}")]
+    #[error("read the runner spec from fd {fd}: {source}")]
     Read {
         /// The descriptor the daemon handed over.
         fd: RawFd,
         /// The underlying error.
         source: std::io::Error,
     },
+    /// Its descriptor is not sealed against changes (a regular file, or a
+    /// memfd someone could still write).
+    #[error("the runner spec's fd {fd} is not a memfd sealed against writes: {why}")]
+    NotSealed {
+        /// The descriptor the daemon handed over.
+        fd: RawFd,
+        /// What is missing.
+        why: String,
+    },
+    /// The daemon could not make the sealed memfd.
+    #[error("{op} for the runner spec: {source}")]
+    Memfd {
+        /// The step that failed.
+        op: &'static str,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// It is not a valid spec.
-    #[error("parse runner.json: {0}")]
+    #[error("parse the runner spec: {0}")]
     Parse(#[from] serde_json::Error),
     /// It names no program.
-    #[error("runner.json: argv is empty")]
+    #[error("the runner spec: argv is empty")]
     EmptyArgv,
 }
 
-/// The largest runner.json read (the daemon writes a few tens of KiB).
+/// The largest runner spec read (the daemon writes a few tens of KiB).
 const MAX_SPEC_BYTES: u64 = 16 << 20;
 
+/// The seals a spec's descriptor must carry: its bytes cannot change.
+const SPEC_SEALS: SealFlag = SealFlag::F_SEAL_WRITE
+    .union(SealFlag::F_SEAL_GROW)
+    .union(SealFlag::F_SEAL_SHRINK);
+
+/// A memfd named `name` holding `bytes`, sealed for good against writes,
+/// growing, shrinking and further seals, at offset 0 and close-on-exec:
+/// what the daemon hands a runner as its spec.
+pub fn sealed_memfd(name: &str, bytes: &[u8]) -> Result<OwnedFd, SpecError> {
+    let fail = |op| move |source| SpecError::Memfd { op, source };
+    let errno = |op| {
+        move |e: nix::Error| SpecError::Memfd {
+            op,
+            source: e.into(),
+        }
+    };
+    let flags = MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING;
+    let mut file = std::fs::File::from(memfd_create(name, flags).map_err(errno("memfd_create"))?);
+    file.write_all(bytes).map_err(fail("write"))?;
+    fcntl(
+        file.as_fd(),
+        FcntlArg::F_ADD_SEALS(SPEC_SEALS | SealFlag::F_SEAL_SEAL),
+    )
+    .map_err(errno("fcntl(F_ADD_SEALS)"))?;
+    file.rewind().map_err(fail("lseek"))?;
+    Ok(file.into())
+}
+
+/// Checks that `fd` (number `n` in messages) is sealed against every
+/// change of its bytes.
+fn check_sealed(fd: BorrowedFd<'_>, n: RawFd) -> Result<(), SpecError> {
+    let not_sealed = |why: String| SpecError::NotSealed { fd: n, why };
+    let bits = fcntl(fd, FcntlArg::F_GET_SEALS)
+        .map_err(|e| not_sealed(format!("F_GET_SEALS: {e} (a regular file is not accepted)")))?;
+    let missing = SPEC_SEALS.difference(SealFlag::from_bits_truncate(bits));
+    match missing.is_empty() {
+        true => Ok(()),
+        false => Err(not_sealed(format!("missing seals {missing:?}"))),
+    }
+}
+
 impl RunnerSpec {
-    /// Reads and checks runner.json from `fd`, which the daemon opened on
-    /// it and handed over; takes ownership of `fd` and closes it.
+    /// Reads and checks the spec from `fd`, a sealed memfd the daemon
+    /// handed over (anything else is refused); takes ownership of `fd`
+    /// and closes it.
     pub fn read_fd(fd: RawFd) -> Result<Self, SpecError> {
-        use std::io::Read;
         // SAFETY: the daemon handed this descriptor to this process alone;
         // nothing else in the runner owns it.
         let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        check_sealed(file.as_fd(), fd)?;
         let mut bytes = Vec::new();
         file.take(MAX_SPEC_BYTES)
             .read_to_end(&mut bytes)
@@ -120,12 +185,58 @@ impl RunnerSpec {
         Self::parse(&bytes)
     }
 
-    /// Parses and checks runner.json's bytes.
+    /// Parses and checks the spec's bytes.
     pub fn parse(bytes: &[u8]) -> Result<Self, SpecError> {
         let spec: RunnerSpec = serde_json::from_slice(bytes)?;
         if spec.argv.is_empty() {
             return Err(SpecError::EmptyArgv);
         }
         Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsRawFd, IntoRawFd};
+
+    fn check(fd: &OwnedFd) -> Result<(), SpecError> {
+        check_sealed(fd.as_fd(), fd.as_raw_fd())
+    }
+
+    #[test]
+    fn a_sealed_memfd_passes_and_reads_from_its_start() {
+        let fd = sealed_memfd("spec-test", b"{\"not\": \"a spec\"}").unwrap();
+        check(&fd).unwrap();
+        let bits = fcntl(fd.as_fd(), FcntlArg::F_GET_SEALS).unwrap();
+        assert!(SealFlag::from_bits_truncate(bits).contains(SPEC_SEALS | SealFlag::F_SEAL_SEAL));
+        let mut f = std::fs::File::from(fd.try_clone().unwrap());
+        assert!(f.write_all(b"x").is_err(), "a sealed memfd took a write");
+        assert!(f.set_len(0).is_err(), "a sealed memfd was shrunk");
+        // Past the seal check, the bytes are parsed (and these are no spec).
+        match RunnerSpec::read_fd(fd.into_raw_fd()) {
+            Err(SpecError::Parse(_)) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unsealed_memfd_or_a_plain_file_is_refused() {
+        let refused = |fd: OwnedFd| match RunnerSpec::read_fd(fd.into_raw_fd()) {
+            Err(e @ SpecError::NotSealed { .. }) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let open = memfd_create("spec-test", MFdFlags::MFD_ALLOW_SEALING).unwrap();
+        assert!(refused(open).contains("missing seals"));
+        // Without MFD_ALLOW_SEALING a memfd carries only F_SEAL_SEAL.
+        let plain = memfd_create("spec-test", MFdFlags::empty()).unwrap();
+        assert!(refused(plain).contains("missing seals"));
+        let part = memfd_create("spec-test", MFdFlags::MFD_ALLOW_SEALING).unwrap();
+        fcntl(part.as_fd(), FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_WRITE)).unwrap();
+        assert!(check(&part).is_err(), "a memfd that may still grow passed");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("spec.json"), b"{}").unwrap();
+        let file = std::fs::File::open(dir.path().join("spec.json")).unwrap();
+        assert!(refused(file.into()).contains("regular file is not accepted"));
     }
 }

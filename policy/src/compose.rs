@@ -77,7 +77,7 @@ pub struct SessionPaths {
     pub delta_path: PathBuf,
 }
 
-/// Everything the composition depends on (recorded in runner.json).
+/// Everything the composition depends on (recorded in the runner spec).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComposeInput {
     /// The operator's playbook (config `rules_file`).

@@ -287,6 +287,34 @@ impl<'a> Work<'a> {
     }
 }
 
+/// How long a pruned run's tombstone says "pruned" when `max_age` is off.
+pub const TOMBSTONE_AGE: Duration = Duration::from_secs(30 * 86_400);
+
+/// How many tombstones are kept at most when `max_runs` is off.
+pub const TOMBSTONES: u64 = 20_000;
+
+/// How long, and how many, tombstones of pruned runs are kept: beyond
+/// either, the oldest (by the time they were pruned) are forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tombstones {
+    /// A tombstone pruned longer ago than this is forgotten.
+    pub max_age: Duration,
+    /// At most this many are kept.
+    pub max_count: u64,
+}
+
+impl Limits {
+    /// The bounds on tombstones: `max_age` after the prune, at most
+    /// `max_runs` of them; a limit that is off gives its default bound
+    /// ([`TOMBSTONE_AGE`], [`TOMBSTONES`]), so they never grow without one.
+    pub fn tombstones(&self) -> Tombstones {
+        Tombstones {
+            max_age: self.max_age.unwrap_or(TOMBSTONE_AGE),
+            max_count: self.max_runs.unwrap_or(TOMBSTONES),
+        }
+    }
+}
+
 fn age_key(c: &Candidate) -> (u64, &str) {
     (c.ended_at_ms, &c.run_id)
 }
@@ -382,6 +410,30 @@ pub fn parse_size(text: &str) -> Result<u64, ValueError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tombstones_are_bounded_even_with_the_limits_off() {
+        let off = Limits::default();
+        assert_eq!(
+            off.tombstones(),
+            Tombstones {
+                max_age: TOMBSTONE_AGE,
+                max_count: TOMBSTONES
+            }
+        );
+        let set = Limits {
+            max_age: Some(Duration::from_secs(60)),
+            max_runs: Some(5),
+            ..Limits::default()
+        };
+        assert_eq!(
+            set.tombstones(),
+            Tombstones {
+                max_age: Duration::from_secs(60),
+                max_count: 5
+            }
+        );
+    }
     use proptest::prelude::*;
 
     const DAY: u64 = 86_400_000;

@@ -65,6 +65,25 @@ impl RunId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The time it was made, in ms since the epoch: the run's `created_at`,
+    /// so that a time range of runs is a range of their ids.
+    pub fn created_ms(&self) -> u64 {
+        let s = &self.0;
+        let text = format!(
+            "{}-{}-{}T{}:{}:{}.{}Z",
+            &s[0..4],
+            &s[4..6],
+            &s[6..8],
+            &s[9..11],
+            &s[11..13],
+            &s[13..15],
+            &s[16..19]
+        );
+        // Every id `parse` or `new` made has this form; 0 only for a date
+        // the calendar has not (a 30 February).
+        crate::timefmt::parse_rfc3339_ms(&text).unwrap_or(0)
+    }
 }
 
 impl Default for RunId {
@@ -143,6 +162,25 @@ impl SessionId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The time it was made, in ms since the epoch: the run's `created_at`,
+    /// so that a time range of runs is a range of their ids.
+    pub fn created_ms(&self) -> u64 {
+        let s = &self.0;
+        let text = format!(
+            "{}-{}-{}T{}:{}:{}.{}Z",
+            &s[0..4],
+            &s[4..6],
+            &s[6..8],
+            &s[9..11],
+            &s[11..13],
+            &s[13..15],
+            &s[16..19]
+        );
+        // Every id `parse` or `new` made has this form; 0 only for a date
+        // the calendar has not (a 30 February).
+        crate::timefmt::parse_rfc3339_ms(&text).unwrap_or(0)
+    }
 }
 
 impl fmt::Display for SessionId {
@@ -186,6 +224,17 @@ pub fn check_session_id(s: &str) -> Result<(), SessionIdError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_tells_when_it_was_made() {
+        let before = crate::timefmt::now_ms();
+        let id = RunId::new();
+        let at = id.created_ms();
+        assert!(before <= at && at <= crate::timefmt::now_ms(), "{id} {at}");
+        let id = RunId::parse("20261202T072331.184991Z-838f4851").unwrap();
+        let want = crate::timefmt::parse_rfc3339_ms("2026-12-02T07:23:31.184Z").unwrap();
+        assert_eq!(id.created_ms(), want);
+    }
 
     #[test]
     fn new_ids_parse_and_sort_by_creation() {

@@ -8,14 +8,13 @@
 //!   drafts/<run_id>.tmp-<hex>/        a run folder being made
 //!   sessions/<session_id>/
 //!     runs/<run_id>/
-//!       runner.json   the runner's input
-//!       runner.lock   held by the runner while it lives
-//!       runner.log    the runner's own stderr
+//!       runner.lock   held by the runner while it lives (removed at the end)
+//!       runner.log    the runner's own stderr (removed at the end if empty)
 //!       exit.json     written by the runner when the run ended
 //!       child.log     the child's stdout and stderr (= log_path)
 //!       artifacts/    the child's results (= artifact_dir)
 //!       context/      what the child is given (first_message.md, ...)
-//!       delta/        where the child writes delta.json
+//!       delta/        where the child writes delta.json (removed if empty)
 //!       result.md     written when the run ends (= result_path)
 //! ```
 
@@ -218,10 +217,6 @@ pub struct RunFiles {
 }
 
 impl RunFiles {
-    /// runner.json: the runner's input.
-    pub fn runner_spec(&self) -> PathBuf {
-        self.dir.join("runner.json")
-    }
     /// runner.lock: held by the runner while it lives.
     pub fn runner_lock(&self) -> PathBuf {
         self.dir.join("runner.lock")

@@ -222,8 +222,16 @@ impl Daemon {
     }
 
     /// Starts the daemon again on the same socket and state dir (after it
-    /// stopped or was killed) and waits until it answers.
+    /// stopped or was killed) and waits until it answers. A daemon still
+    /// running is a test's mistake: the new one would be refused and the
+    /// old one answer in its place, so that fails here.
     pub fn restart(&mut self) {
+        let pid = self.pid();
+        wait_until(
+            Duration::from_secs(10),
+            &format!("the daemon (pid {pid}) to have exited before its restart"),
+            || self.child.try_wait().ok().flatten().is_some(),
+        );
         self.child = Self::spawn_process(
             &self.socket,
             &self.state,
@@ -480,4 +488,13 @@ pub fn stored_run(run_dir: &Path) -> Option<serde_json::Value> {
         subagentd::store::Stored::Live(rec) => Some(serde_json::to_value(*rec).unwrap()),
         subagentd::store::Stored::Pruned { .. } => None,
     }
+}
+
+/// The runner spec that state dir `state`'s state.db holds for run `run`
+/// (opened read-only): the only copy, kept while the run is live; `None`
+/// once the run is finalized, or for no such run.
+pub fn stored_spec(state: &Path, run: &str) -> Option<Vec<u8>> {
+    let id = subagentd::ids::RunId::parse(run)?;
+    let store = subagentd::store::Store::open_read_only(&state.join("state.db")).unwrap();
+    store.spec(&id).unwrap()
 }

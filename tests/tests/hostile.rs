@@ -75,9 +75,12 @@ fn writes_outside_the_allowed_roots_fail() {
         .tempdir_in("/tmp")
         .unwrap();
     let db = e.d.state.join("state.db");
+    // The victim's own record in its folder, the database, and a runner
+    // spec planted beside them (the daemon keeps specs in state.db only).
     let targets = [
-        victim_run.join("runner.json"),
+        victim_run.join("exit.json"),
         db.clone(),
+        victim_run.join("runner.json"),
         victim_art.join("planted"),
         e.d.state.join("planted"),
         PathBuf::from("/root/sa-planted"),
@@ -85,7 +88,7 @@ fn writes_outside_the_allowed_roots_fail() {
         e.project.path().join("planted"),
         e.project.path().join("README"),
     ];
-    let before = std::fs::read(victim_run.join("runner.json")).unwrap();
+    let before = std::fs::read(victim_run.join("exit.json")).unwrap();
     let script: String = targets
         .iter()
         .map(|t| {
@@ -99,17 +102,14 @@ fn writes_outside_the_allowed_roots_fail() {
     let (st, log) = e.attack(&format!("{script} echo done"), json!({}));
     assert_eq!(st["state"], "succeeded", "{st}");
     assert!(!log.contains("WROTE"), "a write got through:\n{log}");
-    assert_eq!(
-        std::fs::read(victim_run.join("runner.json")).unwrap(),
-        before
-    );
+    assert_eq!(std::fs::read(victim_run.join("exit.json")).unwrap(), before);
     // The records are whole: the database is still one, with the victim.
     assert!(std::fs::read(&db)
         .unwrap()
         .starts_with(b"SQLite format 3\0"));
     let rec = subagentd_e2e::stored_run(&victim_run).expect("the victim is recorded");
     assert_eq!(rec["state"], "succeeded", "{rec}");
-    for t in &targets[2..7] {
+    for t in &targets[2..8] {
         assert!(!t.exists(), "{} was created", t.display());
     }
     assert_eq!(

@@ -91,17 +91,20 @@ fn success_writes_log_artifacts_and_result() {
         "artifacts",
         "child.log",
         "context",
-        "delta",
         "exit.json",
-        "observed-before.json",
         "result.md",
-        "runner.json",
-        "runner.lock",
-        "runner.log",
     ];
     wait_until(Duration::from_secs(10), "only the documented files", || {
         names() == want_names
     });
+    // The runner spec was never a file here: state.db held it, and the
+    // runner got it in a sealed memfd.
+    assert!(!run_dir.join("runner.json").exists());
+    assert_eq!(
+        subagentd_e2e::stored_spec(&d.state, &run),
+        None,
+        "finalized"
+    );
     // The temp dir is removed when the run ends.
     assert!(!path(&st["temp_dir"]).exists());
     let temp = path(&st["temp_dir"]);
@@ -497,10 +500,11 @@ fn a_script_agent_outside_the_system_roots_runs_with_its_interpreter() {
     );
 }
 
-/// A copy of finished run `st`'s folder in `dest`, with every path into the
-/// old folder in its runner.json pointing into the copy; the old run's
-/// results are left out.
-fn copy_run(st: &Value, dest: &Path) -> RunFiles {
+/// A copy of finished run `st`'s folder in `dest`, and its runner `spec`
+/// (taken from state.db while the run was live) with every path into the
+/// old folder pointing into the copy; the old run's results are left out
+/// and what the end tidied away is made again.
+fn copy_run(st: &Value, spec: &[u8], dest: &Path) -> (RunFiles, Vec<u8>) {
     let dir = path(&st["log_path"]).parent().unwrap().to_path_buf();
     let copy = dest.join("run");
     let ok = std::process::Command::new("cp")
@@ -514,10 +518,12 @@ fn copy_run(st: &Value, dest: &Path) -> RunFiles {
     for f in ["exit.json", "child.log", "result.md", "runner.lock"] {
         let _ = std::fs::remove_file(copy.join(f));
     }
-    let spec = std::fs::read_to_string(copy.join("runner.json")).unwrap();
+    // A finished folder is tidied: its empty delta/ is made again, as at spawn.
+    std::fs::create_dir_all(copy.join("delta")).unwrap();
+    let spec = std::str::from_utf8(spec).unwrap();
     let (from, to) = (dir.to_str().unwrap(), copy.to_str().unwrap());
-    std::fs::write(copy.join("runner.json"), spec.replace(from, to)).unwrap();
-    RunFiles { dir: copy }
+    let spec = spec.replace(from, to).into_bytes();
+    (RunFiles { dir: copy }, spec)
 }
 
 /// A runner waits at its gate until the daemon has recorded the run: called
@@ -531,23 +537,31 @@ fn a_runner_called_off_at_its_gate_starts_nothing() {
     let d = Daemon::start();
     let mut c = d.conn();
     let marker = tempfile::tempdir().unwrap();
-    let m = marker.path().join("ran");
-    let st = c.spawn(
+    let (m, go) = (marker.path().join("ran"), marker.path().join("go"));
+    // It waits for `go`, so that its spec is read while the run is live.
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; echo x >> {}",
+        go.display(),
+        m.display()
+    );
+    let run = c.spawn(
         &session("gate"),
-        &["/bin/sh", "-c", &format!("echo x >> {}", m.display())],
+        &["/bin/sh", "-c", &script],
         json!({"sandbox": {"write_paths": [marker.path()]}}),
     );
-    let st = c.wait(&st);
+    let spec = subagentd_e2e::stored_spec(&d.state, &run).expect("a live run's spec");
+    std::fs::write(&go, "").unwrap();
+    let st = c.wait(&run);
     assert_eq!(st["state"], "succeeded", "{st}");
     std::fs::remove_file(&m).unwrap();
     let scratch = tempfile::tempdir().unwrap();
-    let files = copy_run(&st, scratch.path());
+    let (files, spec) = copy_run(&st, &spec, scratch.path());
     // The run's own temp dir went with it; the copy binds it again.
     std::fs::create_dir_all(path(&st["temp_dir"])).unwrap();
     let runner = bin("subagent-runner");
     let l = start_runner(
         &runner,
-        &RunnerFiles::open(&files).unwrap(),
+        &RunnerFiles::open(&files, &spec).unwrap(),
         None,
         true,
         false,
@@ -558,7 +572,7 @@ fn a_runner_called_off_at_its_gate_starts_nothing() {
     assert!(!m.exists(), "the agent ran");
     assert!(!files.exit().exists() && !files.log().exists());
     assert_eq!(std::fs::read(files.runner_lock()).unwrap(), b"");
-    let handed = RunnerFiles::open(&files).unwrap();
+    let handed = RunnerFiles::open(&files, &spec).unwrap();
     let mut l = start_runner(&runner, &handed, None, true, false, None).unwrap();
     l.open_gate();
     assert_eq!(reap(&l.pidfd), RunnerExit::Exited(0));

@@ -1794,11 +1794,11 @@ fn removing_the_temp_dir_does_not_follow_planted_symlinks() {
 }
 
 /// A child appends to its own `context/system.md`, removes `plan.json`,
-/// adds a file to `context/`, forges its run's `exit.json`, `runner.json`,
-/// `attempt.json`, `result.md` and the state dir's `state.db`, writes a
-/// handoff note and exits 3 on the first attempt. Judged by the run's
-/// outcome (failed, exit code 3), its record in state.db, and the context
-/// files and result.md afterwards.
+/// adds a file to `context/`, forges its run's `exit.json`,
+/// `attempt.json`, `result.md` and the state dir's `state.db`, plants a
+/// `runner.json` in its run folder, writes a handoff note and exits 3 on
+/// the first attempt. Judged by the run's outcome (failed, exit code 3),
+/// its record in state.db, and the run folder's files afterwards.
 #[test]
 fn a_child_cannot_forge_its_own_runs_records() {
     let Some(e) = env() else { return };
@@ -1830,6 +1830,10 @@ fn a_child_cannot_forge_its_own_runs_records() {
     assert!(
         !dir.join("context/new.md").exists(),
         "a file was added to context/"
+    );
+    assert!(
+        !dir.join("runner.json").exists(),
+        "a file was planted in the run folder"
     );
     let md = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
     let states = state_lines(&md);
@@ -2578,7 +2582,7 @@ fn bare_git(dir: &Path, branch: &str) {
 }
 
 /// A child with the write right links `.subagents/AGENTS.md` to another
-/// session's records (its runner.json, then the state dir's state.db and
+/// session's records (its child.log, then the state dir's state.db and
 /// its WAL, where a fresh commit sits;
 /// their paths learned, e.g. from /proc), which hold that session's `env`
 /// secret; the daemon reads the project instructions of the next run as
@@ -2588,11 +2592,16 @@ fn bare_git(dir: &Path, branch: &str) {
 fn project_instructions_cannot_pull_in_another_sessions_run_record() {
     let Some(e) = env() else { return };
     let token = marker("RT-API-TOKEN");
-    let victim = e.spawn(json!(["true"]), json!({"env": {"API_TOKEN": &token}}));
+    let victim = e.spawn(
+        json!(["sh", "-c", "echo \"$API_TOKEN\""]),
+        json!({"env": {"API_TOKEN": &token}}),
+    );
     let vst = e.wait_final(&victim, RUN_LIMIT, "the victim");
     let dir = run_dir(&vst);
+    // Its spec (with the env) is no file: state.db held it while it ran.
+    assert!(!dir.join("runner.json").exists());
     for record in [
-        dir.join("runner.json"),
+        dir.join("child.log"),
         dir.ancestors().nth(4).unwrap().join("state.db"),
         dir.ancestors().nth(4).unwrap().join("state.db-wal"),
     ] {
@@ -2987,9 +2996,9 @@ fn secret_holding_run(e: &Env, s: &str, mark: &str) -> Value {
 
 /// Reads the state dir's state.db and its WAL, where a fresh commit sits
 /// (another session's record, its env),
-/// that session's child.log and runner.json, lists the state dir and looks
-/// for the socket, then reads its own context.
-const STATE_DIR_READER: &str = "cat \"$STATE/state.db\" \"$STATE/state.db-wal\" \"$VICTIM/child.log\" \"$VICTIM/runner.json\" 2>&1; \
+/// that session's child.log, lists the state dir and looks for the
+/// socket, then reads its own context.
+const STATE_DIR_READER: &str = "cat \"$STATE/state.db\" \"$STATE/state.db-wal\" \"$VICTIM/child.log\" 2>&1; \
     ls -1a \"$STATE\" \"$STATE/sessions\" 2>&1; test -e \"$SOCK\" && echo SOCKET-IN-VIEW; \
     grep -q 'Task:' \"$SUBAGENT_CONTEXT_DIR/first_message.md\" && echo CONTEXT-READ; echo attack ran";
 
@@ -3014,7 +3023,7 @@ fn assert_state_dir_hidden(log: &str, mark: &str, victim_session: &str) {
 
 /// The daemon's state dir and socket lie inside the project (read only
 /// to the child, reached as its owner): the child reads the state.db
-/// (another session's env), its child.log and runner.json, lists the
+/// (another session's env) and another session's child.log, lists the
 /// state dir and looks for the socket. Judged by the victim's secret and
 /// session in the child's log; the child's own context must still be
 /// readable.
@@ -3033,79 +3042,119 @@ fn a_state_dir_inside_the_project_is_not_in_the_childs_view() {
     assert!(log.contains("CONTEXT-READ"), "the context dir:\n{log}");
 }
 
-/// Rewrites the runner.json of session `$VS`'s queued run: its command
-/// prints `$FORGED` and the uid, and (a root daemon) it runs as uid 0.
-const SPEC_REWRITER: &str = r#"
+/// Looks, once `$LOOK` exists, for a runner spec in the folder of session
+/// `$VS`'s queued run, then plants one there whose command prints
+/// `$FORGED` and the uid and (a root daemon) runs as uid 0; exits once
+/// `$GO` exists.
+const SPEC_PLANTER: &str = r#"
 import glob, json, os, time
-pattern = os.path.join(os.environ['STATE'], 'sessions', os.environ['VS'], 'runs', '*', 'runner.json')
-deadline = time.time() + 20
-while time.time() < deadline:
-    found = glob.glob(pattern)
-    if found:
-        spec = json.load(open(found[0]))
-        spec['argv'] = ['sh', '-c', 'echo "%s uid=$(id -u)"; head -c 64 /etc/shadow' % os.environ['FORGED']]
-        if spec.get('run_as') is not None:
-            spec['run_as'] = [0, 0]
-        open(found[0], 'w').write(json.dumps(spec))
-        print('REWROTE', found[0], flush=True)
-        break
-    time.sleep(0.05)
+def wait(what):
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.05)
+runs = wait(lambda: wait(lambda: os.path.exists(os.environ['LOOK'])) and
+            glob.glob(os.path.join(os.environ['STATE'], 'sessions', os.environ['VS'], 'runs', '*')))
+if runs:
+    spec = os.path.join(runs[0], 'runner.json')
+    print('SPEC-FILE-FOUND' if os.path.exists(spec) else 'NO-SPEC-FILE', flush=True)
+    forged = {'argv': ['sh', '-c', 'echo "%s uid=$(id -u)"' % os.environ['FORGED']], 'run_as': [0, 0]}
+    try:
+        open(spec, 'w').write(json.dumps(forged))
+        print('PLANTED', spec, flush=True)
+    except OSError as e:
+        print('refused', e, flush=True)
 else:
-    print('no victim spec in view')
+    print('no victim run in view')
+wait(lambda: os.path.exists(os.environ['GO']))
 print('attack ran')
 "#;
 
 /// The state dir lies inside a project the child may write: while a run
-/// of another session is queued (both slots taken), the child rewrites
-/// that run's runner.json (its command, and uid 0 as its user), then
-/// exits so the victim starts. Judged by the victim's log: its own
-/// output, never the forged command's. Refusing the writer's spawn
-/// outright stops the attack too.
+/// of another session is queued (both slots taken), the child looks for
+/// that run's spec in its folder and plants a runner.json there (its
+/// command, and uid 0 as its user), then the test (as root) plants a
+/// valid one made from the run's real spec; then the run starts. Judged
+/// by the folder (no spec file to rewrite) and the victim's log: its own
+/// command and its own uid, never the forged command's. Refusing the
+/// writer's spawn outright stops the child's part of the attack too.
 #[test]
 fn a_writable_project_holding_the_state_dir_cannot_rewrite_a_queued_runs_spec() {
     let Some(e) = env_holding_the_daemon(&["--max-concurrent", "2"]) else {
         return;
     };
-    let go = e.project.path().join("go");
-    let blocker = e.spawn(
-        json!(["sh", "-c", "while [ ! -e \"$GO\" ]; do sleep 0.05; done"]),
-        json!({"env": {"GO": go}}),
-    );
+    let (go, look) = (e.project.path().join("go"), e.project.path().join("look"));
+    let waiter = json!(["sh", "-c", "while [ ! -e \"$GO\" ]; do sleep 0.05; done"]);
+    let blocker = e.spawn(waiter.clone(), json!({"env": {"GO": go}}));
     let forged = marker("RT-FORGED");
     let vs = session("rt-victim");
-    let env = json!({"STATE": e.d.state, "VS": vs, "FORGED": forged});
+    let env = json!({"STATE": e.d.state, "VS": vs, "FORGED": forged, "GO": go, "LOOK": look});
     let writer = e.d.conn().call(
         "spawn_agent",
         e.params(
             &session("rt"),
-            json!([PY, "-c", SPEC_REWRITER]),
+            json!([PY, "-c", SPEC_PLANTER]),
             json!({"sandbox": {"write_project": true}, "env": env}),
         ),
     );
-    let victim = e.spawn_in(
-        &vs,
-        json!(["sh", "-c", "echo VICTIM-OWN-COMMAND"]),
-        json!({}),
-    );
-    match &writer {
-        Ok(r) => {
-            let st = e.wait_final(r["run_id"].as_str().unwrap(), RUN_LIMIT, "the writer");
-            println!("the writer: {st}\n{}", log_of(&st));
-        }
+    // The second slot stays taken, so that the victim waits in the queue.
+    let second = match &writer {
+        Ok(r) => r["run_id"].as_str().unwrap().to_owned(),
         Err(err) => {
             println!("the writer's spawn was refused: {err}");
             assert_eq!(err["code"], -32602, "{err}");
+            e.spawn(waiter, json!({"env": {"GO": go}}))
         }
+    };
+    let victim = e.spawn_in(
+        &vs,
+        json!(["sh", "-c", "echo \"VICTIM-OWN-COMMAND uid=$(id -u)\""]),
+        json!({}),
+    );
+    let vst = e.status(&victim);
+    assert_eq!(vst["state"], "accepted", "the victim is queued: {vst}");
+    let vdir = run_dir(&vst);
+    assert!(
+        !vdir.join("runner.json").exists(),
+        "a queued run's spec is a file in its folder"
+    );
+    let mut spec: Value =
+        serde_json::from_slice(&subagentd_e2e::stored_spec(&e.d.state, &victim).unwrap()).unwrap();
+    let own_uid = spec["run_as"][0].as_u64();
+    std::fs::write(&look, "").unwrap();
+    if writer.is_ok() {
+        // The child's part first: it looks and plants before the test does.
+        let wst = e.status(&second);
+        wait_until(RUN_LIMIT, "the writer to plant", || {
+            let l = log_of(&wst);
+            ["PLANTED", "refused", "no victim"]
+                .iter()
+                .any(|m| l.contains(m))
+        });
     }
+    spec["argv"] = json!(["sh", "-c", format!("echo \"{forged} uid=$(id -u)\"")]);
+    if own_uid.is_some() {
+        spec["run_as"] = json!([0, 0]);
+    }
+    std::fs::write(vdir.join("runner.json"), spec.to_string()).unwrap();
     std::fs::write(&go, "").unwrap();
     let st = e.wait_final(&victim, RUN_LIMIT, "the victim");
     let log = log_of(&st);
+    let wst = e.wait_final(&second, RUN_LIMIT, "the writer or second blocker");
+    let wlog = log_of(&wst);
+    println!("the writer or second blocker: {wst}\n{wlog}");
     e.wait_final(&blocker, RUN_LIMIT, "the blocker");
+    assert!(!wlog.contains("SPEC-FILE-FOUND"), "{wlog}");
     assert!(
         !log.contains(&forged),
         "the victim ran the forged command:\n{log}"
     );
     assert!(log.contains("VICTIM-OWN-COMMAND"), "{st}\n{log}");
+    if let Some(uid) = own_uid {
+        assert!(log.contains(&format!("uid={uid}\n")), "its own uid: {log}");
+    }
 }
 
 /// A run with `keep_temp` leaves a secret in its temp dir under the

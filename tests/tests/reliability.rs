@@ -74,6 +74,111 @@ fn a_draft_without_its_record_goes_and_one_with_it_is_put_in_place() {
         .is_err());
 }
 
+/// A queued run (one slot, a long first run) survives a kill -9 of the
+/// daemon: its spec is in state.db alone (no file in its folder, and the
+/// daemon's memory is gone), and the restarted daemon starts it from
+/// there, running its own command once the first run ends.
+#[test]
+fn a_queued_run_survives_kill_9_and_runs_its_own_command() {
+    let mut d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(1),
+        ..Default::default()
+    });
+    let s = session("queuedkill");
+    let scratch = subagentd_e2e::channel();
+    let go = scratch.path().join("go");
+    let mut c = d.conn();
+    let first = c.spawn(
+        &s,
+        &[
+            "sh",
+            "-c",
+            &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display()),
+        ],
+        json!({}),
+    );
+    let queued = c.spawn(&s, &["sh", "-c", "echo QUEUED-OWN-COMMAND"], json!({}));
+    let st = c
+        .call("check_agent_run", json!({"run_id": queued}))
+        .unwrap();
+    assert_eq!(st["state"], "accepted", "{st}");
+    let dir = Path::new(st["log_path"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    assert!(!dir.join("runner.json").exists(), "the spec is not a file");
+    assert!(subagentd_e2e::stored_spec(&d.state, &queued).is_some());
+    drop(c);
+    unsafe_kill(d.pid(), libc::SIGKILL);
+    d.child.wait().unwrap();
+    d.restart();
+    std::fs::write(&go, "").unwrap();
+    let mut c = d.conn();
+    assert_eq!(c.wait(&first)["state"], "succeeded");
+    let st = c.wait(&queued);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    assert_eq!(log, "QUEUED-OWN-COMMAND\n");
+    assert!(!dir.join("runner.json").exists());
+    assert_eq!(subagentd_e2e::stored_spec(&d.state, &queued), None);
+}
+
+/// A queued run whose spec is gone from state.db (the only copy) cannot
+/// start: after a restart it fails, saying why, and the daemon goes on.
+#[test]
+fn a_queued_run_without_its_spec_fails_to_start_and_says_why() {
+    let sqlite = Command::new("sqlite3").arg("-version").output();
+    if !runnable(
+        sqlite.is_ok_and(|o| o.status.success()),
+        "sqlite3",
+        "the test removes a spec with the sqlite3 shell",
+    ) {
+        return;
+    }
+    let mut d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(1),
+        ..Default::default()
+    });
+    let s = session("nospec");
+    let scratch = subagentd_e2e::channel();
+    let go = scratch.path().join("go");
+    let mut c = d.conn();
+    let blocker = c.spawn(
+        &s,
+        &[
+            "sh",
+            "-c",
+            &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display()),
+        ],
+        json!({}),
+    );
+    let queued = c.spawn(&s, &["sh", "-c", "echo SHOULD-NOT-RUN"], json!({}));
+    drop(c);
+    d.stop();
+    let out = Command::new("sqlite3")
+        .arg(d.state.join("state.db"))
+        .arg(format!("DELETE FROM run_specs WHERE run_id = '{queued}';"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(subagentd_e2e::stored_spec(&d.state, &queued), None);
+    d.restart();
+    std::fs::write(&go, "").unwrap();
+    let mut c = d.conn();
+    assert_eq!(c.wait(&blocker)["state"], "succeeded");
+    let st = c.wait(&queued);
+    assert_eq!(st["state"], "failed", "{st}");
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("could not start the runner")
+            && reason.contains("state.db holds no runner spec"),
+        "{reason}"
+    );
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap_or_default();
+    assert!(!log.contains("SHOULD-NOT-RUN"), "{log}");
+    assert!(c.call("ping", json!({})).is_ok());
+}
+
 #[test]
 fn a_uid_that_is_not_allowed_is_refused() {
     if !runnable(is_root(), "setuid", "switching to another uid needs root") {
@@ -484,22 +589,25 @@ impl Drop for TmpfsDaemon {
 
 #[test]
 fn a_full_state_dir_refuses_spawns_cleanly() {
-    let Some(d) = TmpfsDaemon::start("256k") else {
+    let Some(d) = TmpfsDaemon::start("1m") else {
         return;
     };
     let state = &d.state;
     let mut c = Conn::connect(&d.socket);
     let s = session("full");
     let big = "x".repeat(60 * 1024);
-    let mut refused = None;
+    let (mut refused, mut accepted) = (None, Vec::new());
     for _ in 0..40 {
         let r = c.call(
             "spawn_agent",
             json!({"session": {"id": s, "audience": "personal", "project_dir": "/tmp"}, "task": big, "command": ["true"]}),
         );
-        if let Err(e) = r {
-            refused = Some(e);
-            break;
+        match r {
+            Ok(r) => accepted.push(r["run_id"].as_str().unwrap().to_owned()),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
         }
     }
     let e = refused.expect("the tmpfs fills up");
@@ -526,6 +634,31 @@ fn a_full_state_dir_refuses_spawns_cleanly() {
         c.call("ping", json!({})).is_ok(),
         "the daemon keeps serving"
     );
+    // Nothing accepted before the disk filled is lost: each is listed and
+    // answers its status.
+    assert!(
+        !accepted.is_empty(),
+        "no spawn was accepted before the refusal"
+    );
+    let listed = c
+        .call("list_agent_runs", json!({"session_id": s, "limit": 1000}))
+        .unwrap();
+    let mut ids: Vec<String> = listed["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    accepted.sort();
+    assert_eq!(
+        ids, accepted,
+        "the accepted runs, and only they, are listed"
+    );
+    for id in &accepted {
+        let st = c.call("check_agent_run", json!({"run_id": id})).unwrap();
+        assert!(st["state"].is_string(), "{st}");
+    }
 }
 
 #[test]

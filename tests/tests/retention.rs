@@ -6,7 +6,8 @@
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use subagentd_e2e::{session, Conn, Daemon, DaemonOpts};
+use std::time::Duration;
+use subagentd_e2e::{session, wait_until, Conn, Daemon, DaemonOpts};
 
 /// A daemon with `[retention]` set to `text` (and no periodic prune).
 fn daemon_with(text: &str) -> (Daemon, tempfile::TempDir) {
@@ -209,6 +210,108 @@ fn max_runs_keeps_the_newest_and_the_runs_with_untaken_notices() {
 }
 
 #[test]
+fn a_crossed_max_runs_prunes_without_waiting_for_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    // A day's interval: only a crossed limit can prune within the test.
+    std::fs::write(&cfg, "[retention]\ninterval = \"1d\"\nmax_runs = 5\n").unwrap();
+    let d = Daemon::start_with(DaemonOpts {
+        args: vec!["--config".into(), cfg.to_str().unwrap().into()],
+        ..DaemonOpts::default()
+    });
+    let s = session("crossed");
+    let mut c = d.conn();
+    let mut runs = Vec::new();
+    let mut sessions_dir = None;
+    for _ in 0..12 {
+        let run = finished(&mut c, &s);
+        // Taken at once: no notice keeps a run past the limit.
+        assert_eq!(take(&mut c, &s), std::slice::from_ref(&run));
+        let st = c.call("check_agent_run", json!({ "run_id": run })).unwrap();
+        sessions_dir.get_or_insert_with(|| folder(&st).parent().unwrap().to_owned());
+        runs.push(run);
+    }
+    let sessions_dir = sessions_dir.unwrap();
+    let folders = || {
+        std::fs::read_dir(&sessions_dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| runs.iter().any(|r| e.file_name() == r.as_str()))
+            .count()
+    };
+    let code = |c: &mut Conn, run: &str| {
+        let e = c
+            .call("check_agent_run", json!({ "run_id": run }))
+            .unwrap_err();
+        e["code"].as_i64().unwrap()
+    };
+    // The pass that removes the last folder also forgets the oldest
+    // tombstones: at most max_runs of them stay.
+    wait_until(
+        Duration::from_secs(30),
+        "the folders down to max_runs",
+        || folders() == 5 && code(&mut c, &runs[1]) == -32000,
+    );
+    assert_eq!(listed(&mut c), strs(&runs[7..]), "the newest 5");
+    for (i, run) in runs[..7].iter().enumerate() {
+        let want = if i < 2 { -32000 } else { -32009 };
+        assert_eq!(code(&mut c, run), want, "run {i}");
+    }
+}
+
+#[test]
+fn a_crossed_max_bytes_prunes_without_waiting_for_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    // Each run's folder holds a 256 KiB log: about three fit in 1 MiB.
+    std::fs::write(
+        &cfg,
+        "[retention]\ninterval = \"1d\"\nmax_bytes = \"1MiB\"\n",
+    )
+    .unwrap();
+    let d = Daemon::start_with(DaemonOpts {
+        args: vec!["--config".into(), cfg.to_str().unwrap().into()],
+        ..DaemonOpts::default()
+    });
+    let s = session("bytes");
+    let mut c = d.conn();
+    let mut runs = Vec::new();
+    for _ in 0..8 {
+        let script = "i=0; while [ $i -lt 4096 ]; do printf '%063d\\n' $i; i=$((i+1)); done";
+        let run = c.spawn(&s, &["sh", "-c", script], json!({}));
+        assert_eq!(c.wait(&run)["state"], "succeeded");
+        assert_eq!(take(&mut c, &s), std::slice::from_ref(&run));
+        runs.push(run);
+    }
+    let log = |c: &mut Conn, run: &str| {
+        let st = c.call("check_agent_run", json!({ "run_id": run })).unwrap();
+        std::fs::metadata(st["log_path"].as_str().unwrap())
+            .unwrap()
+            .len()
+    };
+    assert_eq!(
+        log(&mut c, &runs[7]),
+        256 * 1024,
+        "the log is what it wrote"
+    );
+    // About 300 KiB a folder: at most three stay under 1 MiB (passes come
+    // at most every 2 s, so this may take two).
+    wait_until(
+        Duration::from_secs(30),
+        "the oldest runs pruned by max_bytes",
+        || listed(&mut c).len() <= 3,
+    );
+    let kept = listed(&mut c);
+    assert!(!kept.is_empty(), "the newest run of a session stays");
+    assert_eq!(kept, strs(&runs[runs.len() - kept.len()..]), "the newest");
+    let e = c
+        .call("check_agent_run", json!({ "run_id": runs[0] }))
+        .unwrap_err();
+    assert_eq!(e["code"], -32009, "{e}");
+    assert!(e["message"].as_str().unwrap().contains("max_bytes"), "{e}");
+}
+
+#[test]
 fn a_bad_older_than_is_refused_naming_it() {
     let (d, _cfg) = daemon_with("");
     let mut c = d.conn();
@@ -278,6 +381,7 @@ fn a_pruned_run_says_it_was_pruned_and_when_even_after_a_restart() {
         "{out:?}"
     );
     drop(c);
+    assert!(d.stop().success(), "{}", d.log());
     d.restart();
     let mut c = d.conn();
     assert_eq!(check(&mut c, &runs[1])["code"], -32009);

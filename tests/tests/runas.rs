@@ -61,13 +61,15 @@ fn children_run_as_the_given_user_with_their_dirs() {
             .contains("uid 65534"),
         "{st}"
     );
-    // The run's files stay the daemon's.
+    // The run's files stay the daemon's; its spec (with its uid) is in
+    // state.db alone, never a file in the run folder.
     let run_dir = std::path::Path::new(st["log_path"].as_str().unwrap())
         .parent()
         .unwrap()
         .to_path_buf();
+    assert!(!run_dir.join("runner.json").exists());
     for f in [
-        run_dir.join("runner.json"),
+        run_dir.join("runner.log"),
         run_dir.ancestors().nth(4).unwrap().join("state.db"),
     ] {
         let meta = std::fs::metadata(&f).unwrap();

@@ -235,7 +235,7 @@ pub fn build(
 ) -> Result<(), MountError> {
     if plan.mounts.is_empty() {
         return Err(MountError {
-            op: "the run's runner.json has no mount plan",
+            op: "the run's runner spec has no mount plan",
             path: String::new(),
             source: std::io::Error::from_raw_os_error(libc::EINVAL),
         });

@@ -91,7 +91,7 @@ pub struct RlimitSpec {
 pub struct SandboxSpec {
     /// The file-system rules.
     pub fs: fs::FsRules,
-    /// The child's root file system (a runner.json without one is refused).
+    /// The child's root file system (a runner spec without one is refused).
     #[serde(default)]
     pub mounts: mounts::MountPlan,
     /// Whether the child may use the host's network (full mode).

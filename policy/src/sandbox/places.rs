@@ -1,5 +1,5 @@
 //! The daemon's own places: its state dir (every session's records, every
-//! run's runner.json), the base of its runs' temp dirs, the uid leases and
+//! live run's runner spec), the base of its runs' temp dirs, the uid leases and
 //! the control socket's dir. None of them is ever in a child's view, even
 //! when a path the child is given holds one: the mount plan hides each
 //! under an empty read-only tmpfs ([`Places::inside`]), and a writable

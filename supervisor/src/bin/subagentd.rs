@@ -197,6 +197,7 @@ async fn run(args: Args) -> Result<()> {
     let sup = Supervisor::start(cfg.clone())
         .await
         .with_context(|| format!("opening the state dir {}", state_dir.display()))?;
+    trim_when_quiet(&sup);
     if config_path.exists() {
         tracing::info!(config = %config_path.display(), "config loaded");
     }
@@ -217,13 +218,79 @@ async fn run(args: Args) -> Result<()> {
         "subagentd listening"
     );
     let server_cfg = subagentd::server::ServerConfig::from_settings(&file);
-    subagentd::server::serve(sup, &bound, server_cfg, shutdown)
+    subagentd::server::serve(sup.clone(), &bound, server_cfg, shutdown)
         .await
         .context("serving the socket")?;
     drop(bound);
     tracing::info!("socket removed; running children keep running");
+    // The last write: the next start knows this stop was clean.
+    let marked = sup
+        .close_store()
+        .await
+        .context("marking the state database as cleanly stopped")?;
+    if marked {
+        tracing::info!("state database marked as cleanly stopped");
+    } else {
+        tracing::warn!(
+            "state database not marked as cleanly stopped: it met an I/O failure or damage \
+             while running, so the next start checks its integrity"
+        );
+    }
     Ok(())
 }
+
+/// How long no run may finish before the heap is trimmed.
+const TRIM_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Gives the heap glibc keeps free back to the kernel once runs have
+/// stopped finishing for [`TRIM_QUIET`]: what a burst of runs freed would
+/// otherwise stay in the daemon's RSS.
+fn trim_when_quiet(sup: &Supervisor) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut notices = sup.subscribe();
+    tokio::spawn(async move {
+        loop {
+            if let Err(RecvError::Closed) = notices.recv().await {
+                return;
+            }
+            loop {
+                match tokio::time::timeout(TRIM_QUIET, notices.recv()).await {
+                    Err(_) => break,
+                    Ok(Err(RecvError::Closed)) => return,
+                    Ok(_) => {}
+                }
+            }
+            let _ = tokio::task::spawn_blocking(trim_heap).await;
+        }
+    });
+}
+
+/// Returns the free memory at the top of each malloc arena to the kernel.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim_heap() {
+    // SAFETY: malloc_trim only releases memory malloc holds free; it takes
+    // malloc's own locks and touches no memory of ours.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_heap() {}
+
+/// Caps glibc's malloc arenas before any thread exists (arenas are made
+/// per thread as threads start).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn cap_malloc_arenas() {
+    // SAFETY: mallopt only sets one of malloc's parameters, here before
+    // any other thread runs.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn cap_malloc_arenas() {}
 
 /// How often the `--log-file` is checked against its cap.
 const LOG_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
@@ -272,7 +339,20 @@ fn cap_log(log: &std::path::Path) -> Result<bool> {
     Ok(moved)
 }
 
+/// Threads the runtime's blocking pool may have at once (tokio's default
+/// is 512). Blocking work here is short (SQLite reads, commits waiting on
+/// the writer, run folders), so a few threads keep up; each thread more
+/// costs a stack and, with glibc, a malloc cache (tcache) and arena that
+/// are never given back, which made the RSS grow with the runs made.
+const BLOCKING_THREADS: usize = 8;
+
+/// glibc malloc arenas (its default is 8 per core): threads share them
+/// instead of each keeping freed memory of its own.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MALLOC_ARENAS: libc::c_int = 2;
+
 fn main() -> std::process::ExitCode {
+    cap_malloc_arenas();
     // What the daemon inherited from whoever started it must not reach the
     // runners it spawns.
     let _ = subagent_runner::sys::cloexec_from(3);
@@ -296,6 +376,7 @@ fn main() -> std::process::ExitCode {
     subagentd::egress::start_runtime();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
     {
         Ok(rt) => rt,

@@ -5,9 +5,10 @@
 //! The folder is written as `<state>/drafts/<run id>.tmp-<8 hex>` and
 //! renamed to its session's `runs/<run id>` once the run is recorded, so a
 //! run folder is never seen half made; recovery sweeps the one drafts
-//! folder (see [`is_draft_name`]). The files to keep are written first and
-//! fsynced together when the draft is published, so that a runner started
-//! meanwhile (see `launch`) overlaps the wait.
+//! folder (see [`is_draft_name`]). Its files are not fsynced: the run's
+//! records (its row and runner spec) are in state.db, and every file here
+//! is made again from them or only observes; its entries are fsynced when
+//! the draft is published.
 
 use super::error::{StorageError, WorkspaceError};
 use super::EngineError;
@@ -34,15 +35,6 @@ pub fn is_draft_name(name: &str) -> bool {
 /// The run id a draft folder named `name` is for.
 pub fn draft_run_id(name: &str) -> Option<RunId> {
     RunId::parse(name.split_once(DRAFT_MARK)?.0)
-}
-
-/// Whether a file written into a draft is fsynced.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Sync {
-    /// fsynced before the folder is published: the run's records.
-    Durable,
-    /// Not fsynced: files made again from a durable record.
-    Derived,
 }
 
 fn storage(op: &'static str, path: &Path, source: std::io::Error) -> EngineError {
@@ -89,8 +81,6 @@ pub struct RunDraft {
     temp_dir: Option<PathBuf>,
     worktree: Option<MadeWorktree>,
     lease: Option<UidLease>,
-    /// The records, fsynced when the draft is published.
-    durable: Vec<(PathBuf, std::fs::File)>,
     published: bool,
 }
 
@@ -115,7 +105,6 @@ impl RunDraft {
             temp_dir: None,
             worktree: None,
             lease,
-            durable: Vec::new(),
             published: false,
         };
         mkdir_private(&draft.draft_dir, false)?;
@@ -183,21 +172,13 @@ impl RunDraft {
         self.lease.as_ref()
     }
 
-    /// Writes the new file `path` in the draft; a [`Sync::Durable`] one is
-    /// fsynced when the draft is published.
-    pub fn write(&mut self, path: &Path, bytes: &[u8], sync: Sync) -> Result<(), EngineError> {
-        let f = create_file(path, bytes)?;
-        if sync == Sync::Durable {
-            self.durable.push((path.to_path_buf(), f));
-        }
-        Ok(())
+    /// Writes the new file `path` in the draft (not fsynced).
+    pub fn write(&mut self, path: &Path, bytes: &[u8]) -> Result<(), EngineError> {
+        create_file(path, bytes).map(drop)
     }
 
-    /// Makes the files to keep durable, with the folder's own entries.
+    /// Makes the folder's own entries durable.
     pub fn sync(&mut self) -> Result<(), EngineError> {
-        for (path, f) in self.durable.drain(..) {
-            f.sync_all().map_err(|e| storage("fsync", &path, e))?;
-        }
         fsync_dir(&self.draft_dir).map_err(|e| EngineError::StateDir(e.into()))
     }
 
@@ -207,7 +188,7 @@ impl RunDraft {
         self.published = true;
     }
 
-    /// Makes the files durable ([`RunDraft::sync`]) and gives the folder
+    /// Makes the entries durable ([`RunDraft::sync`]) and gives the folder
     /// its run id, durably (the rename, the runs folder). Everything made
     /// is kept from then on; a failure leaves it to be undone on drop.
     pub fn publish(&mut self) -> Result<(), EngineError> {
@@ -272,20 +253,14 @@ mod tests {
         assert!(is_draft_name(
             staged.dir.file_name().unwrap().to_str().unwrap()
         ));
-        draft
-            .write(&staged.runner_spec(), b"{}", Sync::Durable)
-            .unwrap();
-        draft
-            .write(&staged.context().join("a"), b"x", Sync::Derived)
-            .unwrap();
+        draft.write(&staged.observed_before(), b"{}").unwrap();
+        draft.write(&staged.context().join("a"), b"x").unwrap();
         // A draft's files are new: an existing one is never written through.
-        assert!(draft
-            .write(&staged.runner_spec(), b"[]", Sync::Durable)
-            .is_err());
+        assert!(draft.write(&staged.observed_before(), b"[]").is_err());
         draft.publish().unwrap();
         assert!(draft.take_lease().is_none());
         drop(draft);
-        assert_eq!(std::fs::read(files.runner_spec()).unwrap(), b"{}");
+        assert_eq!(std::fs::read(files.observed_before()).unwrap(), b"{}");
         assert_eq!(std::fs::read(files.context().join("a")).unwrap(), b"x");
         assert!(files.artifacts().is_dir() && files.delta_dir().is_dir());
         assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 1);
@@ -301,8 +276,8 @@ mod tests {
         let mut draft = RunDraft::begin(&drafts, runs.clone(), RunId::new(), None).unwrap();
         let t = draft.make_temp_dir(&base, "s").unwrap();
         assert!(t.is_dir());
-        let record = draft.staged().runner_spec();
-        draft.write(&record, b"{}", Sync::Durable).unwrap();
+        let record = draft.staged().observed_before();
+        draft.write(&record, b"{}").unwrap();
         drop(draft);
         assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 0);
         assert_eq!(std::fs::read_dir(&drafts).unwrap().count(), 0);

@@ -221,8 +221,8 @@ pub enum InternalError {
     /// The config's tool policy is invalid (it was checked when loaded).
     #[error("config: {0}")]
     ToolPolicy(#[source] policy::toolpolicy::ToolError),
-    /// runner.json could not be encoded.
-    #[error("encoding runner.json: {0}")]
+    /// The runner spec or the run's first picture could not be encoded.
+    #[error("encoding a run's spec or first picture: {0}")]
     Encode(#[source] serde_json::Error),
     /// `subagentd --check` built invalid spawn params.
     #[error("check: {0}")]

@@ -1,6 +1,8 @@
 //! Launching a run: one `subagent-runner` process per run, started with
 //! `posix_spawn` ([`super::spawn`]) in its own session so it outlives the
-//! daemon, holding the run's runner.lock, and watched through a pidfd.
+//! daemon, holding the run's runner.lock, and watched through a pidfd. Its
+//! spec is handed over in a sealed memfd, from the bytes committed at
+//! accept: kept in the run's slot, or read from the store after a restart.
 //!
 //! A run spawned while a slot is free gets its runner at once, gated: the
 //! runner starts and prepares the sandbox while the daemon makes the run's
@@ -39,7 +41,7 @@ pub enum LaunchError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// runner.log, or runner.json for reading, could not be opened.
+    /// runner.log could not be opened.
     #[error("open {}: {source}", path.display())]
     Open {
         /// The file.
@@ -47,6 +49,15 @@ pub enum LaunchError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The sealed memfd of the runner spec could not be made.
+    #[error(transparent)]
+    Spec(#[from] subagent_runner::spec::SpecError),
+    /// The run's runner spec could not be read from the store.
+    #[error("reading the runner spec from state.db: {0}")]
+    SpecRead(#[source] crate::store::StoreError),
+    /// The store holds no runner spec for the run (it cannot start).
+    #[error("state.db holds no runner spec for the run")]
+    NoSpec,
     /// The gate's pipe could not be made.
     #[error("pipe for the runner's gate: {0}")]
     Gate(#[source] nix::Error),
@@ -106,32 +117,34 @@ fn requester_text(e: &crate::rights::RightsError) -> String {
     }
 }
 
-/// Opens `path` for the runner: runner.log to append to, runner.json to
-/// read (never through a link).
-fn open_for_runner(path: &Path, append: bool) -> Result<std::fs::File, LaunchError> {
-    let mut o = std::fs::OpenOptions::new();
-    if append {
-        o.create(true).append(true).mode(0o600);
-    } else {
-        o.read(true).custom_flags(libc::O_NOFOLLOW);
-    }
-    o.open(path).map_err(|source| LaunchError::Open {
-        path: path.to_path_buf(),
-        source,
-    })
+/// Opens runner.log at `path` for the runner to append to (never through
+/// a link).
+fn open_log(path: &Path) -> Result<std::fs::File, LaunchError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|source| LaunchError::Open {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
-/// What a runner is handed from its run folder: runner.lock (locked),
-/// runner.log and runner.json. Opened before the folder may be renamed.
+/// What a runner is handed: runner.lock (locked) and runner.log from its
+/// run folder, and its spec in a sealed memfd. Opened before the folder
+/// may be renamed.
 pub struct RunnerFiles {
     lock: std::fs::File,
     log: std::fs::File,
-    spec: std::fs::File,
+    spec: OwnedFd,
 }
 
 impl RunnerFiles {
-    /// Opens them in the run folder `files` (as it is named now).
-    pub fn open(files: &RunFiles) -> Result<RunnerFiles, LaunchError> {
+    /// Opens them in the run folder `files` (as it is named now), with
+    /// `spec`, the run's runner spec as committed.
+    pub fn open(files: &RunFiles, spec: &[u8]) -> Result<RunnerFiles, LaunchError> {
         let path = files.runner_lock();
         let lock = crate::lockfile::open(&path)?;
         match crate::lockfile::try_lock(&lock) {
@@ -141,8 +154,8 @@ impl RunnerFiles {
         }
         Ok(RunnerFiles {
             lock,
-            log: open_for_runner(&files.runner_log(), true)?,
-            spec: open_for_runner(&files.runner_spec(), false)?,
+            log: open_log(&files.runner_log())?,
+            spec: subagent_runner::spec::sealed_memfd("subagent-runner-spec", spec)?,
         })
     }
 }
@@ -319,6 +332,22 @@ impl Slot {
     }
 }
 
+/// The runner spec of run `id`: `kept` (its slot's copy from accept), or
+/// the store's after a restart. No spec in either fails the start. Blocking.
+fn spec_of(
+    store: &crate::store::Store,
+    id: &crate::ids::RunId,
+    kept: Option<Vec<u8>>,
+) -> Result<Vec<u8>, LaunchError> {
+    match kept {
+        Some(spec) => Ok(spec),
+        None => store
+            .spec(id)
+            .map_err(LaunchError::SpecRead)?
+            .ok_or(LaunchError::NoSpec),
+    }
+}
+
 /// Starts a queued run, watches it, and finishes it. Holds a concurrency
 /// slot until the run has ended.
 pub(crate) async fn run_lifecycle(
@@ -340,6 +369,7 @@ pub(crate) async fn run_lifecycle(
         .map_or(Default::default(), |d| d.driver);
     let gateway = super::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, driver);
     let on_behalf = rec.on_behalf.clone();
+    let (store, id, kept) = (inner.store.clone(), rec.run_id.clone(), slot.take_spec());
     let launched = tokio::task::spawn_blocking(move || {
         // Queued since its spawn, or since a restart: what its requester
         // may reach can have changed meanwhile.
@@ -349,7 +379,8 @@ pub(crate) async fn run_lifecycle(
         // The runner holds the uid lease from here on; ours goes with
         // this task.
         let gateway = gateway.map_err(LaunchError::NoKey)?;
-        let handed = RunnerFiles::open(&files)?;
+        let spec = spec_of(&store, &id, kept)?;
+        let handed = RunnerFiles::open(&files, &spec)?;
         start_runner(
             &runner,
             &handed,
@@ -423,15 +454,24 @@ pub(crate) async fn watch(inner: Arc<Inner>, slot: Arc<Slot>, fd: Arc<OwnedFd>) 
         }
         Err(e) => {
             tracing::warn!("watching a runner's pidfd with epoll: {e}; using a blocking poll");
-            let fd2 = fd.clone();
-            let _ = tokio::task::spawn_blocking(move || {
+            // A thread of its own: it waits the whole run, and the blocking
+            // pool is capped for short work.
+            let (fd2, (tx, rx)) = (fd.clone(), tokio::sync::oneshot::channel());
+            let wait = move || {
                 let mut fds = [nix::poll::PollFd::new(
                     std::os::fd::AsFd::as_fd(&*fd2),
                     nix::poll::PollFlags::POLLIN,
                 )];
-                nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE)
-            })
-            .await;
+                let _ = tx.send(nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE));
+            };
+            let spawned = std::thread::Builder::new()
+                .name("runner-poll".into())
+                .spawn(wait);
+            if let Err(e) = spawned {
+                tracing::error!("starting a thread to watch a runner: {e}; its run is finished at the next start");
+                return;
+            }
+            let _ = rx.await;
         }
     }
     let status = pidfd::reap(&fd);

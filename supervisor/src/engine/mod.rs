@@ -126,6 +126,7 @@ impl Supervisor {
             runs: Mutex::new(BTreeMap::new()),
             queue,
             finished,
+            retention: state::RetentionTrigger::default(),
             daemon_env: std::env::vars().collect(),
             accepting: AtomicBool::new(true),
             probe,
@@ -141,8 +142,12 @@ impl Supervisor {
         let sup = Supervisor { inner };
         recover::recover(&sup.inner).await?;
         prune::finish_at_start(&sup.inner).await;
+        // Off the start path (tens of ms at 20,000 runs): until it is done
+        // a crossed limit waits for the count or the interval.
+        tokio::spawn(prune::count_at_start(Arc::downgrade(&sup.inner)));
         tokio::spawn(dispatch(sup.clone(), rx));
         tokio::spawn(prune::every_interval(Arc::downgrade(&sup.inner)));
+        tokio::spawn(prune::when_crossed(Arc::downgrade(&sup.inner)));
         Ok(sup)
     }
 
@@ -224,7 +229,9 @@ impl Supervisor {
                 tokio::spawn(launch::run_started(self.inner.clone(), slot, permit, fd));
             }
             _ => {
-                self.inner.insert(created.rec);
+                if let Some(slot) = self.inner.insert(created.rec) {
+                    slot.set_spec(created.spec);
+                }
                 // Counted already when no slot was free; else (its runner
                 // could not be started at once) counted now.
                 if waiting.keep() {
@@ -432,8 +439,15 @@ impl Supervisor {
         }
         let out = inner
             .store
-            .commit(vec![Op::TakeNotices { session }])
+            .commit(vec![Op::TakeNotices {
+                session: session.clone(),
+            }])
             .await?;
+        if !out.notices.is_empty() {
+            // Runs a pending notice kept may go now, if a limit wants them.
+            let limits = inner.cfg.settings.retention.limits();
+            inner.retention.notices_taken(&session, &limits);
+        }
         Ok(out.notices)
     }
 
@@ -457,6 +471,7 @@ impl Supervisor {
             session,
             files,
             owner_uid,
+            requester: who.as_ref().map(|w| w.uid),
         };
         let out = inner.store.commit(vec![touch]).await?;
         Ok(out.session.unwrap_or_default())
@@ -494,6 +509,16 @@ impl Supervisor {
     /// Refuses new spawns from now on (shutdown).
     pub fn stop_accepting(&self) {
         self.inner.accepting.store(false, Ordering::SeqCst);
+    }
+
+    /// Marks the state database as cleanly stopped, as its last write
+    /// (later commits are refused): the next start skips its integrity
+    /// check. Called once the socket is closed. False: the store met an
+    /// I/O failure or damage and left no mark.
+    pub async fn close_store(&self) -> Result<bool, EngineError> {
+        self.stop_accepting();
+        let store = self.inner.store.clone();
+        blocking(move || store.close_clean().map_err(EngineError::from)).await
     }
 }
 

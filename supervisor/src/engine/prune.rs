@@ -3,19 +3,20 @@
 //! crash-safe application: the runs are marked `pruning` in one commit
 //! (from then on neither listed nor found), their folders go, then one
 //! commit makes them tombstones. A daemon killed in between finishes the
-//! marked ones at its next start ([`finish_pending`]). The daemon prunes
-//! every `[retention] interval`, and `prune_runs` on demand.
+//! marked ones at its next start ([`finish_pending`]). Each pass then
+//! forgets the tombstones beyond their bounds. The daemon prunes every
+//! `[retention] interval`, soon after a run's end crosses a count or
+//! bytes limit ([`when_crossed`]), and `prune_runs` on demand.
 
 use super::error::EngineError;
-use super::finish::remove_tree;
-use super::state::{blocking, Inner};
+use super::finish::{dir_bytes, remove_tree, tidy};
+use super::state::{blocking, Inner, Tally};
 use crate::ids::RunId;
 use crate::protocol::{KeptRun, PruneParams, PruneResult, PrunedRun};
 use crate::store::Op;
-use policy::retention::{Candidate, Filter, Plan};
+use policy::retention::{Candidate, Filter, Limits, Plan};
 use policy::rights::Requester;
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 
 /// Applies the retention limits now (narrowed, and with `older_than`
@@ -68,8 +69,68 @@ pub(crate) async fn every_interval(inner: Weak<Inner>) {
     }
 }
 
-/// Plans and (unless `dry_run`) applies a prune. Blocking.
+/// The least time from one pass a crossed limit starts to the next.
+const CROSSED_GAP: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Counts what the limits count, once at start, and prunes at once when
+/// the history is past a limit already.
+pub(crate) async fn count_at_start(inner: Weak<Inner>) {
+    let Some(strong) = inner.upgrade() else {
+        return;
+    };
+    let counted = blocking(move || {
+        let mut t = Tally::default();
+        for (session, runs, bytes) in strong.store.retention_tally()? {
+            t.total = t.total.saturating_add(runs);
+            t.bytes = t.bytes.saturating_add(bytes);
+            t.sessions.insert(session, runs);
+        }
+        strong
+            .retention
+            .counted(t, &strong.cfg.settings.retention.limits());
+        Ok(())
+    })
+    .await;
+    if let Err(e) = counted {
+        tracing::warn!("counting the finished runs for retention: {e}");
+    }
+}
+
+/// Prunes by the limits each time a run's end crossed one, one pass at a
+/// time and at most one per [`CROSSED_GAP`]; returns at once when the
+/// daemon prunes only on demand (`interval = 0`).
+pub(crate) async fn when_crossed(inner: Weak<Inner>) {
+    let Some(soon) = inner
+        .upgrade()
+        .filter(|i| i.cfg.settings.retention.interval.is_some())
+        .map(|i| i.retention.soon())
+    else {
+        return;
+    };
+    loop {
+        soon.notified().await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let done = blocking(move || prune(&strong, &Filter::default(), false)).await;
+        match done {
+            Ok(r) if !r.removed.is_empty() => {
+                tracing::info!(
+                    removed = r.removed.len(),
+                    "a limit was crossed: pruned runs"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("pruning after a limit was crossed: {e}"),
+        }
+        tokio::time::sleep(CROSSED_GAP).await;
+    }
+}
+
+/// Plans and (unless `dry_run`) applies a prune, one pass at a time, and
+/// then forgets the tombstones beyond their bounds. Blocking.
 fn prune(inner: &Inner, filter: &Filter, dry_run: bool) -> Result<PruneResult, EngineError> {
+    let _one = inner.retention.one_pass();
     let candidates = candidates(inner)?;
     let limits = inner.cfg.settings.retention.limits();
     let plan = policy::retention::plan(crate::timefmt::now_ms(), &limits, filter, &candidates);
@@ -79,8 +140,41 @@ fn prune(inner: &Inner, filter: &Filter, dry_run: bool) -> Result<PruneResult, E
             mark(inner, batch)?;
             finish_pending(inner)?;
         }
+        recount(inner, &candidates, &plan);
+        forget_tombstones(inner, &limits);
     }
     Ok(result)
+}
+
+/// The counts after a pass: the candidates it did not remove.
+fn recount(inner: &Inner, candidates: &[Candidate], plan: &Plan) {
+    let removed: BTreeSet<&str> = plan.remove.iter().map(|(id, _)| id.as_str()).collect();
+    let mut t = Tally::default();
+    for c in candidates
+        .iter()
+        .filter(|c| !removed.contains(c.run_id.as_str()))
+    {
+        t.total += 1;
+        t.bytes = t.bytes.saturating_add(c.dir_bytes);
+        *t.sessions.entry(c.session_id.clone()).or_default() += 1;
+    }
+    inner.retention.set(t);
+}
+
+/// Forgets the tombstones beyond their bounds (`max_age` after the prune,
+/// at most `max_runs` of them): from then on their ids are not found. A
+/// failure is logged, not answered: the prune itself is done, and the
+/// next pass tries again.
+fn forget_tombstones(inner: &Inner, limits: &Limits) {
+    let bounds = limits.tombstones();
+    let age_ms = u64::try_from(bounds.max_age.as_millis()).unwrap_or(u64::MAX);
+    let op = Op::ForgetPruned {
+        before_ms: crate::timefmt::now_ms().saturating_sub(age_ms),
+        keep: bounds.max_count,
+    };
+    if let Err(e) = inner.store.commit_blocking(vec![op]) {
+        tracing::warn!("forgetting pruned runs' tombstones: {e}");
+    }
 }
 
 /// Runs marked in one transaction, and so removed in one pass.
@@ -119,30 +213,15 @@ fn candidates(inner: &Inner) -> Result<Vec<Candidate>, EngineError> {
     Ok(out)
 }
 
-/// The size of a run folder the store has no size for.
+/// The size of a run folder the store has no size for (its run's end
+/// was committed by a daemon stopped before it measured): tidied first,
+/// as that end would have. Blocking.
 fn unmeasured_bytes(inner: &Inner, c: &crate::store::Candidate) -> u64 {
-    dir_bytes(&inner.layout.run_dir(&c.session_id, &c.run_id))
-}
-
-/// The bytes a folder's tree takes on disk; no link is followed, and an
-/// entry that cannot be read counts nothing.
-fn dir_bytes(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(meta) = d.symlink_metadata() else {
-            continue;
-        };
-        total = total.saturating_add(meta.blocks().saturating_mul(512));
-        if !meta.is_dir() {
-            continue;
-        }
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            stack.push(e.path());
-        }
-    }
-    total
+    let files = crate::paths::RunFiles {
+        dir: inner.layout.run_dir(&c.session_id, &c.run_id),
+    };
+    tidy(&files);
+    dir_bytes(&files.dir)
 }
 
 /// Commits that `batch` is being pruned, each with its reason: from now
@@ -252,29 +331,5 @@ fn describe(plan: &Plan, candidates: &[Candidate], dry_run: bool) -> PruneResult
         removed,
         kept,
         dry_run,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_folder_is_measured_without_following_links() {
-        let dir = tempfile::tempdir().unwrap();
-        let run = dir.path().join("run");
-        std::fs::create_dir_all(run.join("artifacts")).unwrap();
-        std::fs::write(run.join("artifacts/a"), vec![1u8; 64 * 1024]).unwrap();
-        let empty = dir_bytes(&run);
-        assert!(empty >= 64 * 1024, "{empty}");
-        let big = dir.path().join("big");
-        std::fs::write(&big, vec![1u8; 1 << 20]).unwrap();
-        std::os::unix::fs::symlink(&big, run.join("link")).unwrap();
-        std::os::unix::fs::symlink(dir.path(), run.join("up")).unwrap();
-        assert!(
-            dir_bytes(&run) < empty + 64 * 1024,
-            "a link counts only itself"
-        );
-        assert_eq!(dir_bytes(&dir.path().join("missing")), 0);
     }
 }

@@ -45,18 +45,23 @@ pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError
 
 /// Sweeps `<state>/drafts/`: a draft whose run was recorded (`live`) but
 /// whose folder was not yet renamed (a crash between the two) is put in
-/// place; any other was never answered, so nobody knows it: removed.
+/// place; any other was never answered, so nobody knows it: removed. The
+/// folders it changed are fsynced once each, so a crash after the start
+/// does not bring a swept draft back.
 fn sweep_drafts(layout: &StateLayout, live: &[RunRecord]) {
     let Ok(drafts) = std::fs::read_dir(layout.drafts()) else {
         return;
     };
+    let mut changed = std::collections::BTreeSet::new();
     for d in drafts.flatten() {
+        changed.insert(layout.drafts());
         let id = super::draft::draft_run_id(&d.file_name().to_string_lossy());
         let rec = id.and_then(|id| live.iter().find(|r| r.run_id == id));
         if let Some(rec) = rec.filter(|r| !r.run_dir.exists()) {
             match std::fs::rename(d.path(), &rec.run_dir) {
                 Ok(()) => {
                     tracing::info!(run_id = %rec.run_id, "its run folder was put in place");
+                    changed.extend(rec.run_dir.parent().map(std::path::Path::to_path_buf));
                     continue;
                 }
                 Err(e) => {
@@ -66,6 +71,11 @@ fn sweep_drafts(layout: &StateLayout, live: &[RunRecord]) {
         }
         tracing::warn!(dir = %d.path().display(), "removing a half-made run folder");
         let _ = std::fs::remove_dir_all(d.path());
+    }
+    for dir in changed {
+        if let Err(e) = subagent_runner::atomic::fsync_dir(&dir) {
+            tracing::warn!("after sweeping the drafts: {e}");
+        }
     }
 }
 
@@ -274,11 +284,20 @@ enum ReuidError {
     /// Leasing or relocking a uid failed.
     #[error(transparent)]
     Lease(#[from] crate::uids::UidError),
-    /// runner.json could not be read, parsed or rewritten.
-    #[error("rewriting runner.json: {0}")]
-    Spec(String),
+    /// The runner spec could not be read from the store.
+    #[error("reading the runner spec from state.db: {0}")]
+    SpecRead(#[from] crate::store::StoreError),
+    /// The store holds no runner spec for the run.
+    #[error("state.db holds no runner spec for the run")]
+    NoSpec,
+    /// The stored runner spec could not be parsed.
+    #[error("the runner spec in state.db: {0}")]
+    Spec(#[from] subagent_runner::spec::SpecError),
+    /// The runner spec with its new uid could not be encoded.
+    #[error("encoding the runner spec: {0}")]
+    Encode(#[from] serde_json::Error),
     /// The blocking task did not finish.
-    #[error("rewriting runner.json: {0}")]
+    #[error("rewriting the runner spec: {0}")]
     Task(#[from] tokio::task::JoinError),
     /// The new uid could not be recorded.
     #[error(transparent)]
@@ -286,8 +305,8 @@ enum ReuidError {
 }
 
 /// Gives a queued run, which never started and so owns nothing, a new uid
-/// of its own: leased, written into its runner.json and committed with
-/// the spec to the store.
+/// of its own: leased, written into its runner spec (the store's copy) and
+/// committed with it to the store.
 async fn reassign_uid(
     inner: &Arc<Inner>,
     slot: &Arc<Slot>,
@@ -295,23 +314,19 @@ async fn reassign_uid(
     let pool = inner.uids.as_ref().ok_or(ReuidError::NoPool)?;
     let lease = pool.lease()?;
     let mut r = slot.rec.lock().await;
-    let spec_path = r.files().runner_spec();
     let uid = lease.uid;
+    let (store, id) = (inner.store.clone(), r.run_id.clone());
     let rewrite = move || -> Result<Vec<u8>, ReuidError> {
-        let spec_err = |e: &dyn std::fmt::Display| ReuidError::Spec(e.to_string());
-        let bytes = std::fs::read(&spec_path).map_err(|e| spec_err(&e))?;
-        let mut spec =
-            subagent_runner::spec::RunnerSpec::parse(&bytes).map_err(|e| spec_err(&e))?;
+        let bytes = store.spec(&id)?.ok_or(ReuidError::NoSpec)?;
+        let mut spec = subagent_runner::spec::RunnerSpec::parse(&bytes)?;
         spec.run_as = Some((uid, uid));
-        let bytes = serde_json::to_vec(&spec).map_err(|e| spec_err(&e))?;
-        subagent_runner::atomic::write_atomic(&spec_path, &bytes).map_err(|e| spec_err(&e))?;
-        Ok(bytes)
+        Ok(serde_json::to_vec(&spec)?)
     };
     let spec = tokio::task::spawn_blocking(rewrite).await??;
     let reuid = crate::store::Op::Reuid {
         id: r.run_id.clone(),
         uid,
-        spec,
+        spec: spec.clone(),
     };
     inner
         .store
@@ -319,6 +334,7 @@ async fn reassign_uid(
         .await
         .map_err(EngineError::from)?;
     r.uid = Some(uid);
+    slot.set_spec(spec);
     slot.published.send_replace(r.clone());
     tracing::info!(run_id = %r.run_id, uid, "its uid was taken while it was queued; it has another");
     Ok(lease)

@@ -13,7 +13,7 @@ use crate::paths::StateLayout;
 use crate::protocol::Notice;
 use crate::run::record::RunRecord;
 use crate::store::{Op, Store};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +41,9 @@ pub(crate) struct Slot {
     pub(super) egress: Mutex<Option<crate::egress::Handle>>,
     /// Its model gateway, while a driver run runs. As `egress`.
     pub(super) gateway: Mutex<Option<crate::gateway::Handle>>,
+    /// Its runner spec as committed, while it waits for a slot (none after
+    /// a restart: the store's copy is read then). Held only to set or take.
+    pub(super) spec: Mutex<Option<Vec<u8>>>,
 }
 
 impl Slot {
@@ -53,7 +56,17 @@ impl Slot {
             adopted: AtomicBool::new(false),
             egress: Mutex::new(None),
             gateway: Mutex::new(None),
+            spec: Mutex::new(None),
         })
+    }
+
+    pub(super) fn set_spec(&self, spec: Vec<u8>) {
+        *self.spec.lock().unwrap_or_else(|p| p.into_inner()) = Some(spec);
+    }
+
+    /// Takes the runner spec kept for the run's launch.
+    pub(super) fn take_spec(&self) -> Option<Vec<u8>> {
+        self.spec.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     pub(super) fn set_gateway(&self, h: Option<crate::gateway::Handle>) {
@@ -90,6 +103,99 @@ impl Slot {
     }
 }
 
+/// What retention's limits count, kept between passes so that a run's end
+/// can tell whether it crossed one without reading the history: set at
+/// start from one query, raised by each run finalized, set again by each
+/// pass from what it kept. A count a race leaves off by one is set right
+/// by the next pass.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub(super) total: u64,
+    pub(super) sessions: HashMap<String, u64>,
+    pub(super) bytes: u64,
+}
+
+impl Tally {
+    fn over(&self, limits: &policy::retention::Limits, session: &str) -> bool {
+        let in_session = self.sessions.get(session).copied().unwrap_or(0);
+        limits.max_runs.is_some_and(|m| self.total > m)
+            || limits.max_runs_per_session.is_some_and(|m| in_session > m)
+            || limits.max_bytes.is_some_and(|m| self.bytes > m)
+    }
+}
+
+/// Prunes soon after a limit is crossed: the counts, the wake-up of the
+/// task that prunes (`prune::when_crossed`), and the lock that keeps
+/// passes one at a time.
+#[derive(Debug, Default)]
+pub(crate) struct RetentionTrigger {
+    tally: Mutex<Tally>,
+    soon: Arc<tokio::sync::Notify>,
+    pass: Mutex<()>,
+}
+
+impl RetentionTrigger {
+    /// A run of `session` was finalized, its folder `bytes` on disk:
+    /// counted, and the pruning task woken when that crossed one of
+    /// `limits`.
+    pub(super) fn finalized(&self, session: &str, bytes: u64, limits: &policy::retention::Limits) {
+        let over = {
+            let mut t = self.tally.lock().unwrap_or_else(|p| p.into_inner());
+            t.total = t.total.saturating_add(1);
+            t.bytes = t.bytes.saturating_add(bytes);
+            let n = t.sessions.entry(session.to_owned()).or_default();
+            *n = n.saturating_add(1);
+            t.over(limits, session)
+        };
+        if over {
+            self.soon.notify_one();
+        }
+    }
+
+    /// Notices of `session` were taken: the runs they kept may be pruned
+    /// now, so the pruning task is woken when a limit is still crossed.
+    pub(super) fn notices_taken(&self, session: &str, limits: &policy::retention::Limits) {
+        let over = self
+            .tally
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .over(limits, session);
+        if over {
+            self.soon.notify_one();
+        }
+    }
+
+    /// The counts the start found, the pruning task woken when the
+    /// history is past a limit already. Runs finalized while they were
+    /// counted may be off by one until the next pass.
+    pub(super) fn counted(&self, t: Tally, limits: &policy::retention::Limits) {
+        let over = limits.max_runs.is_some_and(|m| t.total > m)
+            || limits.max_bytes.is_some_and(|m| t.bytes > m)
+            || limits
+                .max_runs_per_session
+                .is_some_and(|m| t.sessions.values().any(|&n| n > m));
+        self.set(t);
+        if over {
+            self.soon.notify_one();
+        }
+    }
+
+    /// The counts as a pass (or the start) found them.
+    pub(super) fn set(&self, t: Tally) {
+        *self.tally.lock().unwrap_or_else(|p| p.into_inner()) = t;
+    }
+
+    /// What the pruning task waits on.
+    pub(super) fn soon(&self) -> Arc<tokio::sync::Notify> {
+        self.soon.clone()
+    }
+
+    /// Held for one pass (on a blocking thread), so passes never overlap.
+    pub(super) fn one_pass(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.pass.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// The engine's shared state: what every phase reads, and the few
 /// things that change, each with its own lock or atomic.
 pub(crate) struct Inner {
@@ -113,6 +219,10 @@ pub(crate) struct Inner {
     pub(super) store: Arc<Store>,
     /// Every finished run's notice, for subscribers. Lock-free.
     pub(super) finished: broadcast::Sender<Notice>,
+    /// What retention counts between passes, and its wake-up when a run's
+    /// end crosses a limit. Its locks are held only to count, or (the pass
+    /// lock) on a blocking thread for one pass.
+    pub(super) retention: RetentionTrigger,
     /// The daemon's environment at start. Immutable.
     pub(super) daemon_env: Vec<(String, String)>,
     /// Whether spawns are taken (cleared at shutdown). Atomic: read by

@@ -20,11 +20,16 @@ pub enum StoreError {
         source: rusqlite::Error,
     },
     /// The batch's COMMIT failed (disk full, read-only, I/O): nothing of the
-    /// batch was recorded.
-    #[error("database {}: {source}", path.display())]
+    /// batch was recorded. `errno` is the OS error behind it, when known.
+    #[error(
+        "state database {}: nothing was recorded: {source}{}",
+        path.display(),
+        os_cause(*errno)
+    )]
     Commit {
         path: PathBuf,
         source: rusqlite::Error,
+        errno: Option<i32>,
     },
     /// The file is not a database or is damaged.
     #[error(
@@ -86,6 +91,15 @@ pub enum StoreError {
     /// The writer is gone, or the store was opened read-only.
     #[error("state database {}: not open for writing", path.display())]
     Closed { path: PathBuf },
+}
+
+/// The OS error of a failed commit, as the end of its message.
+fn os_cause(errno: Option<i32>) -> String {
+    match errno {
+        Some(libc::EROFS) => ": its file system is read-only (os error 30)".to_owned(),
+        Some(n) => format!(": {}", std::io::Error::from_raw_os_error(n)),
+        None => String::new(),
+    }
 }
 
 /// A result of the store.

@@ -51,6 +51,7 @@ impl Batch<'_> {
             .map_err(|source| StoreError::Commit {
                 path: self.path.into(),
                 source,
+                errno: None,
             })
     }
 

@@ -8,6 +8,7 @@
 //! Uses the run model, the protocol's `Notice`, the sessions' state and
 //! paths; never the engine.
 
+mod backup;
 mod error;
 mod import_v1;
 mod notices;
@@ -44,13 +45,37 @@ const READERS: usize = 4;
 /// The daemon's records.
 pub struct Store {
     path: PathBuf,
-    /// Requests to the writer thread; `None` when read-only.
-    tx: Option<std::sync::mpsc::Sender<writer::Req>>,
+    /// Requests to the writer thread; `None` when read-only or closed by
+    /// [`Store::close_clean`].
+    tx: Mutex<Option<std::sync::mpsc::Sender<writer::Req>>>,
     writer: Option<std::thread::JoinHandle<()>>,
     readers: Mutex<Vec<rusqlite::Connection>>,
     /// Signalled when a reader goes back to the pool.
     returned: Condvar,
     stats: Arc<writer::Stats>,
+    /// How long the integrity check took at open; `None` when it was
+    /// skipped (the last daemon stopped cleanly) or the store is read-only.
+    checked: Option<std::time::Duration>,
+}
+
+/// A pooled reader, put back in the pool when dropped (also when the read
+/// panicked, which would otherwise shrink the pool for good).
+struct Lent<'a> {
+    store: &'a Store,
+    conn: Option<rusqlite::Connection>,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.take() {
+            self.store
+                .readers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(c);
+            self.store.returned.notify_one();
+        }
+    }
 }
 
 fn io_err(path: &Path, op: &'static str, at: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -125,21 +150,40 @@ fn open_ro(path: &Path) -> Result<rusqlite::Connection> {
 }
 
 /// Runs the integrity check unless the last daemon stopped cleanly, then
-/// clears that mark.
-fn check_unclean(conn: &rusqlite::Connection, path: &Path) -> Result<()> {
-    let clean = query::meta(conn, path, CLEAN_SHUTDOWN)?.is_some();
-    if !clean {
-        let verdict: String = conn
-            .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
-            .map_err(|e| schema::classify(path, e))?;
-        if verdict != "ok" {
-            return Err(StoreError::Corrupt {
-                path: path.into(),
-                why: verdict,
-            });
+/// clears that mark. Returns how long the check took, `None` when skipped.
+fn check_unclean(conn: &rusqlite::Connection, path: &Path) -> Result<Option<std::time::Duration>> {
+    let clean = query::meta(conn, path, CLEAN_SHUTDOWN)?;
+    let checked = match &clean {
+        Some(at) => {
+            tracing::info!(
+                db = %path.display(),
+                stopped_at = %at,
+                "the last stop was clean: integrity check skipped"
+            );
+            None
         }
-    }
-    writer::set_meta(conn, path, CLEAN_SHUTDOWN, None)
+        None => {
+            let t0 = std::time::Instant::now();
+            let verdict: String = conn
+                .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+                .map_err(|e| schema::classify(path, e))?;
+            if verdict != "ok" {
+                return Err(StoreError::Corrupt {
+                    path: path.into(),
+                    why: verdict,
+                });
+            }
+            let took = t0.elapsed();
+            tracing::info!(
+                db = %path.display(),
+                "the last stop was not clean (or the file is new): integrity check ran in {} ms: ok",
+                took.as_millis()
+            );
+            Some(took)
+        }
+    };
+    writer::set_meta(conn, path, CLEAN_SHUTDOWN, None)?;
+    Ok(checked)
 }
 
 /// The mark a daemon sets when it stops cleanly (`Op::SetMeta`), so that the
@@ -154,10 +198,29 @@ impl Store {
         let path = layout.root.join(DB_FILE);
         let mut conn = open_rw(&path)?;
         schema::pragmas(&conn, &path)?;
-        schema::check_and_migrate(&mut conn, &path)?;
+        let version = schema::identify(&conn, &path)?;
+        // An existing file is checked before a migration rewrites it, and
+        // copied first: the previous release cannot read the new schema.
+        let mut checked = None;
+        if version > 0 {
+            checked = check_unclean(&conn, &path)?;
+        }
+        if version > 0 && version < schema::SCHEMA_VERSION {
+            let bak = backup::before_migrating(&conn, &path, version)?;
+            tracing::info!(
+                db = %path.display(),
+                backup = %bak.display(),
+                "migrating the state database from schema {version} to {}; \
+                 the copy is what the previous release can read",
+                schema::SCHEMA_VERSION
+            );
+        }
+        schema::migrate_and_check(&mut conn, &path, version)?;
         schema::writer_pragmas(&conn, &path)?;
         private(&path)?;
-        check_unclean(&conn, &path)?;
+        if version == 0 {
+            checked = check_unclean(&conn, &path)?;
+        }
         import_v1::import(&mut conn, &path, layout)?;
         let (tx, rx) = std::sync::mpsc::channel();
         let stats = Arc::new(writer::Stats::default());
@@ -172,11 +235,12 @@ impl Store {
             .collect::<Result<Vec<_>>>()?;
         Ok(Store {
             path,
-            tx: Some(tx),
+            tx: Mutex::new(Some(tx)),
             writer: Some(writer),
             readers: Mutex::new(readers),
             returned: Condvar::new(),
             stats,
+            checked,
         })
     }
 
@@ -188,11 +252,12 @@ impl Store {
         schema::check_read_only(&conn, path)?;
         Ok(Store {
             path: path.to_path_buf(),
-            tx: None,
+            tx: Mutex::new(None),
             writer: None,
             readers: Mutex::new(vec![conn]),
             returned: Condvar::new(),
             stats: Arc::new(writer::Stats::default()),
+            checked: None,
         })
     }
 
@@ -208,17 +273,59 @@ impl Store {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// How long the integrity check took when the store was opened;
+    /// `None` when the last daemon had stopped cleanly and it was skipped.
+    pub fn integrity_checked(&self) -> Option<std::time::Duration> {
+        self.checked
+    }
+
     fn send(&self, ops: Vec<Op>) -> Result<tokio::sync::oneshot::Receiver<Result<Out>>> {
+        self.send_then(ops, false)
+    }
+
+    /// Queues `ops`; with `last`, closes the channel behind them, so they
+    /// are the writer's last request.
+    fn send_then(
+        &self,
+        ops: Vec<Op>,
+        last: bool,
+    ) -> Result<tokio::sync::oneshot::Receiver<Result<Out>>> {
         let closed = || StoreError::Closed {
             path: self.path.clone(),
         };
-        let tx = self.tx.as_ref().ok_or_else(closed)?;
+        let mut guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = guard.as_ref().ok_or_else(closed)?;
         let (reply, rx) = tokio::sync::oneshot::channel();
         tx.send(writer::Req { ops, reply }).map_err(|_| closed())?;
         self.stats
             .sent
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if last {
+            *guard = None;
+        }
         Ok(rx)
+    }
+
+    /// Records that the daemon stops cleanly ([`CLEAN_SHUTDOWN`]) as the
+    /// last write: what was queued before is committed first, and any
+    /// commit after is refused ([`StoreError::Closed`]). The next open
+    /// then skips the integrity check. After an I/O failure or a damaged
+    /// file no mark is written (false): the next start checks. Blocking.
+    pub fn close_clean(&self) -> Result<bool> {
+        use std::sync::atomic::Ordering;
+        let at = crate::timefmt::rfc3339_ms(crate::timefmt::now_ms());
+        let ops = vec![Op::SetMeta {
+            key: CLEAN_SHUTDOWN.to_owned(),
+            value: Some(at),
+        }];
+        let tainted = self.stats.tainted.load(Ordering::SeqCst);
+        let rx = self.send_then(if tainted { Vec::new() } else { ops }, true)?;
+        let flushed = rx.blocking_recv().unwrap_or_else(|_| {
+            Err(StoreError::Closed {
+                path: self.path.clone(),
+            })
+        });
+        flushed.map(|_| !tainted)
     }
 
     /// Applies `ops` in one savepoint of the writer's next group, and
@@ -256,13 +363,14 @@ impl Store {
                 pool = self.returned.wait(pool).unwrap_or_else(|p| p.into_inner());
             }
         };
-        let out = f(&conn, &self.path);
-        self.readers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(conn);
-        self.returned.notify_one();
-        out
+        let lent = Lent {
+            store: self,
+            conn: Some(conn),
+        };
+        let conn = lent.conn.as_ref().ok_or_else(|| StoreError::Closed {
+            path: self.path.clone(),
+        })?;
+        f(conn, &self.path)
     }
 
     /// The run's record, or that it was pruned. Blocking.
@@ -334,6 +442,12 @@ impl Store {
         self.read(retention::candidates)
     }
 
+    /// Per session, the ended, finalized runs not pruned: their count and
+    /// measured bytes. Blocking.
+    pub fn retention_tally(&self) -> Result<Vec<(String, u64, u64)>> {
+        self.read(retention::tally)
+    }
+
     /// One of the store's marks. Blocking.
     pub fn meta(&self, key: &str) -> Result<Option<String>> {
         self.read(|c, p| query::meta(c, p, key))
@@ -343,7 +457,7 @@ impl Store {
 impl Drop for Store {
     fn drop(&mut self) {
         // The writer ends when its channel closes, after its last group.
-        self.tx = None;
+        *self.tx.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
         if let Some(w) = self.writer.take() {
             let _ = w.join();
         }

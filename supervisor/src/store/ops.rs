@@ -12,6 +12,11 @@ use std::path::PathBuf;
 pub enum Op {
     /// A new run: its row, details, runner spec, first picture, and its
     /// session (inserted whole when new; else only `project_dir` is set).
+    /// Refused ([`StoreError::NotOwned`]) when the session is another
+    /// owner's than the run's, as it may have become since the spawn was
+    /// checked.
+    ///
+    /// [`StoreError::NotOwned`]: super::StoreError::NotOwned
     Accept {
         rec: Box<RunRecord>,
         spec: Vec<u8>,
@@ -47,18 +52,25 @@ pub enum Op {
     TakeNotices { session: String },
     /// Puts `files` (relative ones against the session's project dir) at
     /// the front of its recent files; a new session is `owner_uid`'s. The
-    /// state is in [`Out::session`].
+    /// state is in [`Out::session`]. Refused ([`StoreError::NotOwned`])
+    /// when the session is not `requester`'s (`None`: the daemon's uid or
+    /// root, who may touch any).
+    ///
+    /// [`StoreError::NotOwned`]: super::StoreError::NotOwned
     Touch {
         session: String,
         files: Vec<PathBuf>,
         owner_uid: u32,
+        requester: Option<u32>,
     },
     /// Retention chose these runs: left out of lists from now on.
     PruneMark { ids: Vec<RunId>, reason: String },
     /// Their folders are gone: tombstones from now on.
     PruneDone { ids: Vec<RunId> },
-    /// Tombstones pruned before `before_ms` are forgotten.
-    ForgetPruned { before_ms: u64 },
+    /// Tombstones pruned before `before_ms` are forgotten, then all but
+    /// the newest `keep` (by the time they were pruned): their rows go, and
+    /// their ids are not found from then on.
+    ForgetPruned { before_ms: u64, keep: u64 },
     /// Sets (or with `None` removes) one of the store's marks.
     SetMeta { key: String, value: Option<String> },
 }
@@ -85,9 +97,9 @@ pub struct ListQuery {
     pub state: Option<RunState>,
     /// Only runs of this owner.
     pub owner_uid: Option<u32>,
-    /// Created at or after.
+    /// Created at or after (ms since the epoch; the time in the run id).
     pub since_ms: Option<u64>,
-    /// Created at or before.
+    /// Created at or before (ms since the epoch; the time in the run id).
     pub until_ms: Option<u64>,
     /// After this id in the list's order (the cursor).
     pub after: Option<RunId>,

@@ -28,29 +28,48 @@ pub(super) fn get(conn: &Connection, path: &Path, id: &str) -> Result<Option<Sto
     }))
 }
 
+/// Sorts after every run id (whose first byte is a digit).
+const AFTER_EVERY_ID: &str = ":";
+
+/// The start of the ids of runs accepted at `ms` (ms since the epoch):
+/// every id accepted at or after it sorts at or after this text. `None`
+/// past the year 9999, where the ids' four-digit years end.
+pub(super) fn id_prefix(ms: u64) -> Option<String> {
+    let ((y, mo, d), (h, mi, s)) = crate::timefmt::civil(ms / 1000);
+    (0..=9999)
+        .contains(&y)
+        .then(|| format!("{y:04}{mo:02}{d:02}T{h:02}{mi:02}{s:02}.{:03}", ms % 1000))
+}
+
 /// The SQL after the columns, and its arguments, for `q` (one more row
 /// than the page, to tell whether there is a next).
-fn list_sql(q: &ListQuery) -> (String, Vec<Box<dyn ToSql>>) {
+pub(super) fn list_sql(q: &ListQuery) -> (String, Vec<Box<dyn ToSql>>) {
     let mut sql = String::from("WHERE r.prune_state IS NULL");
     let mut args: Vec<Box<dyn ToSql>> = Vec::new();
     let mut and = |cond: &str, v: Box<dyn ToSql>, args: &mut Vec<Box<dyn ToSql>>| {
         args.push(v);
         sql.push_str(&format!(" AND {cond} ?{}", args.len()));
     };
+    // With a session, its index must lead: a unary `+` keeps the planner
+    // off runs_state and runs_owner, whose ranges grow with all history.
+    let plus = if q.session.is_some() { "+" } else { "" };
     if let Some(s) = &q.session {
         and("r.session_id =", Box::new(s.clone()), &mut args);
     }
     if let Some(s) = q.state {
-        and("r.state =", Box::new(s.as_str()), &mut args);
+        and(&format!("{plus}r.state ="), Box::new(s.as_str()), &mut args);
     }
     if let Some(u) = q.owner_uid {
-        and("r.owner_uid =", Box::new(u), &mut args);
+        and(&format!("{plus}r.owner_uid ="), Box::new(u), &mut args);
     }
+    // Run ids begin with their accept time: a time range is an id range,
+    // read from the same index as the rest of the list.
     if let Some(t) = q.since_ms {
-        and("r.created_at_ms >=", Box::new(t), &mut args);
+        let lo = id_prefix(t).unwrap_or_else(|| AFTER_EVERY_ID.to_owned());
+        and("r.run_id >=", Box::new(lo), &mut args);
     }
-    if let Some(t) = q.until_ms {
-        and("r.created_at_ms <=", Box::new(t), &mut args);
+    if let Some(hi) = q.until_ms.and_then(|t| id_prefix(t.saturating_add(1))) {
+        and("r.run_id <", Box::new(hi), &mut args);
     }
     if let Some(after) = &q.after {
         let cmp = if q.desc { "r.run_id <" } else { "r.run_id >" };

@@ -73,6 +73,22 @@ pub(super) fn candidates(conn: &Connection, path: &Path) -> Result<Vec<Candidate
     Ok(out)
 }
 
+/// Per session: how many ended, finalized runs are not pruned, and their
+/// folders' measured bytes (what retention's limits count).
+pub(super) fn tally(conn: &Connection, path: &Path) -> Result<Vec<(String, u64, u64)>> {
+    let mut st = conn
+        .prepare_cached(
+            "SELECT session_id, count(*), coalesce(sum(dir_bytes), 0) FROM runs
+             WHERE ended_at_ms IS NOT NULL AND prune_state IS NULL AND finalized = 1
+             GROUP BY session_id",
+        )
+        .map_err(sql(path))?;
+    let rows = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .map_err(sql(path))?;
+    rows.map(|r| r.map_err(sql(path))).collect()
+}
+
 /// Runs marked for pruning whose removal is not done, by id.
 pub(super) fn pending(conn: &Connection, path: &Path) -> Result<Vec<Pruning>> {
     let mut st = conn
@@ -159,12 +175,23 @@ pub(super) fn done(conn: &Connection, path: &Path, ids: &[RunId], now: u64) -> R
     Ok(())
 }
 
-/// Forgets tombstones pruned before `before_ms`.
-pub(super) fn forget(conn: &Connection, path: &Path, before_ms: u64) -> Result<()> {
+/// Forgets tombstones pruned before `before_ms`, then all but the newest
+/// `keep`; both read the tombstones' own index, so the cost is the
+/// tombstones', never the live runs'.
+pub(super) fn forget(conn: &Connection, path: &Path, before_ms: u64, keep: u64) -> Result<()> {
     conn.execute(
         "DELETE FROM runs WHERE prune_state = 'pruned' AND pruned_at_ms < ?1",
         [before_ms],
     )
     .map_err(sql(path))?;
+    conn.execute(
+        &format!("DELETE FROM runs WHERE run_id IN ({OVER_KEEP})"),
+        [i64::try_from(keep).unwrap_or(i64::MAX)],
+    )
+    .map_err(sql(path))?;
     Ok(())
 }
+
+/// The tombstones beyond the newest `?1`.
+pub(super) const OVER_KEEP: &str = "SELECT run_id FROM runs WHERE prune_state = 'pruned'
+    ORDER BY pruned_at_ms DESC, run_id DESC LIMIT -1 OFFSET ?1";

@@ -12,7 +12,7 @@ pub const APPLICATION_ID: i64 = 0x5355_4241;
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Migration *n* (1-based) moves version n-1 to n.
-pub const MIGRATIONS: &[&str] = &[V1];
+pub const MIGRATIONS: &[&str] = &[V1, V2];
 
 const V1: &str = "
 CREATE TABLE runs (
@@ -88,7 +88,28 @@ CREATE INDEX runs_live ON runs(run_id)
     WHERE state IN ('accepted', 'running') OR finalized = 0 OR prune_state = 'pruning';
 ";
 
-/// The tables a version-1 file has.
+/// Lists and forgetting without history: the list indexes hold only the
+/// runs a list can return (tombstones left out), `since`/`until` are run id
+/// bounds (the old `runs_session_created` is gone), and tombstones have an
+/// index of their own, by the time they were pruned. `runs_live` is made
+/// again after `runs_listed`: of two indexes equally good for recovery's
+/// read, SQLite takes the one made last.
+const V2: &str = "
+DROP INDEX IF EXISTS runs_session;
+DROP INDEX IF EXISTS runs_state;
+DROP INDEX IF EXISTS runs_owner;
+DROP INDEX IF EXISTS runs_session_created;
+CREATE INDEX runs_listed ON runs(run_id) WHERE prune_state IS NULL;
+CREATE INDEX runs_session ON runs(session_id, run_id) WHERE prune_state IS NULL;
+CREATE INDEX runs_state ON runs(state, run_id) WHERE prune_state IS NULL;
+CREATE INDEX runs_owner ON runs(owner_uid, run_id) WHERE prune_state IS NULL;
+CREATE INDEX runs_tombstones ON runs(pruned_at_ms, run_id) WHERE prune_state = 'pruned';
+DROP INDEX IF EXISTS runs_live;
+CREATE INDEX runs_live ON runs(run_id)
+    WHERE state IN ('accepted', 'running') OR finalized = 0 OR prune_state = 'pruning';
+";
+
+/// The tables a version-1 file has (version 2 changed only indexes).
 const TABLES: &[&str] = &[
     "runs",
     "run_details",
@@ -144,9 +165,9 @@ fn pragma_i64(conn: &Connection, path: &Path, name: &str) -> Result<i64> {
         .map_err(|e| classify(path, e))
 }
 
-/// Checks what the file is, then moves it to [`SCHEMA_VERSION`]: a new file
-/// gets the application id; a foreign, newer or incomplete one is refused.
-pub fn check_and_migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+/// Checks what the file is and returns its schema version: a new file is
+/// 0; a foreign or newer one is refused.
+pub fn identify(conn: &Connection, path: &Path) -> Result<i64> {
     let app = pragma_i64(conn, path, "application_id")?;
     let version = pragma_i64(conn, path, "user_version")?;
     let tables: i64 = conn
@@ -162,7 +183,13 @@ pub fn check_and_migrate(conn: &mut Connection, path: &Path) -> Result<()> {
             supported: SCHEMA_VERSION,
         });
     }
-    migrate(conn, path, version)?;
+    Ok(version)
+}
+
+/// Moves a file identified at `from` to [`SCHEMA_VERSION`] and checks its
+/// tables.
+pub fn migrate_and_check(conn: &mut Connection, path: &Path, from: i64) -> Result<()> {
+    migrate(conn, path, from)?;
     check_tables(conn, path)
 }
 
@@ -187,6 +214,7 @@ pub fn migrate(conn: &mut Connection, path: &Path, from: i64) -> Result<()> {
         tx.commit().map_err(|source| StoreError::Commit {
             path: path.into(),
             source,
+            errno: None,
         })?;
     }
     Ok(())
@@ -213,7 +241,7 @@ fn check_tables(conn: &Connection, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The checks of [`check_and_migrate`] for a reader, which changes nothing:
+/// The checks of [`identify`] and [`migrate_and_check`] for a reader, which changes nothing:
 /// a file that is not (yet) at this version is refused too.
 pub fn check_read_only(conn: &Connection, path: &Path) -> Result<()> {
     let app = pragma_i64(conn, path, "application_id")?;

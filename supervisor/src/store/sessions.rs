@@ -89,16 +89,31 @@ pub(super) fn put(
     Ok(())
 }
 
+/// Refused unless the session is `owner`'s (who may join it).
+fn check_owner(conn: &Connection, path: &Path, session: &str, owner: u32) -> Result<()> {
+    match self::owner(conn, path, session)? {
+        Some(o) if o != owner => Err(StoreError::NotOwned {
+            path: path.into(),
+            session: session.to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A spawn's session: a new one is inserted whole; an existing one gets
-/// only the spawn's project dir (its owner and recent files stay).
+/// only the spawn's project dir (its owner and recent files stay). The
+/// run's owner must be the session's: checked here, in the commit, so two
+/// spawns into one new session for two uids never both join it.
 pub(super) fn on_accept(
     conn: &Connection,
     path: &Path,
     session: &str,
     s: &SessionState,
+    run_owner: u32,
     now: u64,
 ) -> Result<()> {
     put(conn, path, session, s, now, true)?;
+    check_owner(conn, path, session, run_owner)?;
     if let Some(dir) = &s.project_dir {
         conn.execute(
             "UPDATE sessions SET project_dir = ?2, updated_at_ms = ?3 WHERE session_id = ?1",
@@ -110,21 +125,41 @@ pub(super) fn on_accept(
 }
 
 /// Puts `files` at the front of the session's recent files (relative ones
-/// against its project dir); a new session is `owner_uid`'s.
+/// against its project dir); a new session is `owner_uid`'s. Refused when
+/// `requester` (`None`: the daemon's uid or root) may not use the session:
+/// checked here, in the commit, so that a session made meanwhile by
+/// another uid is never taken over.
 pub(super) fn touch(
     conn: &Connection,
     path: &Path,
     session: &str,
     files: &[PathBuf],
     owner_uid: u32,
+    requester: Option<u32>,
     now: u64,
 ) -> Result<SessionState> {
-    let mut s = read(conn, path, session)?.unwrap_or_else(|| SessionState {
+    let existing = read(conn, path, session)?;
+    if let (Some(e), Some(uid)) = (&existing, requester) {
+        if policy::rights::recorded_owner(e.owner_uid, crate::paths::uid()) != uid {
+            return Err(StoreError::NotOwned {
+                path: path.into(),
+                session: session.to_owned(),
+            });
+        }
+    }
+    let mut s = existing.unwrap_or_else(|| SessionState {
         owner_uid: Some(owner_uid),
         ..Default::default()
     });
     let base = s.project_dir.clone().unwrap_or_else(|| PathBuf::from("/"));
     s.recent_files = policy::workctx::touch(&s.recent_files, &absolute(&base, files));
-    put(conn, path, session, &s, now, false)?;
+    // A row already there keeps its owner and project dir.
+    put(conn, path, session, &s, now, true)?;
+    let recent = serde_json::to_string(&s.recent_files).map_err(|e| json_err(path, session, e))?;
+    conn.execute(
+        "UPDATE sessions SET recent_files = ?2, updated_at_ms = ?3 WHERE session_id = ?1",
+        params![session, recent, now],
+    )
+    .map_err(sql(path))?;
     Ok(s)
 }

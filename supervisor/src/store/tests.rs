@@ -467,6 +467,7 @@ fn sessions_keep_their_owner_and_lose_no_touch() {
                     session: "s".into(),
                     files: vec![format!("f{i}").into()],
                     owner_uid: 1,
+                    requester: None,
                 };
                 store.commit_blocking(vec![op]).unwrap();
             });
@@ -552,11 +553,233 @@ fn lists_page_by_cursor_in_either_order_and_filter() {
     };
     assert!(store.list(&none).unwrap().runs.is_empty());
     let window = ListQuery {
-        since_ms: Some(2),
+        since_ms: Some(crate::timefmt::now_ms() + 3_600_000),
         limit: 100,
         ..Default::default()
     };
     assert!(store.list(&window).unwrap().runs.is_empty());
+}
+
+/// The ms of the accept time a run id starts with.
+fn id_ms(id: &RunId) -> u64 {
+    id.created_ms()
+}
+
+#[test]
+fn since_and_until_bound_the_runs_by_the_time_in_their_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&layout(dir.path())).unwrap();
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        if i > 0 {
+            // Each id in a later ms than the one before.
+            let last = id_ms(&ids[i - 1]);
+            while crate::timefmt::now_ms() <= last {
+                std::thread::yield_now();
+            }
+        }
+        let id = RunId::new();
+        store.commit_blocking(vec![accept(&id, "s")]).unwrap();
+        ids.push(id);
+    }
+    let got = |since: Option<u64>, until: Option<u64>, desc: bool| -> Vec<RunId> {
+        let q = ListQuery {
+            since_ms: since,
+            until_ms: until,
+            desc,
+            limit: 100,
+            ..Default::default()
+        };
+        store
+            .list(&q)
+            .unwrap()
+            .runs
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect()
+    };
+    let (t1, t4) = (id_ms(&ids[1]), id_ms(&ids[4]));
+    assert_eq!(got(Some(t1), None, false), ids[1..]);
+    assert_eq!(got(None, Some(t4), false), ids[..=4]);
+    assert_eq!(got(Some(t1), Some(t4), false), ids[1..=4]);
+    let mut back = ids[1..=4].to_vec();
+    back.reverse();
+    assert_eq!(got(Some(t1), Some(t4), true), back);
+    assert_eq!(got(Some(t1 + 1), Some(t4 - 1), false), ids[2..=3]);
+    assert!(got(Some(t4 + 1), Some(t1), false).is_empty());
+    // The ends of the ids' four-digit years.
+    assert_eq!(got(Some(0), Some(u64::MAX), false), ids);
+    assert!(got(Some(u64::MAX), None, false).is_empty());
+    assert_eq!(query::id_prefix(0).as_deref(), Some("19700101T000000.000"));
+    assert_eq!(query::id_prefix(u64::MAX), None);
+}
+
+/// Every line of the plan of the page query `q`.
+fn page_plan(conn: &rusqlite::Connection, q: &ListQuery) -> Vec<String> {
+    let (tail, args) = query::list_sql(q);
+    let refs: Vec<&dyn rusqlite::ToSql> = args.iter().map(|a| a.as_ref()).collect();
+    let mut st = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {} {tail}", runs::SELECT))
+        .unwrap();
+    let rows = st.query_map(&refs[..], |r| r.get::<_, String>(3)).unwrap();
+    rows.map(|r| r.unwrap()).collect()
+}
+
+#[test]
+fn every_list_shape_is_one_range_of_a_partial_index() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(&layout(dir.path())).unwrap());
+    let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let now = crate::timefmt::now_ms();
+    let in_session = |state: Option<RunState>, owner_uid: Option<u32>| ListQuery {
+        session: Some("s".into()),
+        state,
+        owner_uid,
+        ..Default::default()
+    };
+    let shapes: [(&str, ListQuery); 7] = [
+        ("runs_listed", ListQuery::default()),
+        ("runs_session", in_session(Some(RunState::Failed), None)),
+        ("runs_session", in_session(None, Some(1000))),
+        (
+            "runs_session",
+            in_session(Some(RunState::Failed), Some(1000)),
+        ),
+        (
+            "runs_session",
+            ListQuery {
+                session: Some("s".into()),
+                ..Default::default()
+            },
+        ),
+        (
+            "runs_state",
+            ListQuery {
+                state: Some(RunState::Succeeded),
+                ..Default::default()
+            },
+        ),
+        (
+            "runs_owner",
+            ListQuery {
+                owner_uid: Some(1000),
+                ..Default::default()
+            },
+        ),
+    ];
+    let windows = [
+        (None, None),
+        (Some(now), None),
+        (None, Some(now)),
+        (Some(now - 1000), Some(now)),
+    ];
+    for (index, shape) in &shapes {
+        for (since_ms, until_ms) in windows {
+            for after in [None, Some(RunId::new())] {
+                for desc in [false, true] {
+                    let q = ListQuery {
+                        since_ms,
+                        until_ms,
+                        after: after.clone(),
+                        desc,
+                        limit: 10,
+                        ..shape.clone()
+                    };
+                    let plan = page_plan(&conn, &q);
+                    let runs_line: Vec<&String> = plan
+                        .iter()
+                        .filter(|l| l.contains(" r ") || l.ends_with(" r"))
+                        .collect();
+                    assert_eq!(runs_line.len(), 1, "{q:?}: {plan:?}");
+                    let line = runs_line[0];
+                    assert!(line.contains(&format!("INDEX {index}")), "{q:?}: {plan:?}");
+                    assert!(
+                        !plan.iter().any(|l| l.contains("TEMP B-TREE")),
+                        "{q:?}: {plan:?}"
+                    );
+                    let bounded = since_ms.is_some() || until_ms.is_some() || after.is_some();
+                    if bounded || *index != "runs_listed" {
+                        assert!(line.starts_with("SEARCH r USING"), "{q:?}: {plan:?}");
+                    }
+                    for side in ["SEARCH d", "SEARCH e"] {
+                        assert!(plan.iter().any(|l| l.starts_with(side)), "{q:?}: {plan:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_version_1_file_is_migrated_and_lists_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let (kept, gone) = (RunId::new(), RunId::new());
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "PRAGMA application_id = {}; {}; PRAGMA user_version = 1;",
+            schema::APPLICATION_ID,
+            schema::MIGRATIONS[0]
+        ))
+        .unwrap();
+        for id in [&kept, &gone] {
+            let r = rec(succeeded(id, "s", 10));
+            runs::insert(&conn, &path, &r, r.state(), Some("taken"), false).unwrap();
+        }
+        conn.execute(
+            "UPDATE runs SET prune_state = 'pruned', pruned_at_ms = 5, prune_reason = 'max_runs'
+             WHERE run_id = ?1",
+            [gone.as_str()],
+        )
+        .unwrap();
+    }
+    let store = Store::open(&layout(dir.path())).unwrap();
+    assert_eq!(
+        all(&store).iter().map(|r| &r.run_id).collect::<Vec<_>>(),
+        [&kept]
+    );
+    assert!(matches!(
+        store.get(&gone).unwrap(),
+        Some(Stored::Pruned { at_ms: 5, .. })
+    ));
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2);
+    // The copy made before the migration is the version 1 file, whole.
+    let bak = rusqlite::Connection::open(dir.path().join("state.db.v1.bak")).unwrap();
+    let (version, runs): (i64, i64) = bak
+        .query_row(
+            "SELECT (SELECT user_version FROM pragma_user_version), count(*) FROM runs",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((version, runs), (1, 2));
+    let mut st = conn
+        .prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL")
+        .unwrap();
+    let indexes: BTreeMap<String, String> = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert!(!indexes.contains_key("runs_session_created"), "{indexes:?}");
+    for name in ["runs_listed", "runs_session", "runs_state", "runs_owner"] {
+        let sql = &indexes[name];
+        assert!(sql.ends_with("WHERE prune_state IS NULL"), "{name}: {sql}");
+    }
+    assert!(indexes["runs_tombstones"].contains("prune_state = 'pruned'"));
+    let q = ListQuery {
+        session: Some("s".into()),
+        limit: 5,
+        ..Default::default()
+    };
+    let plan = page_plan(&conn, &q).join("; ");
+    assert!(plan.contains("runs_session"), "{plan}");
 }
 
 #[test]
@@ -638,6 +861,7 @@ fn a_pruned_run_leaves_lists_and_then_its_rows() {
     ));
     let forget = Op::ForgetPruned {
         before_ms: u64::MAX >> 1,
+        keep: u64::MAX,
     };
     store.commit_blocking(vec![forget]).unwrap();
     assert_eq!(store.get(&old).unwrap(), None);
@@ -670,8 +894,8 @@ fn a_read_only_store_reads_and_refuses_writes() {
 #[test]
 fn a_failed_commit_fails_its_whole_group_and_records_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&layout(dir.path())).unwrap();
-    let store = &store;
+    let owned = Store::open(&layout(dir.path())).unwrap();
+    let store = &owned;
     let ids: Vec<RunId> = (0..3).map(|_| RunId::new()).collect();
     store.stats.fail_commit.store(true, Ordering::SeqCst);
     let sent = store.stats.sent.load(Ordering::SeqCst);
@@ -694,4 +918,265 @@ fn a_failed_commit_fails_its_whole_group_and_records_nothing() {
     // The writer goes on.
     store.commit_blocking(vec![accept(&ids[0], "s")]).unwrap();
     assert_eq!(all(store).len(), 1);
+    // But a stop after the failure leaves no clean mark.
+    assert!(!store.close_clean().unwrap());
+    assert_eq!(store.meta(CLEAN_SHUTDOWN).unwrap(), None);
+    drop(owned);
+    let store = Store::open(&layout(dir.path())).unwrap();
+    assert!(store.integrity_checked().is_some());
+    assert_eq!(all(&store).len(), 1);
+}
+
+#[test]
+fn a_clean_close_is_the_last_write_and_skips_the_next_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = RunId::new();
+    let store = Store::open(&layout(dir.path())).unwrap();
+    assert!(store.integrity_checked().is_some(), "a new file is checked");
+    store.commit_blocking(vec![accept(&id, "s")]).unwrap();
+    assert!(store.close_clean().unwrap());
+    assert!(store.meta(CLEAN_SHUTDOWN).unwrap().is_some());
+    assert!(matches!(
+        store.commit_blocking(vec![accept(&RunId::new(), "s")]),
+        Err(StoreError::Closed { .. })
+    ));
+    assert!(matches!(
+        store.close_clean(),
+        Err(StoreError::Closed { .. })
+    ));
+    drop(store);
+    let store = Store::open(&layout(dir.path())).unwrap();
+    assert_eq!(store.integrity_checked(), None, "the stop was clean");
+    // The mark is cleared at open: a stop without it is checked.
+    assert_eq!(store.meta(CLEAN_SHUTDOWN).unwrap(), None);
+    assert_eq!(live(&store, &id).run_id, id);
+    drop(store);
+    let store = Store::open(&layout(dir.path())).unwrap();
+    assert!(
+        store.integrity_checked().is_some(),
+        "an unclean stop is checked"
+    );
+}
+
+#[test]
+fn a_read_that_panics_gives_its_reader_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = RunId::new();
+    let store = Arc::new(Store::open(&layout(dir.path())).unwrap());
+    store.commit_blocking(vec![accept(&id, "s")]).unwrap();
+    for _ in 0..READERS {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.read(|_, _| -> Result<()> { panic!("a reader's closure panics") })
+        }));
+        assert!(r.is_err());
+    }
+    assert_eq!(store.readers.lock().unwrap().len(), READERS);
+    // With the readers lost these would wait for ever: bounded here.
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..8 {
+        let (store, tx, id) = (store.clone(), tx.clone(), id.clone());
+        std::thread::spawn(move || tx.send(store.get(&id)).unwrap());
+    }
+    for _ in 0..8 {
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a read is answered");
+        assert!(matches!(r, Ok(Some(Stored::Live(_)))), "{r:?}");
+    }
+}
+
+/// Prunes `ids` (marked and done) now.
+fn prune_now(store: &Store, ids: &[RunId]) {
+    let mark = Op::PruneMark {
+        ids: ids.to_vec(),
+        reason: "max_runs".into(),
+    };
+    let done = Op::PruneDone { ids: ids.to_vec() };
+    store.commit_blocking(vec![mark, done]).unwrap();
+}
+
+fn pruned_at(store: &Store, id: &RunId) -> Option<u64> {
+    match store.get(id).unwrap() {
+        Some(Stored::Pruned { at_ms, .. }) => Some(at_ms),
+        Some(Stored::Live(_)) => panic!("{id} is live"),
+        None => None,
+    }
+}
+
+#[test]
+fn tombstones_are_forgotten_by_age_and_beyond_a_count_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&layout(dir.path())).unwrap();
+    let ids: Vec<RunId> = (0..6).map(|_| RunId::new()).collect();
+    for id in &ids {
+        finalize(&store, id, "s", 10);
+    }
+    let kept = RunId::new();
+    finalize(&store, &kept, "s", 10);
+    // Pruned one after another: ids[0] is the oldest tombstone.
+    let mut times = Vec::new();
+    for id in &ids {
+        let before = times.last().copied().unwrap_or(0);
+        while crate::timefmt::now_ms() <= before {
+            std::thread::yield_now();
+        }
+        prune_now(&store, std::slice::from_ref(id));
+        times.push(pruned_at(&store, id).unwrap());
+    }
+    // By age: the tombstones pruned before ids[2]'s are forgotten.
+    let by_age = Op::ForgetPruned {
+        before_ms: times[2],
+        keep: u64::MAX,
+    };
+    store.commit_blocking(vec![by_age]).unwrap();
+    let left: Vec<bool> = ids
+        .iter()
+        .map(|id| pruned_at(&store, id).is_some())
+        .collect();
+    assert_eq!(left, [false, false, true, true, true, true]);
+    // By count: the newest two stay.
+    let by_count = Op::ForgetPruned {
+        before_ms: 0,
+        keep: 2,
+    };
+    store.commit_blocking(vec![by_count]).unwrap();
+    let left: Vec<bool> = ids
+        .iter()
+        .map(|id| pruned_at(&store, id).is_some())
+        .collect();
+    assert_eq!(left, [false, false, false, false, true, true]);
+    // A live run is never forgotten, whatever the bounds.
+    let all_gone = Op::ForgetPruned {
+        before_ms: u64::MAX >> 1,
+        keep: 0,
+    };
+    store.commit_blocking(vec![all_gone]).unwrap();
+    assert!(ids.iter().all(|id| store.get(id).unwrap().is_none()));
+    assert_eq!(live(&store, &kept).run_id, kept);
+    assert_eq!(all(&store).len(), 1);
+    // Forgetting reads the tombstones' index, not the runs.
+    drop(store);
+    let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let plan = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> Vec<String> {
+        let mut st = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = st.query_map(args, |r| r.get::<_, String>(3)).unwrap();
+        rows.map(|r| r.unwrap()).collect()
+    };
+    let by_age = "DELETE FROM runs WHERE prune_state = 'pruned' AND pruned_at_ms < ?1";
+    let by_count = format!(
+        "DELETE FROM runs WHERE run_id IN ({})",
+        retention::OVER_KEEP
+    );
+    for (sql, plan) in [
+        (by_age, plan(by_age, &[&5])),
+        (&by_count, plan(&by_count, &[&2])),
+    ] {
+        assert!(
+            plan.iter().any(|l| l.contains("runs_tombstones")),
+            "{sql}: {plan:?}"
+        );
+        for l in plan.iter().filter(|l| l.starts_with("SCAN")) {
+            assert!(l.contains("runs_tombstones"), "{sql}: {plan:?}");
+        }
+    }
+}
+
+/// An Accept into `session` of a run made for `uid`, as its spawn would
+/// send it after a pre-check that found the session new.
+fn accept_for(id: &RunId, session: &str, uid: u32) -> Op {
+    let mut r = rec(accepted(id, session));
+    r.on_behalf = Some(policy::rights::OnBehalf {
+        requester: policy::rights::Requester {
+            uid,
+            gid: uid,
+            groups: vec![],
+        },
+        needs: vec![],
+    });
+    Op::Accept {
+        rec: r,
+        spec: b"{}".to_vec(),
+        before: None,
+        session: SessionState {
+            owner_uid: Some(uid),
+            project_dir: Some(format!("/home/{uid}").into()),
+            recent_files: vec![],
+        },
+    }
+}
+
+#[test]
+fn two_owners_racing_into_one_new_session_the_second_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&layout(dir.path())).unwrap();
+    let (a, b) = (70_001, 70_002);
+    let (first, second) = (RunId::new(), RunId::new());
+    // Both passed the pre-check (the session was new); both commit in one
+    // group, one after the other.
+    let store = &store;
+    let sent = store.stats.sent.load(Ordering::SeqCst);
+    let answers = std::thread::scope(|scope| {
+        let gate = store.stats.gate.lock().unwrap();
+        let h1 = scope.spawn(|| store.commit_blocking(vec![accept_for(&first, "new", a)]));
+        wait_sent(store, sent, 1);
+        let h2 = scope.spawn(|| store.commit_blocking(vec![accept_for(&second, "new", b)]));
+        wait_sent(store, sent, 2);
+        drop(gate);
+        [h1.join().unwrap(), h2.join().unwrap()]
+    });
+    assert!(answers[0].is_ok(), "{:?}", answers[0]);
+    let e = answers[1].as_ref().err().unwrap();
+    assert!(
+        matches!(e, StoreError::NotOwned { session, .. } if session == "new"),
+        "{e:?}"
+    );
+    // The same refusal, word for word, as the check before the commit.
+    let other = policy::rights::Requester {
+        uid: b,
+        gid: b,
+        groups: vec![],
+    };
+    let pre = store.may_join("new", Some(&other)).unwrap_err();
+    assert_eq!(e.to_string(), pre.to_string());
+    let s = store.session("new").unwrap().unwrap();
+    assert_eq!(s.owner_uid, Some(a));
+    assert_eq!(s.project_dir, Some(PathBuf::from(format!("/home/{a}"))));
+    assert_eq!(live(store, &first).run_id, first);
+    assert_eq!(
+        store.get(&second).unwrap(),
+        None,
+        "the refused run left no row"
+    );
+    // A touch for the other uid is refused too, and takes nothing over;
+    // the owner's goes through.
+    let touch = |uid: u32| Op::Touch {
+        session: "new".into(),
+        files: vec!["f".into()],
+        owner_uid: uid,
+        requester: Some(uid),
+    };
+    let e = store.commit_blocking(vec![touch(b)]).unwrap_err();
+    assert!(matches!(e, StoreError::NotOwned { .. }), "{e:?}");
+    assert_eq!(store.session("new").unwrap().unwrap().owner_uid, Some(a));
+    let out = store.commit_blocking(vec![touch(a)]).unwrap();
+    assert_eq!(out.session.unwrap().owner_uid, Some(a));
+    // Two touches racing into another new session: the first makes it.
+    let sent = store.stats.sent.load(Ordering::SeqCst);
+    let fresh = |uid: u32| Op::Touch {
+        session: "fresh".into(),
+        files: vec![],
+        owner_uid: uid,
+        requester: Some(uid),
+    };
+    let answers = std::thread::scope(|scope| {
+        let gate = store.stats.gate.lock().unwrap();
+        let h1 = scope.spawn(|| store.commit_blocking(vec![fresh(a)]));
+        wait_sent(store, sent, 1);
+        let h2 = scope.spawn(|| store.commit_blocking(vec![fresh(b)]));
+        wait_sent(store, sent, 2);
+        drop(gate);
+        [h1.join().unwrap(), h2.join().unwrap()]
+    });
+    assert!(answers[0].is_ok() && answers[1].is_err(), "{answers:?}");
+    assert_eq!(store.session("fresh").unwrap().unwrap().owner_uid, Some(a));
 }

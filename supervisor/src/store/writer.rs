@@ -40,6 +40,9 @@ pub(super) struct Stats {
     pub(super) requests: std::sync::atomic::AtomicU64,
     /// Requests sent.
     pub(super) sent: std::sync::atomic::AtomicU64,
+    /// Set once a group met an I/O failure or a damaged file: a stop after
+    /// that leaves no clean mark, so the next start checks the file.
+    pub(super) tainted: std::sync::atomic::AtomicBool,
     /// Held by a test to keep the writer from starting its next group.
     #[cfg(test)]
     pub(super) gate: std::sync::Mutex<()>,
@@ -75,6 +78,9 @@ fn run(conn: &Connection, path: &Path, rx: &Receiver<Req>, stats: &Stats) {
             }
         }
         let answers = commit_group(conn, path, &mut group, stats);
+        if answers.iter().any(|a| a.as_ref().is_err_and(taints)) {
+            stats.tainted.store(true, Ordering::SeqCst);
+        }
         stats.commits.fetch_add(1, Ordering::Relaxed);
         stats
             .requests
@@ -86,8 +92,38 @@ fn run(conn: &Connection, path: &Path, rx: &Receiver<Req>, stats: &Stats) {
     }
 }
 
+/// Whether `e` says the file or its disk failed (not a refused request).
+fn taints(e: &StoreError) -> bool {
+    use rusqlite::ErrorCode as C;
+    match e {
+        StoreError::Commit { .. } | StoreError::Corrupt { .. } | StoreError::Io { .. } => true,
+        StoreError::Sql { source, .. } => matches!(
+            source.sqlite_error_code(),
+            Some(C::SystemIoFailure | C::DatabaseCorrupt | C::NotADatabase | C::DiskFull)
+        ),
+        _ => false,
+    }
+}
+
+/// The OS error behind `e`, an I/O failure on `conn` (read-only file
+/// system, disk full), read before anything else runs on `conn`.
+fn os_errno(conn: &Connection, e: &rusqlite::Error) -> Option<i32> {
+    use rusqlite::ErrorCode as C;
+    // SQLite keeps the errno of its last I/O failure only: stale otherwise.
+    if !matches!(
+        e.sqlite_error_code(),
+        Some(C::SystemIoFailure | C::CannotOpen | C::DiskFull)
+    ) {
+        return None;
+    }
+    // SAFETY: the handle is `conn`'s, open for the whole call, and used on
+    // the writer's thread only; sqlite3_system_errno reads one field.
+    let n = unsafe { rusqlite::ffi::sqlite3_system_errno(conn.handle()) };
+    (n != 0).then_some(n)
+}
+
 /// A copy of a commit's error for each request of the group.
-fn commit_error(path: &Path, e: &rusqlite::Error) -> StoreError {
+fn commit_error(path: &Path, e: &rusqlite::Error, errno: Option<i32>) -> StoreError {
     let source = match e {
         rusqlite::Error::SqliteFailure(code, msg) => {
             rusqlite::Error::SqliteFailure(*code, msg.clone())
@@ -100,6 +136,7 @@ fn commit_error(path: &Path, e: &rusqlite::Error) -> StoreError {
     StoreError::Commit {
         path: path.into(),
         source,
+        errno,
     }
 }
 
@@ -114,7 +151,11 @@ fn commit_group(
     stats: &Stats,
 ) -> Vec<Result<Out>> {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        return group.iter().map(|_| Err(commit_error(path, &e))).collect();
+        let errno = os_errno(conn, &e);
+        return group
+            .iter()
+            .map(|_| Err(commit_error(path, &e, errno)))
+            .collect();
     }
     let mut answers = Vec::with_capacity(group.len());
     for req in group.iter_mut() {
@@ -123,15 +164,30 @@ fn commit_group(
         if answer.is_err() && conn.is_autocommit() {
             // SQLite rolled the transaction back (disk full, I/O): the
             // group's earlier work is gone too.
+            let errno = match &answer {
+                Err(StoreError::Sql { source, .. }) => os_errno(conn, source),
+                _ => None,
+            };
             let lost = rusqlite::Error::SqliteFailure(
                 rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
                 Some("the transaction was rolled back".into()),
             );
+            // The request's own failure says what the OS said, as a commit's.
+            let answer = match answer {
+                Err(StoreError::Sql { path, source }) if errno.is_some() => {
+                    Err(StoreError::Commit {
+                        path,
+                        source,
+                        errno,
+                    })
+                }
+                a => a,
+            };
             let mut out: Vec<Result<Out>> = (0..answers.len())
-                .map(|_| Err(commit_error(path, &lost)))
+                .map(|_| Err(commit_error(path, &lost, errno)))
                 .collect();
             out.push(answer);
-            out.extend((out.len()..group.len()).map(|_| Err(commit_error(path, &lost))));
+            out.extend((out.len()..group.len()).map(|_| Err(commit_error(path, &lost, errno))));
             return out;
         }
         answers.push(answer);
@@ -143,10 +199,14 @@ fn commit_group(
     #[cfg(not(test))]
     let _ = stats;
     if let Err(e) = conn.execute_batch("COMMIT") {
+        let errno = os_errno(conn, &e);
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
-        return group.iter().map(|_| Err(commit_error(path, &e))).collect();
+        return group
+            .iter()
+            .map(|_| Err(commit_error(path, &e, errno)))
+            .collect();
     }
     answers
 }
@@ -195,7 +255,9 @@ fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
             if let Some(before) = before {
                 put_blob(conn, path, "run_before", "before", id, &before)?;
             }
-            super::sessions::on_accept(conn, path, rec.session_id.as_str(), &session, now)?;
+            let owner = runs::owner_uid(&rec);
+            let session_id = rec.session_id.as_str();
+            super::sessions::on_accept(conn, path, session_id, &session, owner, now)?;
         }
         Op::Started {
             id,
@@ -248,13 +310,17 @@ fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
             session,
             files,
             owner_uid,
+            requester,
         } => {
-            let s = super::sessions::touch(conn, path, &session, &files, owner_uid, now)?;
+            let s =
+                super::sessions::touch(conn, path, &session, &files, owner_uid, requester, now)?;
             out.session = Some(s);
         }
         Op::PruneMark { ids, reason } => super::retention::mark(conn, path, &ids, &reason, now)?,
         Op::PruneDone { ids } => super::retention::done(conn, path, &ids, now)?,
-        Op::ForgetPruned { before_ms } => super::retention::forget(conn, path, before_ms)?,
+        Op::ForgetPruned { before_ms, keep } => {
+            super::retention::forget(conn, path, before_ms, keep)?;
+        }
         Op::SetMeta { key, value } => set_meta(conn, path, &key, value.as_deref())?,
     }
     Ok(())

@@ -54,8 +54,8 @@ pub(super) fn working_context(
     })
 }
 
-/// What the composition of this run's context depends on (kept in
-/// runner.json, so that a restart can compose it again with a handoff
+/// What the composition of this run's context depends on (kept in the
+/// runner spec, so that a restart can compose it again with a handoff
 /// note).
 pub(super) fn compose_input(
     inner: &Inner,
@@ -122,7 +122,7 @@ pub(super) fn write_context_files(
         ("tools.json", input.tools_json.as_bytes()),
         ("plan.json", composed.plan_json.as_bytes()),
     ] {
-        // Composed again from runner.json's inputs: not fsynced.
+        // Composed again from the runner spec's inputs: not fsynced.
         create_file(&context_dir.join(name), bytes)?;
     }
     // The first attempt's plan: a second name for plan.json's file (a

@@ -46,7 +46,8 @@ pub(super) fn accepted_record(
         keep_temp: p.keep_temp,
         reason: None,
         cancel_requested: false,
-        created_at_ms: crate::timefmt::now_ms(),
+        // The time in its id, which lists' since/until bound.
+        created_at_ms: place.id.created_ms(),
         temp_dir: place.temp_dir,
         run_dir: place.files.dir,
         log_truncated: false,
@@ -84,10 +85,10 @@ pub(super) fn writes_into(plan: &Plan, p: &SpawnParams, workdir: &Path) -> bool 
     plan.grants.write_project || p.sandbox.write_paths.iter().any(|w| w.starts_with(workdir))
 }
 
-/// The files a runner started at once gets; `None` (the run is then queued
-/// as usual) when they cannot be opened.
-pub(super) fn handed_files(draft: &RunDraft) -> Option<RunnerFiles> {
-    RunnerFiles::open(&draft.staged())
+/// The files a runner started at once gets, its `spec` among them; `None`
+/// (the run is then queued as usual) when they cannot be opened.
+pub(super) fn handed_files(draft: &RunDraft, spec: &[u8]) -> Option<RunnerFiles> {
+    RunnerFiles::open(&draft.staged(), spec)
         .map_err(
             |e| tracing::warn!(run_id = %draft.id(), "starting the runner: {e}; the run is queued"),
         )
@@ -101,7 +102,7 @@ enum Placed {
     No(EngineError),
 }
 
-/// Makes the draft's files durable, commits `accept` and only then
+/// Makes the draft's entries durable, commits `accept` and only then
 /// renames the folder to its run id: a row never names a folder that a
 /// crash could leave half made, and a crash between the two leaves a
 /// draft that recovery puts in place. Blocking.

@@ -1,11 +1,11 @@
 //! Accepting a spawn: checking its params, then recording the run durably
-//! (folder, temp dir, runner.json, its row in the store) before anyone is
-//! told its id.
+//! (folder, temp dir, its row and runner spec in the store) before anyone
+//! is told its id.
 //! A failure part-way removes what was made.
 //!
 //! The parts, in order: [`validate`] the params, [`plan`] what they
 //! resolve to, the [`place`] where the run lives, its [`context`], its
-//! [`deliver`]y, its [`sandbox`] and runner.json, and its run [`folder`].
+//! [`deliver`]y, its [`sandbox`] and runner spec, and its run [`folder`].
 //! The parts use nothing of this module; it uses them.
 
 pub mod context;
@@ -16,7 +16,7 @@ pub mod plan;
 pub mod sandbox;
 pub mod validate;
 
-use crate::engine::draft::{RunDraft, Sync};
+use crate::engine::draft::RunDraft;
 use crate::engine::error::{EngineError, InternalError};
 use crate::engine::launch::Launched;
 use crate::engine::state::Inner;
@@ -41,11 +41,13 @@ pub(crate) struct Created {
     pub lease: Option<UidLease>,
     /// Its runner, when it was started at once (gate open).
     pub runner: Option<Launched>,
+    /// Its runner spec, as committed: a queued run is launched from it.
+    pub spec: Vec<u8>,
 }
 
 /// Records a new run: leases its uid (root daemons), makes its temp dir
-/// (and worktree), writes its folder (context files, runner.json) under a
-/// draft name, commits its row and renames the folder to the run id. With
+/// (and worktree), writes its folder (context files) under a draft name,
+/// commits its row and runner spec and renames the folder to the run id. With
 /// `start_now` the runner is started while the records are made durable,
 /// and let go once they are. What was made is removed if any step fails.
 /// Blocking.
@@ -82,7 +84,7 @@ pub(crate) fn create_run(
     // Only an observation depends on it: not fsynced (a lost one says so).
     let before = serde_json::to_vec(&before)
         .map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
-    draft.write(&staged.observed_before(), &before, Sync::Derived)?;
+    draft.write(&staged.observed_before(), &before)?;
     let max_attempts = input.max_attempts;
     let (plan, mut delivered) = with_delivery(inner, p, plan, &place, draft.uid(), &system_text)?;
     delivered.run.writes_project = Some(writable);
@@ -94,8 +96,6 @@ pub(crate) fn create_run(
     // Compact: only the runner reads it (about 15 KB pretty-printed).
     let bytes =
         serde_json::to_vec(&spec).map_err(|e| EngineError::Unexpected(InternalError::Encode(e)))?;
-    // The runner reads it from the folder; the store keeps a copy.
-    draft.write(&staged.runner_spec(), &bytes, Sync::Durable)?;
     let mut rec = accepted_record(
         p,
         plan,
@@ -106,13 +106,14 @@ pub(crate) fn create_run(
         delivered.run,
     )?;
     rec.on_behalf = on_behalf.cloned();
+    // The store holds the only durable copy; a runner gets it in a memfd.
+    let handed = start_now.then(|| handed_files(&draft, &bytes)).flatten();
     let accept = Op::Accept {
         rec: Box::new(rec.clone()),
-        spec: bytes,
+        spec: bytes.clone(),
         before: Some(before),
         session: work.session,
     };
-    let handed = start_now.then(|| handed_files(&draft)).flatten();
     let egress = plan.network == NetworkMode::Allowlist;
     // Checked by `deliver`: a key named and not set refused the spawn.
     let gateway =
@@ -120,7 +121,12 @@ pub(crate) fn create_run(
             .ok()
             .flatten();
     let (lease, runner) = publish(inner, draft, accept, handed, egress, gateway)?;
-    Ok(Created { rec, lease, runner })
+    Ok(Created {
+        rec,
+        lease,
+        runner,
+        spec: bytes,
+    })
 }
 
 /// Plans and records a spawn whose params were checked: the rights its

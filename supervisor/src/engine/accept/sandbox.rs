@@ -1,4 +1,4 @@
-//! The run's sandbox and runner.json: the child's environment, the
+//! The run's sandbox and runner spec: the child's environment, the
 //! daemon's places kept from it, its mounts and limits. May use the
 //! engine's state, errors and program, paths, protocol and policy.
 
@@ -181,7 +181,7 @@ pub(super) fn sandbox_spec(
     })
 }
 
-/// runner.json: everything the run's runner needs. `uid` is the run's own
+/// The runner spec: everything the run's runner needs. `uid` is the run's own
 /// uid, when it has one.
 pub(super) fn runner_spec(
     inner: &Inner,

@@ -122,6 +122,8 @@ pub(super) fn merge_into_recent(
             session: rec.session_id.to_string(),
             files: files.to_vec(),
             owner_uid: crate::engine::state::run_owner(rec),
+            // The daemon's own write, for a session the run joined.
+            requester: None,
         };
         inner.store.commit_blocking(vec![touch])?;
     }

@@ -1,7 +1,7 @@
 //! Finishing a run, exactly once: the terminal state from exit.json (or
 //! `lost` when there is none), then result.md and the temp dir's removal,
 //! and finally one commit of the end: `finalized` and its notice pending
-//! together. Each step is idempotent, so a crash part-way is finished
+//! together; then the folder is [`tidy`]ed. Each step is idempotent, so a crash part-way is finished
 //! again on restart without doubling anything.
 //!
 //! The end's halves of a run's data live beside: `delta` (the child's
@@ -14,6 +14,9 @@
 mod delta;
 mod observed;
 mod report;
+mod tidy;
+
+pub(super) use tidy::{dir_bytes, tidy};
 
 use super::pidfd::RunnerExit;
 use super::state::{Inner, Slot};
@@ -286,8 +289,31 @@ pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
     slot.published.send_replace(rec.clone());
     if rec.finalized() {
         let _ = inner.finished.send(notice_of(&rec));
+        after_finalize(inner, &rec);
     }
     inner.forget(&rec.run_id);
+}
+
+/// On a blocking thread: tidies the finalized run's folder, records its
+/// size where `max_bytes` counts it, and counts the run for retention,
+/// which is woken when that crossed a limit.
+fn after_finalize(inner: &Arc<Inner>, rec: &RunRecord) {
+    let (inner, files) = (inner.clone(), rec.files());
+    let (id, session) = (rec.run_id.clone(), rec.session_id.to_string());
+    drop(tokio::task::spawn_blocking(move || {
+        tidy::tidy(&files);
+        let limits = inner.cfg.settings.retention.limits();
+        let mut bytes = 0;
+        if limits.max_bytes.is_some() {
+            bytes = tidy::dir_bytes(&files.dir);
+            let op = Op::DirBytes { id, bytes };
+            if let Err(e) = inner.store.commit_blocking(vec![op]) {
+                // Unrecorded, it is measured again by the next pass.
+                tracing::warn!(dir = %files.dir.display(), "recording a run folder's size: {e}");
+            }
+        }
+        inner.retention.finalized(&session, bytes, &limits);
+    }));
 }
 
 /// How long a failed commit of a run's end waits before it is tried again.

@@ -7,7 +7,8 @@
 //! whole list where it does not), and a restart to `ping` on the same
 //! state dir. Then, where the daemon has `[retention] max_runs`, 5,000
 //! more runs on a daemon with it at 1,000: the run folders and the state
-//! dir's size as they go.
+//! dir's size as they go, each sampled right after the notices are taken
+//! and once retention has caught up (at most 10 s later).
 
 use crate::pct;
 use serde_json::{json, Value};
@@ -121,9 +122,12 @@ fn take_all(socket: &Path, sessions: &[String]) -> usize {
         .sum()
 }
 
-/// The daemon's RSS in KiB once it stops moving (two reads 100 ms apart
-/// within 64 KiB, at most 3 s): what it keeps, not what it is freeing.
+/// The daemon's RSS in KiB once it has been idle 1.5 s and stops moving
+/// (two reads 100 ms apart within 64 KiB, at most 3 s more): what it
+/// keeps, not what it is freeing.
 fn settled_rss_kib(pid: i32) -> u64 {
+    // The daemon gives free heap back once no run has ended for 1 s.
+    std::thread::sleep(Duration::from_millis(1500));
     let mut last = rss_kib(pid);
     for _ in 0..30 {
         std::thread::sleep(Duration::from_millis(100));
@@ -405,14 +409,41 @@ fn retention(p: &Plan) -> Value {
         fill(&d.socket, &sessions, done, to);
         take_all(&d.socket, &sessions);
         done = to;
+        let taken = run_folders(&d.state);
+        let (folders, settle_ms) = settled_folders(&d.state, p.max_runs);
         let u = usage(&d.state);
-        samples.push(json!({"runs": done, "folders": run_folders(&d.state),
-                            "state_bytes": u.bytes, "state_inodes": u.inodes}));
+        samples.push(
+            json!({"runs": done, "folders_at_take": taken, "folders": folders,
+                            "settle_ms": settle_ms,
+                            "state_bytes": u.bytes, "state_inodes": u.inodes}),
+        );
     }
     crate::retire_daemon(d);
     crate::retire(conf);
     json!({"supported": true, "max_runs": p.max_runs, "runs": p.retention_runs,
            "samples": samples})
+}
+
+/// The run folders once retention has caught up with the take: polled
+/// until at most `max_runs` or unchanged for 3 s (longer than the 2 s
+/// between two passes a crossed limit starts), for at most 10 s; with how
+/// long that took.
+fn settled_folders(state: &Path, max_runs: usize) -> (usize, u128) {
+    let t0 = Instant::now();
+    let (mut last, mut since) = (run_folders(state), Instant::now());
+    loop {
+        if last <= max_runs || since.elapsed() >= Duration::from_secs(3) {
+            return (last, t0.elapsed().as_millis());
+        }
+        if t0.elapsed() >= Duration::from_secs(10) {
+            return (last, t0.elapsed().as_millis());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let now = run_folders(state);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
 }
 
 pub fn bench(quick: bool) -> Value {
@@ -586,7 +617,11 @@ fn retention_row(r: &Value) {
     };
     crate::row(
         &name,
-        format!("folders every {BATCH} runs: {}", series("folders", 1.0)),
+        format!(
+            "folders every {BATCH} runs, at the take: {}; settled: {}",
+            series("folders_at_take", 1.0),
+            series("folders", 1.0)
+        ),
         format!("state dir MB: {}", series("state_bytes", 1e6)),
         "-".into(),
         target,
