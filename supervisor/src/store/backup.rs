@@ -27,13 +27,13 @@ fn io(db: &Path, op: &'static str, at: &Path) -> impl FnOnce(std::io::Error) -> 
 
 /// Copies the file, at schema `version`, to `<db>.v<version>.bak` (0600,
 /// complete or absent: written under a temporary name, fsynced, renamed).
-/// A copy already there is kept: an earlier start made it and stopped
-/// before its migration committed. Blocking.
+/// A copy already there is replaced: the file as it is now is the one to
+/// go back to (an older copy may predate runs made since). Blocking.
 pub(super) fn before_migrating(conn: &Connection, db: &Path, version: i64) -> Result<PathBuf> {
     use std::os::unix::fs::OpenOptionsExt;
     let (bak, tmp) = (named(db, version, false), named(db, version, true));
     match std::fs::symlink_metadata(&bak) {
-        Ok(m) if m.file_type().is_file() => return Ok(bak),
+        Ok(m) if m.file_type().is_file() => {}
         Ok(_) => {
             return Err(StoreError::Corrupt {
                 path: db.into(),
@@ -76,7 +76,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_backup_is_a_private_complete_copy_and_is_kept() {
+    fn a_backup_is_a_private_complete_copy_of_the_file_now() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
@@ -96,11 +96,13 @@ mod tests {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(v, 1);
-        // A second start before the migration committed keeps the first copy.
+        // A later copy (a file gone back to and used since) replaces it.
+        drop(copy);
         conn.execute("UPDATE t SET x = 8", []).unwrap();
         assert_eq!(before_migrating(&conn, &db, 1).unwrap(), bak);
+        let copy = Connection::open(&bak).unwrap();
         let x: i64 = copy.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
-        assert_eq!(x, 7);
+        assert_eq!(x, 8);
     }
 
     #[test]

@@ -88,6 +88,10 @@ pub enum StoreError {
         at: PathBuf,
         source: std::io::Error,
     },
+    /// The clean-stop mark was not written: the store met an I/O failure
+    /// or damage while open.
+    #[error("state database {}: not marked as cleanly stopped: it met an I/O failure or damage", path.display())]
+    Tainted { path: PathBuf },
     /// The writer is gone, or the store was opened read-only.
     #[error("state database {}: not open for writing", path.display())]
     Closed { path: PathBuf },

@@ -312,20 +312,18 @@ impl Store {
     /// then skips the integrity check. After an I/O failure or a damaged
     /// file no mark is written (false): the next start checks. Blocking.
     pub fn close_clean(&self) -> Result<bool> {
-        use std::sync::atomic::Ordering;
         let at = crate::timefmt::rfc3339_ms(crate::timefmt::now_ms());
-        let ops = vec![Op::SetMeta {
-            key: CLEAN_SHUTDOWN.to_owned(),
-            value: Some(at),
-        }];
-        let tainted = self.stats.tainted.load(Ordering::SeqCst);
-        let rx = self.send_then(if tainted { Vec::new() } else { ops }, true)?;
-        let flushed = rx.blocking_recv().unwrap_or_else(|_| {
+        let rx = self.send_then(vec![Op::MarkClean { at }], true)?;
+        let answer = rx.blocking_recv().unwrap_or_else(|_| {
             Err(StoreError::Closed {
                 path: self.path.clone(),
             })
         });
-        flushed.map(|_| !tainted)
+        match answer {
+            Ok(_) => Ok(true),
+            Err(StoreError::Tainted { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Applies `ops` in one savepoint of the writer's next group, and
@@ -370,7 +368,14 @@ impl Store {
         let conn = lent.conn.as_ref().ok_or_else(|| StoreError::Closed {
             path: self.path.clone(),
         })?;
-        f(conn, &self.path)
+        let out = f(conn, &self.path);
+        if out.as_ref().is_err_and(writer::taints) {
+            // Damage a read finds counts as the writer's would.
+            self.stats
+                .tainted
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        out
     }
 
     /// The run's record, or that it was pruned. Blocking.

@@ -73,6 +73,12 @@ pub enum Op {
     ForgetPruned { before_ms: u64, keep: u64 },
     /// Sets (or with `None` removes) one of the store's marks.
     SetMeta { key: String, value: Option<String> },
+    /// Sets the clean-stop mark to `at`, unless the store has met an I/O
+    /// failure or damage (then refused: [`StoreError::Tainted`]). Decided
+    /// by the writer, after every request before it.
+    ///
+    /// [`StoreError::Tainted`]: super::StoreError::Tainted
+    MarkClean { at: String },
 }
 
 /// What the store holds for a run id.

@@ -93,7 +93,7 @@ fn run(conn: &Connection, path: &Path, rx: &Receiver<Req>, stats: &Stats) {
 }
 
 /// Whether `e` says the file or its disk failed (not a refused request).
-fn taints(e: &StoreError) -> bool {
+pub(super) fn taints(e: &StoreError) -> bool {
     use rusqlite::ErrorCode as C;
     match e {
         StoreError::Commit { .. } | StoreError::Corrupt { .. } | StoreError::Io { .. } => true,
@@ -160,6 +160,17 @@ fn commit_group(
     let mut answers = Vec::with_capacity(group.len());
     for req in group.iter_mut() {
         let ops = std::mem::take(&mut req.ops);
+        // The clean mark is refused after any failure before it, this
+        // group's included.
+        if matches!(ops.as_slice(), [Op::MarkClean { .. }])
+            && (stats.tainted.load(Ordering::SeqCst)
+                || answers
+                    .iter()
+                    .any(|a: &Result<Out>| a.as_ref().is_err_and(taints)))
+        {
+            answers.push(Err(StoreError::Tainted { path: path.into() }));
+            continue;
+        }
         let answer = in_savepoint(conn, path, ops);
         if answer.is_err() && conn.is_autocommit() {
             // SQLite rolled the transaction back (disk full, I/O): the
@@ -196,8 +207,6 @@ fn commit_group(
     if stats.fail_commit.swap(false, Ordering::SeqCst) {
         let _ = conn.execute_batch("ROLLBACK");
     }
-    #[cfg(not(test))]
-    let _ = stats;
     if let Err(e) = conn.execute_batch("COMMIT") {
         let errno = os_errno(conn, &e);
         if !conn.is_autocommit() {
@@ -322,6 +331,7 @@ fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
             super::retention::forget(conn, path, before_ms, keep)?;
         }
         Op::SetMeta { key, value } => set_meta(conn, path, &key, value.as_deref())?,
+        Op::MarkClean { at } => set_meta(conn, path, super::CLEAN_SHUTDOWN, Some(&at))?,
     }
     Ok(())
 }
