@@ -223,7 +223,12 @@ async fn run(args: Args) -> Result<()> {
         .context("serving the socket")?;
     drop(bound);
     tracing::info!("socket removed; running children keep running");
-    // The last write: the next start knows this stop was clean.
+    close_store(&sup).await
+}
+
+/// The last write: the next start knows this stop was clean (unless the
+/// store met an I/O failure or damage, which the next start checks for).
+async fn close_store(sup: &Supervisor) -> Result<()> {
     let marked = sup
         .close_store()
         .await

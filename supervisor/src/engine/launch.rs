@@ -462,7 +462,14 @@ pub(crate) async fn watch(inner: Arc<Inner>, slot: Arc<Slot>, fd: Arc<OwnedFd>) 
                     std::os::fd::AsFd::as_fd(&*fd2),
                     nix::poll::PollFlags::POLLIN,
                 )];
-                let _ = tx.send(nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE));
+                // A signal the daemon handles may land on this thread.
+                let polled = loop {
+                    match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        other => break other,
+                    }
+                };
+                let _ = tx.send(polled);
             };
             let spawned = std::thread::Builder::new()
                 .name("runner-poll".into())
