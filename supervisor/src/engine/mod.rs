@@ -64,6 +64,10 @@ pub struct Supervisor {
 /// told it lagged.
 const FINISHED_CAPACITY: usize = 4096;
 
+/// Blocking tasks at once that may wait on git: half of the blocking pool
+/// subagentd runs with (8 threads).
+const GIT_WORK: usize = 4;
+
 impl Supervisor {
     /// Opens the state dir (taking its lock), recovers its runs and starts
     /// the dispatcher. Must be called inside a tokio runtime.
@@ -134,6 +138,7 @@ impl Supervisor {
             waiting: AtomicUsize::new(0),
             uids,
             leases: Mutex::new(BTreeMap::new()),
+            git_work: Semaphore::new(GIT_WORK),
             _state_lock: lock,
         });
         // Empty session dirs a crash left behind (a run's end removes its own).
@@ -205,8 +210,15 @@ impl Supervisor {
         let waiting = Waiting::new(&self.inner.waiting, permit.is_none());
         let start_now = permit.is_some();
         let inner = self.inner.clone();
+        let git = self
+            .inner
+            .git_work
+            .acquire()
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
         let created =
             blocking(move || accept::accept(&inner, &params, requester, start_now)).await?;
+        drop(git);
         let id = created.rec.run_id.clone();
         tracing::info!(run_id = %id, "run accepted");
         if let Some(l) = created.lease {
@@ -487,6 +499,12 @@ impl Supervisor {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
         let (session, who) = (session.to_owned(), who.cloned());
+        let _git = self
+            .inner
+            .git_work
+            .acquire()
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
         blocking(move || {
             let (state, git) = current(&inner, &session, who.as_ref())?;
             let dir = state.project_dir.clone().unwrap_or_default();

@@ -9,7 +9,7 @@
 //! bytes limit ([`when_crossed`]), and `prune_runs` on demand.
 
 use super::error::EngineError;
-use super::finish::{dir_bytes, remove_tree, tidy};
+use super::finish::{dir_bytes, remove_tree, tidy_older};
 use super::state::{blocking, Inner, Tally};
 use crate::ids::RunId;
 use crate::protocol::{KeptRun, PruneParams, PruneResult, PrunedRun};
@@ -42,6 +42,7 @@ pub(crate) async fn prune_runs(
         older_than,
         requester: who,
     };
+    let _one = inner.retention.one_pass().await;
     let (inner, dry_run) = (inner.clone(), params.dry_run);
     blocking(move || prune(&inner, &filter, dry_run)).await
 }
@@ -60,7 +61,9 @@ pub(crate) async fn every_interval(inner: Weak<Inner>) {
         let Some(strong) = inner.upgrade() else {
             return;
         };
-        let done = blocking(move || prune(&strong, &Filter::default(), false)).await;
+        let _one = strong.retention.one_pass().await;
+        let pass = strong.clone();
+        let done = blocking(move || prune(&pass, &Filter::default(), false)).await;
         if let Ok(r) = done {
             if !r.removed.is_empty() {
                 tracing::info!(removed = r.removed.len(), "retention pruned runs");
@@ -112,7 +115,9 @@ pub(crate) async fn when_crossed(inner: Weak<Inner>) {
         let Some(strong) = inner.upgrade() else {
             return;
         };
-        let done = blocking(move || prune(&strong, &Filter::default(), false)).await;
+        let _one = strong.retention.one_pass().await;
+        let pass = strong.clone();
+        let done = blocking(move || prune(&pass, &Filter::default(), false)).await;
         match done {
             Ok(r) if !r.removed.is_empty() => {
                 tracing::info!(
@@ -127,10 +132,10 @@ pub(crate) async fn when_crossed(inner: Weak<Inner>) {
     }
 }
 
-/// Plans and (unless `dry_run`) applies a prune, one pass at a time, and
-/// then forgets the tombstones beyond their bounds. Blocking.
+/// Plans and (unless `dry_run`) applies a prune, and then forgets the
+/// tombstones beyond their bounds. Its caller holds
+/// `retention.one_pass()`. Blocking.
 fn prune(inner: &Inner, filter: &Filter, dry_run: bool) -> Result<PruneResult, EngineError> {
-    let _one = inner.retention.one_pass();
     let candidates = candidates(inner)?;
     let limits = inner.cfg.settings.retention.limits();
     let plan = policy::retention::plan(crate::timefmt::now_ms(), &limits, filter, &candidates);
@@ -220,7 +225,7 @@ fn unmeasured_bytes(inner: &Inner, c: &crate::store::Candidate) -> u64 {
     let files = crate::paths::RunFiles {
         dir: inner.layout.run_dir(&c.session_id, &c.run_id),
     };
-    tidy(&files);
+    tidy_older(&files);
     dir_bytes(&files.dir)
 }
 

@@ -131,7 +131,7 @@ impl Tally {
 pub(crate) struct RetentionTrigger {
     tally: Mutex<Tally>,
     soon: Arc<tokio::sync::Notify>,
-    pass: Mutex<()>,
+    pass: tokio::sync::Mutex<()>,
 }
 
 impl RetentionTrigger {
@@ -190,9 +190,10 @@ impl RetentionTrigger {
         self.soon.clone()
     }
 
-    /// Held for one pass (on a blocking thread), so passes never overlap.
-    pub(super) fn one_pass(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.pass.lock().unwrap_or_else(|p| p.into_inner())
+    /// Held for one pass, so passes never overlap: awaited before the
+    /// pass takes a blocking thread, so callers waiting for it hold none.
+    pub(super) async fn one_pass(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.pass.lock().await
     }
 }
 
@@ -238,6 +239,10 @@ pub(crate) struct Inner {
     pub(super) waiting: AtomicUsize,
     /// Per-run uids (a root daemon without `run_as`). Its own file locks.
     pub(super) uids: Option<crate::uids::UidPool>,
+    /// Held by the blocking work that may wait on git (an accept, which
+    /// may make a worktree, and a working context's snapshot), so that
+    /// slow repositories hold at most half of the daemon's blocking pool.
+    pub(super) git_work: Semaphore,
     /// The uid leases of runs not started yet. A std lock held only to
     /// insert or remove one; never across an await.
     pub(super) leases: Mutex<BTreeMap<RunId, crate::uids::UidLease>>,

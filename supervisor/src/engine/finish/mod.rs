@@ -16,7 +16,7 @@ mod observed;
 mod report;
 mod tidy;
 
-pub(super) use tidy::{dir_bytes, tidy};
+pub(super) use tidy::{dir_bytes, tidy_older};
 
 use super::pidfd::RunnerExit;
 use super::state::{Inner, Slot};

@@ -8,21 +8,28 @@ use crate::paths::RunFiles;
 use std::path::Path;
 
 /// Removes runner.lock, observed-before.json, attempt.json (a live run's
-/// attempt, for its status), a runner.json an older release wrote, an
-/// empty runner.log and an empty delta/ of a finalized run. Best effort: a crash in between leaves
+/// attempt, for its status), an empty runner.log and an empty delta/ of a
+/// finalized run. Best effort: a crash in between leaves
 /// only files nobody reads again, and retention takes the folder whole.
 /// Never follows a link (unlink and rmdir act on the entry). Blocking.
 pub fn tidy(files: &RunFiles) {
     remove_file(&files.runner_lock());
     remove_file(&files.observed_before());
     remove_file(&files.dir.join("attempt.json"));
-    remove_file(&files.dir.join("runner.json"));
     let log = files.runner_log();
     if std::fs::symlink_metadata(&log).is_ok_and(|m| m.is_file() && m.len() == 0) {
         remove_file(&log);
     }
     // rmdir: a delta/ with anything left in it stays, as the child left it.
     let _ = std::fs::remove_dir(files.delta_dir());
+}
+
+/// [`tidy`] for a folder retention finds without a size (a run an older
+/// release ended, or one whose end a stop cut short): also its runner.json,
+/// the 23 KB spec older releases kept there.
+pub fn tidy_older(files: &RunFiles) {
+    tidy(files);
+    remove_file(&files.dir.join("runner.json"));
 }
 
 /// The bytes a folder's tree takes on disk; no link is followed, and an
@@ -92,8 +99,10 @@ mod tests {
     fn only_what_people_read_is_left() {
         let (_d, files) = folder();
         tidy(&files);
+        assert_eq!(names(&files), ["child.log", "result.md", "runner.json"]);
+        tidy_older(&files);
         assert_eq!(names(&files), ["child.log", "result.md"]);
-        tidy(&files);
+        tidy_older(&files);
         assert_eq!(
             names(&files),
             ["child.log", "result.md"],
@@ -106,7 +115,7 @@ mod tests {
         let (_d, files) = folder();
         std::fs::write(files.runner_log(), b"subagent-runner: oops\n").unwrap();
         std::fs::write(files.delta(), b"{}").unwrap();
-        tidy(&files);
+        tidy_older(&files);
         assert_eq!(
             names(&files),
             ["child.log", "delta", "result.md", "runner.log"]
