@@ -186,9 +186,7 @@ fn check_unclean(conn: &rusqlite::Connection, path: &Path) -> Result<Option<std:
     Ok(checked)
 }
 
-/// The mark a daemon sets when it stops cleanly (`Op::SetMeta`), so that the
-/// next start skips the integrity check.
-pub const CLEAN_SHUTDOWN: &str = "clean_shutdown";
+pub use writer::CLEAN_SHUTDOWN;
 
 impl Store {
     /// Opens (or creates) `<state>/state.db`: refuses a corrupt, foreign or

@@ -92,6 +92,10 @@ fn run(conn: &Connection, path: &Path, rx: &Receiver<Req>, stats: &Stats) {
     }
 }
 
+/// The mark a daemon sets when it stops cleanly (`Op::MarkClean`), so that
+/// the next start skips the integrity check.
+pub const CLEAN_SHUTDOWN: &str = "clean_shutdown";
+
 /// Whether `e` says the file or its disk failed (not a refused request).
 pub(super) fn taints(e: &StoreError) -> bool {
     use rusqlite::ErrorCode as C;
@@ -331,7 +335,7 @@ fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
             super::retention::forget(conn, path, before_ms, keep)?;
         }
         Op::SetMeta { key, value } => set_meta(conn, path, &key, value.as_deref())?,
-        Op::MarkClean { at } => set_meta(conn, path, super::CLEAN_SHUTDOWN, Some(&at))?,
+        Op::MarkClean { at } => set_meta(conn, path, CLEAN_SHUTDOWN, Some(&at))?,
     }
     Ok(())
 }
