@@ -1,5 +1,6 @@
 //! The `subagent` client: logs -f, wait's exit codes, and `subagent run`
-//! for CI, embedded and through a daemon, with each exit code.
+//! for CI, embedded and through a daemon, with each exit code; its shell
+//! completions and manual page.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -544,4 +545,64 @@ fn the_daemons_log_file_is_moved_aside_at_its_cap() {
     assert!(now.len() < 1 << 20, "a new log: {now}");
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// `subagent completions SHELL` for each shell: bash's script parses
+/// (`bash -n`) and completes the subcommands; no daemon is needed.
+#[test]
+fn completions_are_scripts_the_shells_accept() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = Command::new(bin("subagent"))
+            .args(["--socket", "/nonexistent/d.sock", "completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = text(&out.stdout);
+        for sub in ["spawn", "logs", "prune", "completions"] {
+            assert!(script.contains(sub), "{shell} lacks {sub}");
+        }
+        if shell == "bash" {
+            let path = std::env::temp_dir().join(format!("subagent-{}.bash", std::process::id()));
+            std::fs::write(&path, &out.stdout).unwrap();
+            let check = Command::new("bash").arg("-n").arg(&path).output().unwrap();
+            let _ = std::fs::remove_file(&path);
+            assert!(check.status.success(), "bash -n: {}", text(&check.stderr));
+        }
+    }
+    let bad = Command::new(bin("subagent"))
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+}
+
+/// `subagent man` is a page `man -l` renders, naming the subcommands.
+#[test]
+fn the_manual_page_renders() {
+    let out = Command::new(bin("subagent")).arg("man").output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text(&out.stdout).starts_with(".ie"),
+        "roff: {}",
+        text(&out.stdout)
+    );
+    if Command::new("man").arg("--version").output().is_err() {
+        println!("SKIPPED: man is not installed (the roff was checked, not its rendering)");
+        return;
+    }
+    let page = std::env::temp_dir().join(format!("subagent-{}.1", std::process::id()));
+    std::fs::write(&page, &out.stdout).unwrap();
+    let shown = Command::new("man")
+        .arg("-l")
+        .arg(&page)
+        .env("MANPAGER", "cat")
+        .env("MANWIDTH", "100")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&page);
+    assert!(shown.status.success(), "man -l: {}", text(&shown.stderr));
+    let shown = text(&shown.stdout);
+    for want in ["NAME", "SYNOPSIS", "subagent", "spawn", "prune", "--socket"] {
+        assert!(shown.contains(want), "{want} missing:\n{shown}");
+    }
 }

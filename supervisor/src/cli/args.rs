@@ -234,6 +234,14 @@ pub enum Command {
     },
     /// Check that the daemon answers.
     Ping,
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish,
+    /// powershell), e.g. `subagent completions bash > /etc/bash_completion.d/subagent`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `subagent man | man -l -`.
+    Man,
     /// Serve MCP on stdin/stdout, so an MCP client (Claude Code, Codex, …)
     /// can delegate to subagents; starts a daemon when none answers.
     Mcp(crate::mcp::McpArgs),

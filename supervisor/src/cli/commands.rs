@@ -254,6 +254,8 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             prune(ctx, &params)
         }
         Command::Ping => ping(ctx),
+        Command::Completions { shell } => completions(shell),
+        Command::Man => man(),
         Command::Run { .. } | Command::Mcp(_) => bail!("run and mcp are handled separately"),
     }
 }
@@ -461,5 +463,29 @@ fn ping(ctx: &Ctx) -> Result<u8> {
             ctx.socket.display()
         ))?;
     }
+    Ok(0)
+}
+
+/// `subagent completions SHELL`: the script for SHELL on stdout.
+fn completions(shell: clap_complete::Shell) -> Result<u8> {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    clap_complete::generate(
+        shell,
+        &mut super::args::Cli::command(),
+        "subagent",
+        &mut out,
+    );
+    stdout::write(&String::from_utf8(out)?)?;
+    Ok(0)
+}
+
+/// `subagent man`: the manual page (its options and each subcommand with
+/// what it does) on stdout.
+fn man() -> Result<u8> {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    clap_mangen::Man::new(super::args::Cli::command()).render(&mut out)?;
+    stdout::write(&String::from_utf8(out)?)?;
     Ok(0)
 }
