@@ -162,25 +162,6 @@ impl SessionId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-
-    /// The time it was made, in ms since the epoch: the run's `created_at`,
-    /// so that a time range of runs is a range of their ids.
-    pub fn created_ms(&self) -> u64 {
-        let s = &self.0;
-        let text = format!(
-            "{}-{}-{}T{}:{}:{}.{}Z",
-            &s[0..4],
-            &s[4..6],
-            &s[6..8],
-            &s[9..11],
-            &s[11..13],
-            &s[13..15],
-            &s[16..19]
-        );
-        // Every id `parse` or `new` made has this form; 0 only for a date
-        // the calendar has not (a 30 February).
-        crate::timefmt::parse_rfc3339_ms(&text).unwrap_or(0)
-    }
 }
 
 impl fmt::Display for SessionId {

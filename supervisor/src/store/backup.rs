@@ -1,7 +1,7 @@
 //! The copy of state.db made before a migration changes it: the way back
 //! for an operator who must run the previous release again.
 
-use super::error::{Result, StoreError};
+use super::error::{io_err as io, Result, StoreError};
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
 
@@ -13,16 +13,6 @@ fn named(db: &Path, version: i64, tmp: bool) -> PathBuf {
         p.push(".tmp");
     }
     PathBuf::from(p)
-}
-
-fn io(db: &Path, op: &'static str, at: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
-    let (path, at) = (db.to_path_buf(), at.to_path_buf());
-    move |source| StoreError::Io {
-        path,
-        op,
-        at,
-        source,
-    }
 }
 
 /// Copies the file, at schema `version`, to `<db>.v<version>.bak` (0600,

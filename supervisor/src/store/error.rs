@@ -2,7 +2,7 @@
 //! result type.
 
 use crate::run::record::RecordError;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -108,3 +108,19 @@ fn os_cause(errno: Option<i32>) -> String {
 
 /// A result of the store.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Makes an I/O failure of `op` on `at` (a file of the database `path`'s)
+/// into a [`StoreError::Io`].
+pub(super) fn io_err(
+    path: &Path,
+    op: &'static str,
+    at: &Path,
+) -> impl FnOnce(std::io::Error) -> StoreError {
+    let (path, at) = (path.to_path_buf(), at.to_path_buf());
+    move |source| StoreError::Io {
+        path,
+        op,
+        at,
+        source,
+    }
+}

@@ -23,6 +23,7 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
+use error::io_err;
 pub use error::{Result, StoreError};
 pub use ops::{ListQuery, Op, Page, Stored};
 pub use retention::{Candidate, Pruning};
@@ -75,16 +76,6 @@ impl Drop for Lent<'_> {
                 .push(c);
             self.store.returned.notify_one();
         }
-    }
-}
-
-fn io_err(path: &Path, op: &'static str, at: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
-    let (path, at) = (path.to_path_buf(), at.to_path_buf());
-    move |source| StoreError::Io {
-        path,
-        op,
-        at,
-        source,
     }
 }
 
