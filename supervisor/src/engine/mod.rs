@@ -210,12 +210,7 @@ impl Supervisor {
         let waiting = Waiting::new(&self.inner.waiting, permit.is_none());
         let start_now = permit.is_some();
         let inner = self.inner.clone();
-        let git = self
-            .inner
-            .git_work
-            .acquire()
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+        let git = self.inner.git_permit().await?;
         let created =
             blocking(move || accept::accept(&inner, &params, requester, start_now)).await?;
         drop(git);
@@ -499,12 +494,7 @@ impl Supervisor {
         crate::ids::check_session_id(session).map_err(|p| EngineError::invalid("session_id", p))?;
         let inner = self.inner.clone();
         let (session, who) = (session.to_owned(), who.cloned());
-        let _git = self
-            .inner
-            .git_work
-            .acquire()
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+        let _git = self.inner.git_permit().await?;
         blocking(move || {
             let (state, git) = current(&inner, &session, who.as_ref())?;
             let dir = state.project_dir.clone().unwrap_or_default();

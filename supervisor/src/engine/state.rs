@@ -260,6 +260,15 @@ impl Inner {
             .ok_or_else(|| EngineError::RunNotFound(id.to_string()))
     }
 
+    /// A permit of [`Inner::git_work`], for blocking work that may wait on
+    /// git; the semaphore is never closed.
+    pub(super) async fn git_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, EngineError> {
+        self.git_work
+            .acquire()
+            .await
+            .map_err(|_| EngineError::ShuttingDown)
+    }
+
     /// The run's slot, when it is not settled yet.
     pub(super) fn live_slot(&self, id: &RunId) -> Option<Arc<Slot>> {
         self.runs
