@@ -14,30 +14,54 @@ use subagentd_e2e::{
     alive, bin, is_root, runnable, session, unsafe_kill, wait_until, Conn, Daemon, DaemonOpts,
 };
 
+/// A one-slot daemon busy with a run that waits until `go` exists, and
+/// a run queued behind it.
+struct Busy {
+    d: Daemon,
+    c: Conn,
+    blocker: String,
+    queued: String,
+    go: PathBuf,
+    _scratch: tempfile::TempDir,
+}
+
+/// [`Busy`] in session `name`, the queued run running `queued`.
+fn one_slot_busy(name: &str, queued: &[&str]) -> Busy {
+    let d = Daemon::start_with(DaemonOpts {
+        max_concurrent: Some(1),
+        ..Default::default()
+    });
+    let s = session(name);
+    let scratch = subagentd_e2e::channel();
+    let go = scratch.path().join("go");
+    let mut c = d.conn();
+    let wait = format!("while [ ! -e {} ]; do sleep 0.05; done", go.display());
+    let blocker = c.spawn(&s, &["sh", "-c", &wait], json!({}));
+    let queued = c.spawn(&s, queued, json!({}));
+    Busy {
+        d,
+        c,
+        blocker,
+        queued,
+        go,
+        _scratch: scratch,
+    }
+}
+
 /// A crash while a run was being made leaves its draft in
 /// `<state>/drafts/`: with no record it is removed at the next start (its
 /// spawn was never answered); with one (the crash came between the commit
 /// and the rename) it is put in place and the run goes on.
 #[test]
 fn a_draft_without_its_record_goes_and_one_with_it_is_put_in_place() {
-    let mut d = Daemon::start_with(DaemonOpts {
-        max_concurrent: Some(1),
-        ..Default::default()
-    });
-    let s = session("drafts");
-    let scratch = subagentd_e2e::channel();
-    let go = scratch.path().join("go");
-    let mut c = d.conn();
-    let blocker = c.spawn(
-        &s,
-        &[
-            "sh",
-            "-c",
-            &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display()),
-        ],
-        json!({}),
-    );
-    let queued = c.spawn(&s, &["echo", "queued-ran"], json!({}));
+    let Busy {
+        mut d,
+        mut c,
+        blocker,
+        queued,
+        go,
+        _scratch,
+    } = one_slot_busy("drafts", &["echo", "queued-ran"]);
     let st = c
         .call("check_agent_run", json!({"run_id": queued}))
         .unwrap();
@@ -80,24 +104,14 @@ fn a_draft_without_its_record_goes_and_one_with_it_is_put_in_place() {
 /// there, running its own command once the first run ends.
 #[test]
 fn a_queued_run_survives_kill_9_and_runs_its_own_command() {
-    let mut d = Daemon::start_with(DaemonOpts {
-        max_concurrent: Some(1),
-        ..Default::default()
-    });
-    let s = session("queuedkill");
-    let scratch = subagentd_e2e::channel();
-    let go = scratch.path().join("go");
-    let mut c = d.conn();
-    let first = c.spawn(
-        &s,
-        &[
-            "sh",
-            "-c",
-            &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display()),
-        ],
-        json!({}),
-    );
-    let queued = c.spawn(&s, &["sh", "-c", "echo QUEUED-OWN-COMMAND"], json!({}));
+    let Busy {
+        mut d,
+        mut c,
+        blocker: first,
+        queued,
+        go,
+        _scratch,
+    } = one_slot_busy("queuedkill", &["sh", "-c", "echo QUEUED-OWN-COMMAND"]);
     let st = c
         .call("check_agent_run", json!({"run_id": queued}))
         .unwrap();
@@ -135,24 +149,14 @@ fn a_queued_run_without_its_spec_fails_to_start_and_says_why() {
     ) {
         return;
     }
-    let mut d = Daemon::start_with(DaemonOpts {
-        max_concurrent: Some(1),
-        ..Default::default()
-    });
-    let s = session("nospec");
-    let scratch = subagentd_e2e::channel();
-    let go = scratch.path().join("go");
-    let mut c = d.conn();
-    let blocker = c.spawn(
-        &s,
-        &[
-            "sh",
-            "-c",
-            &format!("while [ ! -e {} ]; do sleep 0.05; done", go.display()),
-        ],
-        json!({}),
-    );
-    let queued = c.spawn(&s, &["sh", "-c", "echo SHOULD-NOT-RUN"], json!({}));
+    let Busy {
+        mut d,
+        c,
+        blocker,
+        queued,
+        go,
+        _scratch,
+    } = one_slot_busy("nospec", &["sh", "-c", "echo SHOULD-NOT-RUN"]);
     drop(c);
     d.stop();
     let out = Command::new("sqlite3")
