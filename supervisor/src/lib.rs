@@ -14,7 +14,8 @@
 //!   [`isolation`] (the isolation report's rows).
 //! - host: [`gitsnap`] (the git snapshot at spawn, under a time budget),
 //!   [`observe`] (the pictures that tell what a run changed), [`paths`]
-//!   (where things live), [`uids`] (per-run uid leases), [`trust`] (what a
+//!   (where things live), [`runnerpath`] (which subagent-runner the daemon
+//!   execs), [`uids`] (per-run uid leases), [`trust`] (what a
 //!   client checks of the socket before it sends anything), [`agents`]
 //!   (subagent definitions on disk), [`sessions`] (each parent session's
 //!   recent files).
@@ -54,6 +55,7 @@ pub mod rights;
 pub mod run;
 pub mod runas;
 pub mod runlog;
+pub mod runnerpath;
 pub mod runservice;
 pub mod sanitize;
 pub mod securedir;

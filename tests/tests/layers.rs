@@ -88,7 +88,14 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
     (
         "host",
         &[
-            "gitsnap", "observe", "paths", "uids", "trust", "agents", "sessions",
+            "gitsnap",
+            "observe",
+            "paths",
+            "runnerpath",
+            "uids",
+            "trust",
+            "agents",
+            "sessions",
         ],
     ),
     ("run model", &["run"]),

@@ -56,6 +56,72 @@ fn xdg_defaults_place_the_socket_and_the_state_dir() {
     }
 }
 
+/// A daemon installed apart from its runner, started with `path` on PATH.
+fn daemon_apart_from_its_runner(dir: &std::path::Path, path_mode: u32) -> std::process::Child {
+    use std::os::unix::fs::PermissionsExt;
+    let own = dir.join("bin");
+    let path_bin = dir.join("path-bin");
+    for d in [&own, &path_bin] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::fs::copy(bin("subagentd"), own.join("subagentd")).unwrap();
+    std::fs::copy(bin("subagent-runner"), path_bin.join("subagent-runner")).unwrap();
+    std::fs::set_permissions(&path_bin, std::fs::Permissions::from_mode(path_mode)).unwrap();
+    let runtime = dir.join("runtime");
+    std::fs::create_dir(&runtime).unwrap();
+    Command::new(own.join("subagentd"))
+        .env_remove("SUBAGENTD_SOCKET")
+        .env_remove("SUBAGENTD_STATE_DIR")
+        .env_remove("SUBAGENTD_RUNNER")
+        .env(
+            "PATH",
+            format!("/nonexistent:{}:/usr/bin:/bin", path_bin.display()),
+        )
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("XDG_STATE_HOME", dir.join("state-home"))
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("daemon.log")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_daemon_without_a_runner_beside_it_takes_a_trusted_one_on_path() {
+    let dir = tempfile::Builder::new()
+        .prefix("sa-path-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let mut child = daemon_apart_from_its_runner(dir.path(), 0o755);
+    let socket = dir.path().join("runtime/subagentd/subagentd.sock");
+    wait_until(Duration::from_secs(20), "the daemon's socket", || {
+        Conn::try_connect(&socket).is_some_and(|mut c| c.call("ping", json!({})).is_ok())
+    });
+    let mut c = Conn::connect(&socket);
+    let run = c.spawn(&session("path"), &["true"], json!({}));
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    unsafe_kill(child.id() as i32, libc::SIGTERM);
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn a_runner_on_path_in_a_dir_others_can_write_is_refused() {
+    let dir = tempfile::Builder::new()
+        .prefix("sa-path-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let mut child = daemon_apart_from_its_runner(dir.path(), 0o777);
+    let status = child.wait().unwrap();
+    let log = std::fs::read_to_string(dir.path().join("daemon.log")).unwrap();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("writable by others"), "{log}");
+    assert!(log.contains("path-bin"), "{log}");
+    assert!(
+        !dir.path().join("runtime/subagentd/subagentd.sock").exists(),
+        "{log}"
+    );
+}
+
 #[test]
 fn a_symlink_on_the_temp_dir_path_makes_the_spawn_fail() {
     let d = Daemon::start();

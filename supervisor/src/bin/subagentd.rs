@@ -35,7 +35,8 @@ struct Args {
     /// At most this many children at once (default: 2 × CPU cores).
     #[arg(long, value_name = "N")]
     max_concurrent: Option<usize>,
-    /// The subagent-runner binary (default: next to this executable).
+    /// The subagent-runner binary (default: next to this executable, else
+    /// the first on PATH in directories only root or this uid can write).
     #[arg(long, env = "SUBAGENTD_RUNNER", value_name = "PATH")]
     runner: Option<PathBuf>,
     /// Run every child as this one unprivileged user (`USER` or
@@ -177,21 +178,12 @@ async fn run(args: Args) -> Result<()> {
         anyhow::ensure!(n > 0, "--max-concurrent must be at least 1");
         cfg.max_concurrent = n;
     }
-    if let Some(r) = args.runner {
-        // Runners are started from `/`: a relative path would not be found.
-        cfg.runner =
-            std::path::absolute(&r).with_context(|| format!("the runner {}", r.display()))?;
-    }
+    cfg.runner = runner_of(args.runner.as_deref())?;
     if let Some(user) = args.run_as.as_ref().or(file.run_as.as_ref()) {
         let r = subagentd::runas::parse(user).map_err(anyhow::Error::msg)?;
         subagentd::runas::check(&r).map_err(anyhow::Error::msg)?;
         cfg.run_as = Some(r);
     }
-    anyhow::ensure!(
-        cfg.runner.is_file(),
-        "the runner {} does not exist (give --runner)",
-        cfg.runner.display()
-    );
     let bound = subagentd::server::socket::bind_socket(&socket_path)
         .with_context(|| format!("setting up the socket {}", socket_path.display()))?;
     let sup = Supervisor::start(cfg.clone())
@@ -356,6 +348,17 @@ const BLOCKING_THREADS: usize = 8;
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MALLOC_ARENAS: libc::c_int = 2;
 
+/// The runner: `--runner` (made absolute: runners start from `/`), else
+/// next to this executable or a trusted one on PATH.
+fn runner_of(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let Some(r) = given else {
+        return Ok(subagentd::runnerpath::locate_for_self()?);
+    };
+    let abs = std::path::absolute(r).with_context(|| format!("the runner {}", r.display()))?;
+    anyhow::ensure!(abs.is_file(), "the runner {} does not exist", abs.display());
+    Ok(abs)
+}
+
 fn main() -> std::process::ExitCode {
     cap_malloc_arenas();
     // What the daemon inherited from whoever started it must not reach the
@@ -363,11 +366,15 @@ fn main() -> std::process::ExitCode {
     let _ = subagent_runner::sys::cloexec_from(3);
     let args = Args::parse();
     if args.check {
-        let runner = args
-            .runner
-            .as_deref()
-            .and_then(|r| std::path::absolute(r).ok());
-        return check(args.config.as_deref(), runner);
+        let runner = match runner_of(args.runner.as_deref()) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("subagentd: {e:#}");
+                return std::process::ExitCode::from(2);
+            }
+        };
+        say(&format!("runner: {}", runner.display()));
+        return check(args.config.as_deref(), Some(runner));
     }
     init_tracing(args.log_format);
     if let Some(log) = &args.log_file {
