@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use std::path::{Path, PathBuf};
 use subagentd::engine::{Config, Supervisor};
+use subagentd::server::socket::BoundSocket;
 use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -156,9 +157,13 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-async fn run(args: Args) -> Result<()> {
+async fn run(args: Args, activated: Option<BoundSocket>) -> Result<()> {
     let shutdown = shutdown_signal()?;
-    let socket_path = args.socket.unwrap_or_else(subagentd::paths::default_socket);
+    // A passed socket is served where it is bound, whatever --socket says.
+    let socket_path = match &activated {
+        Some(b) => b.path().to_path_buf(),
+        None => args.socket.unwrap_or_else(subagentd::paths::default_socket),
+    };
     let state_dir = args
         .state_dir
         .unwrap_or_else(subagentd::paths::default_state_dir);
@@ -184,8 +189,11 @@ async fn run(args: Args) -> Result<()> {
         subagentd::runas::check(&r).map_err(anyhow::Error::msg)?;
         cfg.run_as = Some(r);
     }
-    let bound = subagentd::server::socket::bind_socket(&socket_path)
-        .with_context(|| format!("setting up the socket {}", socket_path.display()))?;
+    let bound = match activated {
+        Some(b) => b,
+        None => subagentd::server::socket::bind_socket(&socket_path)
+            .with_context(|| format!("setting up the socket {}", socket_path.display()))?,
+    };
     let sup = Supervisor::start(cfg.clone())
         .await
         .with_context(|| format!("opening the state dir {}", state_dir.display()))?;
@@ -210,11 +218,12 @@ async fn run(args: Args) -> Result<()> {
         "subagentd listening"
     );
     let server_cfg = subagentd::server::ServerConfig::from_settings(&file);
-    subagentd::server::serve(sup.clone(), &bound, server_cfg, shutdown)
-        .await
-        .context("serving the socket")?;
+    subagentd::server::notify::ready(&sup);
+    let served = subagentd::server::serve(sup.clone(), &bound, server_cfg, shutdown).await;
+    subagentd::server::notify::stopping();
+    served.context("serving the socket")?;
     drop(bound);
-    tracing::info!("socket removed; running children keep running");
+    tracing::info!("stopped serving the socket; running children keep running");
     close_store(&sup).await
 }
 
@@ -376,6 +385,8 @@ fn main() -> std::process::ExitCode {
         say(&format!("runner: {}", runner.display()));
         return check(args.config.as_deref(), Some(runner));
     }
+    // Before any thread starts: it edits the environment.
+    let activated = subagentd::server::activation::take_activated();
     init_tracing(args.log_format);
     if let Some(log) = &args.log_file {
         keep_log_capped(log.clone());
@@ -397,7 +408,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let result = rt.block_on(run(args));
+    let result = rt.block_on(async {
+        let activated = activated.context("taking the socket from the service manager")?;
+        run(args, activated).await
+    });
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

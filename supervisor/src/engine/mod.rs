@@ -166,6 +166,16 @@ impl Supervisor {
         &self.inner.cfg
     }
 
+    /// Runs holding a slot now, and runs queued for one.
+    pub fn load(&self) -> (usize, usize) {
+        let held = self
+            .inner
+            .cfg
+            .max_concurrent
+            .saturating_sub(self.inner.slots.available_permits());
+        (held, self.inner.waiting.load(Ordering::Relaxed))
+    }
+
     /// Records a new run durably and starts it when a slot is free and no
     /// run waits for one, else queues it; returns its id. The agent has not
     /// necessarily started when this returns. Runs to its end on a task of

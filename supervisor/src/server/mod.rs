@@ -1,8 +1,10 @@
 //! The daemon's socket server: a listener, one handler per connection, a
 //! cap on connections, and shutdown through a broadcast.
 
+pub mod activation;
 pub mod connection;
 pub mod dispatch;
+pub mod notify;
 pub mod peer;
 pub mod socket;
 

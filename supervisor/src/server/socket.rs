@@ -34,6 +34,9 @@ pub enum SocketError {
     /// A step failed.
     #[error(transparent)]
     Io(#[from] IoAt),
+    /// The socket systemd passed (LISTEN_FDS) cannot be served.
+    #[error("the socket passed by the service manager (LISTEN_FDS): {0}")]
+    Activation(String),
 }
 
 /// A bound, listening socket; removes its file when dropped.
@@ -42,6 +45,8 @@ pub struct BoundSocket {
     pub listener: std::os::unix::net::UnixListener,
     path: PathBuf,
     _lock: std::fs::File,
+    /// Whether the file is ours to remove (not one systemd made and keeps).
+    owned: bool,
 }
 
 impl BoundSocket {
@@ -51,10 +56,41 @@ impl BoundSocket {
     }
 }
 
+impl BoundSocket {
+    /// A listener systemd bound at `path`, with the daemon's lock taken
+    /// beside it; its file is left in place at exit.
+    pub(super) fn activated(
+        listener: std::os::unix::net::UnixListener,
+        path: &Path,
+    ) -> Result<BoundSocket, SocketError> {
+        Ok(BoundSocket {
+            listener,
+            path: path.to_path_buf(),
+            _lock: lock_beside(path)?,
+            owned: false,
+        })
+    }
+}
+
 impl Drop for BoundSocket {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.owned {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
+}
+
+/// `<path>.lock`, held: no second daemon serves this path.
+fn lock_beside(path: &Path) -> Result<std::fs::File, SocketError> {
+    let mut lock_name = path.as_os_str().to_owned();
+    lock_name.push(".lock");
+    crate::lockfile::acquire(Path::new(&lock_name)).map_err(|e| match e {
+        crate::lockfile::LockError::Held { pid, .. } => SocketError::InUse {
+            path: path.to_path_buf(),
+            pid,
+        },
+        crate::lockfile::LockError::Io(e) => SocketError::Io(e),
+    })
 }
 
 /// Binds `path`, creating its directory (0700) when missing; an existing
@@ -69,16 +105,7 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
         dir: dir.clone(),
         source,
     })?;
-    let mut lock_name = path.as_os_str().to_owned();
-    lock_name.push(".lock");
-    let lock_path = PathBuf::from(lock_name);
-    let lock = crate::lockfile::acquire(&lock_path).map_err(|e| match e {
-        crate::lockfile::LockError::Held { pid, .. } => SocketError::InUse {
-            path: path.to_path_buf(),
-            pid,
-        },
-        crate::lockfile::LockError::Io(e) => SocketError::Io(e),
-    })?;
+    let lock = lock_beside(path)?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             // We hold the lock, so no daemon of ours owns it; still, never
@@ -113,6 +140,7 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, SocketError> {
         listener: std::os::unix::net::UnixListener::from(fd),
         path: path.to_path_buf(),
         _lock: lock,
+        owned: true,
     })
 }
 
