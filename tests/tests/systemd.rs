@@ -21,6 +21,17 @@ fn tool(name: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// `name`'s path; else `SKIPPED` (a failure under CI) and `None`.
+fn required_tool(name: &str) -> Option<String> {
+    let found = tool(name);
+    let why = format!("{name} is not installed");
+    if runnable(found.is_some(), "systemd-tools", &why) {
+        found
+    } else {
+        None
+    }
+}
+
 /// Every datagram the daemon sends within `within`, until `done` holds.
 fn notifications(sock: &UnixDatagram, within: Duration, done: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + within;
@@ -39,15 +50,9 @@ fn notifications(sock: &UnixDatagram, within: Duration, done: impl Fn(&str) -> b
 
 #[test]
 fn a_socket_from_systemd_is_served_and_ready_and_the_watchdog_are_sent() {
-    let found = tool("systemd-socket-activate");
-    if !runnable(
-        found.is_some(),
-        "systemd-tools",
-        "systemd-socket-activate is not installed",
-    ) {
+    let Some(activate) = required_tool("systemd-socket-activate") else {
         return;
-    }
-    let Some(activate) = found else { return };
+    };
     let dir = tempfile::Builder::new()
         .prefix("sa-sd-")
         .tempdir_in("/tmp")
@@ -146,15 +151,9 @@ fn verify(analyze: &str, units: &[&str], user: bool) -> Vec<String> {
 
 #[test]
 fn the_units_pass_systemd_analyze_verify() {
-    let found = tool("systemd-analyze");
-    if !runnable(
-        found.is_some(),
-        "systemd-tools",
-        "systemd-analyze is not installed",
-    ) {
+    let Some(analyze) = required_tool("systemd-analyze") else {
         return;
-    }
-    let Some(analyze) = found else { return };
+    };
     let system = verify(&analyze, &["subagentd.service", "subagentd.socket"], false);
     assert!(system.is_empty(), "{system:?}");
     let user = verify(
@@ -167,15 +166,9 @@ fn the_units_pass_systemd_analyze_verify() {
 
 #[test]
 fn verify_reports_a_misspelt_directive() {
-    let found = tool("systemd-analyze");
-    if !runnable(
-        found.is_some(),
-        "systemd-tools",
-        "systemd-analyze is not installed",
-    ) {
+    let Some(analyze) = required_tool("systemd-analyze") else {
         return;
-    }
-    let Some(analyze) = found else { return };
+    };
     // The check above is only worth something if verify's complaints reach it.
     let tmp = tempfile::tempdir().unwrap();
     let unit = tmp.path().join("bad.service");
