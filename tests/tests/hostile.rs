@@ -463,7 +463,18 @@ fn subagentd_check_reports_the_host() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.starts_with("landlock "), "{text}");
+    // First the runner it found, then the host's facts.
+    let mut lines = text.lines();
+    let runner = lines.next().unwrap_or_default();
+    let runner = runner
+        .strip_prefix("runner: ")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(std::path::Path::new(runner).is_absolute(), "{text}");
+    assert!(runner.ends_with("/subagent-runner"), "{text}");
+    assert!(
+        lines.next().unwrap_or_default().starts_with("landlock "),
+        "{text}"
+    );
     // On this project's machines (root, Landlock, seccomp) every default
     // requirement holds; elsewhere the exit code says which does not.
     let missing = text.lines().filter(|l| l.starts_with("MISSING")).count();
