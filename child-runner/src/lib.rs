@@ -20,6 +20,7 @@
 //! - [`sys`]: thin wrappers over the syscalls used here, each with a typed error.
 //! - [`procstat`]: a process as /proc/PID/stat shows it.
 //! - [`logsink`]: child.log with its size cap.
+//! - [`logtimes`]: child.log.times, when the log's lines were captured.
 //! - [`sandbox`]: applying the sandbox spec (Landlock, seccomp,
 //!   capabilities, rlimits, cgroups, namespaces) and reporting it.
 //! - [`launch`]: starting an attempt: the run's init and the agent command.
@@ -41,6 +42,7 @@ pub mod ioerr;
 pub mod launch;
 pub mod lockfd;
 pub mod logsink;
+pub mod logtimes;
 pub mod procstat;
 pub mod restart;
 pub mod safefile;

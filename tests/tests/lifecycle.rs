@@ -90,6 +90,7 @@ fn success_writes_log_artifacts_and_result() {
     let want_names = [
         "artifacts",
         "child.log",
+        "child.log.times",
         "context",
         "exit.json",
         "result.md",

@@ -170,6 +170,14 @@ pub enum Command {
         /// Start with the last N lines.
         #[arg(long, value_name = "N")]
         tail: Option<usize>,
+        /// Put the time each line was captured in front of it, RFC 3339 in
+        /// UTC (`2026-12-06T19:19:38.123Z line`); `-` where it is not known.
+        #[arg(long)]
+        timestamps: bool,
+        /// Start at the first line captured at or after: an age (`90s`,
+        /// `10m`, `2h`, `7d`) or an RFC 3339 time.
+        #[arg(long, value_name = "WHEN")]
+        since: Option<String>,
         /// Print the log's bytes unchanged even to a terminal (by default
         /// a terminal gets control characters and escape sequences shown
         /// visibly, e.g. ESC as `\x1b`; a pipe or file always gets the bytes).

@@ -233,8 +233,19 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             run,
             follow,
             tail,
+            timestamps,
+            since,
             raw,
-        } => logs(ctx, &run, follow, tail, raw),
+        } => {
+            let since_ms = since
+                .map(|w| super::linetimes::since_ms(&w, crate::timefmt::now_ms()))
+                .transpose()?;
+            let how = super::linetimes::Stamping {
+                timestamps,
+                since_ms,
+            };
+            logs(ctx, &run, follow, tail, how, raw)
+        }
         Command::Context { run, detail, show } => context(ctx, &run, detail, show),
         Command::ContextOf { session } => working_context(ctx, &session),
         Command::Worktree {
@@ -306,22 +317,33 @@ fn notices(ctx: &Ctx, session: &str) -> Result<u8> {
     Ok(0)
 }
 
-/// Prints child.log (from the last `tail` lines; to its end with
-/// `follow`); a reader that goes away is not an error.
-fn logs(ctx: &Ctx, run: &str, follow: bool, tail: Option<usize>, raw: bool) -> Result<u8> {
+/// Prints child.log (from the last `tail` lines, or the first line since
+/// `how.since_ms`; to its end with `follow`; with each line's time when
+/// `how.timestamps`); a reader that goes away is not an error.
+fn logs(
+    ctx: &Ctx,
+    run: &str,
+    follow: bool,
+    tail: Option<usize>,
+    how: super::linetimes::Stamping,
+    raw: bool,
+) -> Result<u8> {
     let dir = run_dir(ctx, run)?;
-    let from = match tail {
+    let log = dir.join("child.log");
+    let mut from = match tail {
         // The user asked for these lines and reads them all: no byte bound.
-        Some(n) => {
-            crate::view::logtail::tail_offset(&dir.join("child.log"), n, u64::MAX).unwrap_or(0)
-        }
+        Some(n) => crate::view::logtail::tail_offset(&log, n, u64::MAX).unwrap_or(0),
         None => 0,
     };
-    match follow::print_log_to_stdout(&dir, from, follow, raw) {
+    let times = how.any().then(|| super::linetimes::LineTimes::of_log(&log));
+    if let (Some(t), Some(since)) = (&times, how.since_ms) {
+        from = from.max(t.since_offset(since, log.exists())?);
+    }
+    match follow::print_log_stamped(&dir, from, follow, raw, times.map(|t| (t, how))) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
         other => other
             .map(|_| 0)
-            .with_context(|| format!("reading {}", dir.join("child.log").display())),
+            .with_context(|| format!("reading {}", log.display())),
     }
 }
 

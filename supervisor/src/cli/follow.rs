@@ -2,6 +2,7 @@
 //! runs and while the daemon is down. Following stops once the run has
 //! ended and everything it wrote has been printed.
 
+use super::linetimes::{LineTimes, Stamper, Stamping};
 use crate::run::record::{RunRecord, RunState};
 use crate::sanitize::TerminalWriter;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -114,15 +115,43 @@ pub fn print_log(dir: &Path, from: u64, follow: bool, out: &mut dyn Write) -> st
 /// [`crate::sanitize`]) unless `raw`; to a pipe or file the bytes pass
 /// unchanged.
 pub fn print_log_to_stdout(dir: &Path, from: u64, follow: bool, raw: bool) -> std::io::Result<()> {
+    print_log_stamped(dir, from, follow, raw, None)
+}
+
+/// [`print_log_to_stdout`], each line with its time or from a time on
+/// when `stamps` says so (`from` is then a line start).
+pub fn print_log_stamped(
+    dir: &Path,
+    from: u64,
+    follow: bool,
+    raw: bool,
+    stamps: Option<(LineTimes, Stamping)>,
+) -> std::io::Result<()> {
     let stdout = std::io::stdout();
     let terminal = !raw && stdout.is_terminal();
     let mut out = stdout.lock();
     if !terminal {
-        return print_log(dir, from, follow, &mut out);
+        return print_through(dir, from, follow, &mut out, stamps);
     }
     let mut shown = TerminalWriter::new(out);
-    let printed = print_log(dir, from, follow, &mut shown);
+    let printed = print_through(dir, from, follow, &mut shown, stamps);
     // A sequence cut at the very end is shown as its bytes.
     let finished = shown.finish();
     printed.and(finished)
+}
+
+/// [`print_log`] to `out`, through a [`Stamper`] when `stamps` says so.
+fn print_through(
+    dir: &Path,
+    from: u64,
+    follow: bool,
+    out: &mut dyn Write,
+    stamps: Option<(LineTimes, Stamping)>,
+) -> std::io::Result<()> {
+    match stamps {
+        Some((times, how)) => {
+            print_log(dir, from, follow, &mut Stamper::new(out, times, how, from))
+        }
+        None => print_log(dir, from, follow, out),
+    }
 }

@@ -4,6 +4,7 @@
 //!
 //! - [`args`]: the command line as clap parses it, and the exit codes.
 //! - [`follow`]: printing and following child.log from the file.
+//! - [`linetimes`]: `logs --timestamps` and `--since`, from child.log.times.
 //! - [`show`]: human output (status blocks, the `ls` table).
 //! - [`commands`]: the socket commands.
 //! - [`list`]: `subagent ls`, page by page.
@@ -14,6 +15,7 @@
 pub mod args;
 pub mod commands;
 pub mod follow;
+pub mod linetimes;
 pub mod list;
 pub mod prune;
 pub mod run;

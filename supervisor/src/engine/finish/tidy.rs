@@ -1,7 +1,7 @@
 //! The run folder once the run's end is committed: what only the live run
 //! needed goes, so a finished run keeps what people and agents read
-//! (child.log, artifacts/, context/, result.md, exit.json, egress.log,
-//! gateway.log) and nothing else; and what the folder then takes on
+//! (child.log and child.log.times, artifacts/, context/, result.md,
+//! exit.json, egress.log, gateway.log) and nothing else; and what the folder then takes on
 //! disk, for retention's `max_bytes`.
 
 use crate::paths::RunFiles;
@@ -77,6 +77,7 @@ mod tests {
             "attempt.json",
             "observed-before.json",
             "child.log",
+            "child.log.times",
             "result.md",
         ] {
             std::fs::write(d.path().join(f), b"x").unwrap();
@@ -99,13 +100,16 @@ mod tests {
     fn only_what_people_read_is_left() {
         let (_d, files) = folder();
         tidy(&files);
-        assert_eq!(names(&files), ["child.log", "result.md", "runner.json"]);
+        assert_eq!(
+            names(&files),
+            ["child.log", "child.log.times", "result.md", "runner.json"]
+        );
         tidy_older(&files);
-        assert_eq!(names(&files), ["child.log", "result.md"]);
+        assert_eq!(names(&files), ["child.log", "child.log.times", "result.md"]);
         tidy_older(&files);
         assert_eq!(
             names(&files),
-            ["child.log", "result.md"],
+            ["child.log", "child.log.times", "result.md"],
             "twice is harmless"
         );
     }
@@ -118,7 +122,13 @@ mod tests {
         tidy_older(&files);
         assert_eq!(
             names(&files),
-            ["child.log", "delta", "result.md", "runner.log"]
+            [
+                "child.log",
+                "child.log.times",
+                "delta",
+                "result.md",
+                "runner.log"
+            ]
         );
     }
 
