@@ -459,6 +459,7 @@ mod tests {
             attempts: 1,
             kept: None,
             setup_us: Default::default(),
+            exec_at_us: None,
         }
     }
 
