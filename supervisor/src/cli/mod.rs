@@ -7,6 +7,7 @@
 //! - [`show`]: human output (status blocks, the `ls` table).
 //! - [`commands`]: the socket commands.
 //! - [`list`]: `subagent ls`, page by page.
+//! - [`metrics`]: `subagent metrics`.
 //! - [`prune`]: `subagent prune`'s lines.
 //! - [`run`]: `subagent run`, for CI.
 //! - [`stdout`]: writing to stdout; a closed stdout ends quietly.
@@ -15,6 +16,7 @@ pub mod args;
 pub mod commands;
 pub mod follow;
 pub mod list;
+pub mod metrics;
 pub mod prune;
 pub mod run;
 pub mod show;
