@@ -210,6 +210,13 @@ fn histogram_count(exp: &Exposition, family: &str) -> f64 {
     s.value
 }
 
+/// The spawn params of a run held until `gate`/go exists: the gate
+/// readable, and a wall time that ends it should a failed test never
+/// open the gate.
+fn held(gate: &std::path::Path) -> Value {
+    json!({"sandbox": {"read_paths": [gate]}, "limits": {"wall_time_s": 120}})
+}
+
 #[test]
 fn the_counts_match_the_runs_made_by_state_and_reason() {
     let d = Daemon::start();
@@ -220,7 +227,7 @@ fn the_counts_match_the_runs_made_by_state_and_reason() {
         "while [ ! -e {}/go ]; do sleep 0.05; done",
         gate.path().display()
     );
-    let read = json!({"sandbox": {"read_paths": [gate.path()]}});
+    let read = held(gate.path());
     let mut runs = vec![
         c.spawn(&s, &["/bin/true"], json!({})),
         c.spawn(&s, &["/bin/sh", "-c", "echo twelve bytes"], json!({})),
@@ -316,7 +323,7 @@ fn running_and_queued_follow_a_one_slot_daemon() {
         "while [ ! -e {}/go ]; do sleep 0.05; done",
         gate.path().display()
     );
-    let read = json!({"sandbox": {"read_paths": [gate.path()]}});
+    let read = held(gate.path());
     let first = c.spawn(&s, &["/bin/sh", "-c", &hold], read.clone());
     let second = c.spawn(&s, &["/bin/sh", "-c", &hold], read);
     let gauges = |exp: &Exposition| {
@@ -349,7 +356,7 @@ fn starts_are_counted_across_restarts_and_a_live_run_is_recovered() {
         "while [ ! -e {}/go ]; do sleep 0.05; done",
         gate.path().display()
     );
-    let read = json!({"sandbox": {"read_paths": [gate.path()]}});
+    let read = held(gate.path());
     let run = d.conn().spawn(&s, &["/bin/sh", "-c", &hold], read);
     wait_until(Duration::from_secs(20), "the run to start", || {
         d.conn()
@@ -544,7 +551,7 @@ fn a_spawn_refused_for_a_mechanism_is_counted_by_it() {
         "while [ ! -e {}/go ]; do sleep 0.05; done",
         gate.path().display()
     );
-    let read = json!({"sandbox": {"read_paths": [gate.path()]}});
+    let read = held(gate.path());
     let mut c = d.conn();
     let first = c.spawn(&s, &["/bin/sh", "-c", &hold], read);
     let params = json!({
