@@ -86,6 +86,11 @@ pub struct ExitRecord {
     /// the clone of its init to the agent's exec.
     #[serde(default)]
     pub setup_us: std::collections::BTreeMap<String, u64>,
+    /// When the first attempt's agent exec'd, in µs since the epoch
+    /// (absent when no attempt's agent did): the end of the daemon's
+    /// spawn → exec time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_at_us: Option<u64>,
 }
 
 /// What the runner copied out of the run's scratch file system.

@@ -43,6 +43,8 @@ pub struct Started {
     pub status: OwnedFd,
     /// From the clone to the agent's exec, in µs.
     pub fork_to_exec_us: u64,
+    /// When the agent exec'd, in µs since the epoch.
+    pub exec_at_us: u64,
 }
 
 /// The agent's command line and environment, made before the clone.
@@ -221,6 +223,7 @@ pub fn start(
             init,
             status: status_r,
             fork_to_exec_us,
+            exec_at_us: crate::now_unix_us(),
         });
     }
     // Init or the agent failed before exec and exits on its own.

@@ -199,6 +199,7 @@ pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
     };
     let max_attempts = spec.restart.as_ref().map_or(1, |r| r.max_attempts.max(1));
     let mut attempt = 1;
+    let mut first_exec = None;
     loop {
         if let Some(r) = &spec.restart {
             crate::restart::record_attempt(r, attempt);
@@ -219,6 +220,7 @@ pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
             p
         });
         let mut rec = attempt_once(spec, &sfd, &mut sink, &scratch, prepared, deadline)?;
+        first_exec = first_exec.or(rec.exec_at_us);
         let mut continue_me =
             rec.outcome == Outcome::Exited && rec.exit_code == Some(crate::restart::EXIT_CONTINUE);
         // A cancel that arrived as the attempt ended is not lost: no restart.
@@ -246,6 +248,7 @@ pub fn run(spec: &RunnerSpec, ready: Ready) -> Result<ExitRecord, RunnerError> {
             );
         }
         rec.kept = Some(keep(spec, &scratch));
+        rec.exec_at_us = first_exec;
         finish_record(&mut rec, sink, first_start, attempt);
         return Ok(rec);
     }
@@ -397,6 +400,7 @@ fn not_started(started_at_ms: u64, exit_code: Option<i32>, reason: String) -> Ex
         attempts: 1,
         kept: None,
         setup_us: Default::default(),
+        exec_at_us: None,
     }
 }
 
@@ -488,6 +492,7 @@ fn attempt_once(
         attempts: 1,
         kept: None,
         setup_us,
+        exec_at_us: Some(started.exec_at_us),
     })
 }
 

@@ -80,6 +80,10 @@ pub struct Config {
     /// for this long is closed (default 600).
     #[serde(default)]
     pub idle_timeout_s: Option<u64>,
+    /// Where the daemon serves its metrics over HTTP (`PORT` on loopback,
+    /// or `HOST:PORT`); off when absent. `--metrics-listen` wins.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
     /// Destinations every run may reach through the proxy (`host:port`).
     #[serde(default)]
     pub network_allow: Vec<String>,

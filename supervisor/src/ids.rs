@@ -84,6 +84,12 @@ impl RunId {
         // the calendar has not (a 30 February).
         crate::timefmt::parse_rfc3339_ms(&text).unwrap_or(0)
     }
+
+    /// The time it was made, in µs since the epoch (its full precision).
+    pub fn created_us(&self) -> u64 {
+        let sub_ms: u64 = self.0[19..22].parse().unwrap_or(0);
+        self.created_ms() * 1000 + sub_ms
+    }
 }
 
 impl Default for RunId {
@@ -215,6 +221,7 @@ mod tests {
         let id = RunId::parse("20261202T072331.184991Z-838f4851").unwrap();
         let want = crate::timefmt::parse_rfc3339_ms("2026-12-02T07:23:31.184Z").unwrap();
         assert_eq!(id.created_ms(), want);
+        assert_eq!(id.created_us(), want * 1000 + 991);
     }
 
     #[test]

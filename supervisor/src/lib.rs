@@ -23,7 +23,8 @@
 //!   made of (worktree, delta, driver, egress counts).
 //! - run services: [`egress`] (the proxy of runs in allowlist mode),
 //!   [`gateway`] (the model gateway of driver runs, the daemon adding the
-//!   key).
+//!   key), [`metrics`] (the engine's counters, their bounded labels and
+//!   the Prometheus exposition).
 //! - protocol: [`protocol`] (the JSON-RPC wire types and error codes),
 //!   [`status`] (a run's status, from its record), [`result_md`] (a finished run's
 //!   result.md), [`store`] (the daemon's records in SQLite, state.db).
@@ -46,6 +47,7 @@ pub mod ids;
 pub mod isolation;
 pub mod lockfile;
 pub mod mcp;
+pub mod metrics;
 pub mod observe;
 pub mod paging;
 pub mod paths;

@@ -370,6 +370,17 @@ pub enum Call {
     PruneRuns(PruneParams),
     /// Liveness and version.
     Ping,
+    /// The daemon's metrics, as Prometheus text.
+    Metrics(MetricsParams),
+}
+
+/// The params of `metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsParams {
+    /// `prometheus` (text 0.0.4, the default) or `openmetrics` (1.0.0).
+    #[serde(default)]
+    pub format: crate::metrics::Format,
 }
 
 /// A request: a call and the id to answer with (`None` for a JSON-RPC
@@ -544,6 +555,7 @@ impl Call {
             "working_context" => params(p).map(Call::WorkingContext),
             "prune_runs" => params(p).map(Call::PruneRuns),
             "ping" => params::<NoParams>(p).map(|_| Call::Ping),
+            "metrics" => params(p).map(Call::Metrics),
             other => Err(RpcError::new(
                 codes::METHOD_NOT_FOUND,
                 format!("method not found: {other}"),

@@ -99,7 +99,7 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     ("run model", &["run"]),
-    ("run services", &["egress", "gateway"]),
+    ("run services", &["egress", "gateway", "metrics"]),
     (
         "protocol",
         &["protocol", "paging", "status", "result_md", "store"],

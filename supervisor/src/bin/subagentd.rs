@@ -53,6 +53,11 @@ struct Args {
     /// checked at start and every minute.
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
+    /// Serve the metrics over HTTP at /metrics: a PORT (on 127.0.0.1) or
+    /// HOST:PORT (another address only when written out). Off by default;
+    /// the config's `metrics_listen` is used when this is not given.
+    #[arg(long, env = "SUBAGENTD_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<String>,
     /// Print what this host can enforce and exit: 0 when every default
     /// requirement (Landlock, seccomp, capability drop, network isolation)
     /// holds, 1 otherwise.
@@ -218,13 +223,38 @@ async fn run(args: Args, activated: Option<BoundSocket>) -> Result<()> {
         "subagentd listening"
     );
     let server_cfg = subagentd::server::ServerConfig::from_settings(&file);
+    let metrics_at = args
+        .metrics_listen
+        .as_deref()
+        .or(file.metrics_listen.as_deref());
+    let metrics = metrics_at.map(|a| serve_metrics(&sup, a)).transpose()?;
     subagentd::server::notify::ready(&sup);
     let served = subagentd::server::serve(sup.clone(), &bound, server_cfg, shutdown).await;
+    if let Some(task) = metrics {
+        task.abort();
+    }
     subagentd::server::notify::stopping();
     served.context("serving the socket")?;
     drop(bound);
     tracing::info!("stopped serving the socket; running children keep running");
     close_store(&sup).await
+}
+
+/// Starts serving the metrics over HTTP on `given` (`--metrics-listen` or
+/// the config's `metrics_listen`).
+fn serve_metrics(sup: &Supervisor, given: &str) -> Result<tokio::task::JoinHandle<()>> {
+    use subagentd::server::metrics_http;
+    let addr = metrics_http::parse_listen(given)?;
+    let listener = metrics_http::bind(addr)?;
+    let at = listener.local_addr().unwrap_or(addr);
+    if !at.ip().is_loopback() {
+        tracing::warn!(
+            "metrics are served on {at}, not a loopback address: whoever reaches it reads \
+             the daemon's counts (no run ids, sessions, paths or secrets)"
+        );
+    }
+    tracing::info!("metrics served at http://{at}{}", metrics_http::PATH);
+    Ok(tokio::spawn(metrics_http::serve(sup.clone(), listener)))
 }
 
 /// The last write: the next start knows this stop was clean (unless the

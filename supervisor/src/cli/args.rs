@@ -242,6 +242,13 @@ pub enum Command {
     },
     /// Check that the daemon answers.
     Ping,
+    /// Print the daemon's metrics in the Prometheus text format (the
+    /// daemon's uid and root only; see docs/operating.md).
+    Metrics {
+        /// OpenMetrics text 1.0.0 instead.
+        #[arg(long)]
+        openmetrics: bool,
+    },
     /// Print a completion script for SHELL (bash, zsh, fish, elvish,
     /// powershell), e.g. `subagent completions bash > /etc/bash_completion.d/subagent`.
     Completions {

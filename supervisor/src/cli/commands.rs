@@ -265,6 +265,10 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             prune(ctx, &params)
         }
         Command::Ping => ping(ctx),
+        Command::Metrics { openmetrics } => {
+            let v = ctx.call("metrics", super::metrics::params(openmetrics))?;
+            super::metrics::print(&v, ctx.json)
+        }
         Command::Completions { shell } => completions(shell),
         Command::Man => man(),
         Command::Run { .. } | Command::Mcp(_) => bail!("run and mcp are handled separately"),

@@ -8,6 +8,7 @@
 //! - [`show`]: human output (status blocks, the `ls` table).
 //! - [`commands`]: the socket commands.
 //! - [`list`]: `subagent ls`, page by page.
+//! - [`metrics`]: `subagent metrics`.
 //! - [`prune`]: `subagent prune`'s lines.
 //! - [`run`]: `subagent run`, for CI.
 //! - [`stdout`]: writing to stdout; a closed stdout ends quietly.
@@ -17,6 +18,7 @@ pub mod commands;
 pub mod follow;
 pub mod linetimes;
 pub mod list;
+pub mod metrics;
 pub mod prune;
 pub mod run;
 pub mod show;

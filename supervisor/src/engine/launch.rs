@@ -404,7 +404,7 @@ pub(crate) async fn run_lifecycle(
         Err(reason) => {
             let mut next = rec.clone();
             tracing::error!(run_id = %next.run_id, "{reason}");
-            let why = format!("could not start the runner: {reason}");
+            let why = format!("{}: {reason}", crate::metrics::reason::START_FAILED);
             next.ended(EndState::Failed, why, crate::timefmt::now_ms());
             if let Err(e) = inner.persist(&slot, &mut rec, next).await {
                 tracing::error!("{e}");
@@ -437,6 +437,7 @@ pub(crate) async fn run_started(
         tracing::error!(run_id = %id, "recording the running state: {e}");
     }
     slot.published.send_replace(rec.clone());
+    inner.metrics.started();
     tracing::info!(run_id = %id, runner_pid = pid, "run started");
     drop(rec);
     watch(inner, slot, fd).await;

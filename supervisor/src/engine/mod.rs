@@ -122,6 +122,7 @@ impl Supervisor {
         let probe = probe::probe();
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
+        let metrics = crate::metrics::Metrics::new(store.starts());
         let inner = Arc::new(Inner {
             slots: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
             store: Arc::new(store),
@@ -139,6 +140,7 @@ impl Supervisor {
             uids,
             leases: Mutex::new(BTreeMap::new()),
             git_work: Semaphore::new(GIT_WORK),
+            metrics,
             _state_lock: lock,
         });
         // Empty session dirs a crash left behind (a run's end removes its own).
@@ -194,9 +196,17 @@ impl Supervisor {
         requester: Option<policy::rights::Requester>,
     ) -> Result<RunId, EngineError> {
         let sup = self.clone();
-        tokio::spawn(async move { sup.spawn_to_end(params, requester).await })
+        let done = tokio::spawn(async move { sup.spawn_to_end(params, requester).await })
             .await
-            .map_err(|e| EngineError::Unexpected(InternalError::Join(e)))?
+            .map_err(|e| EngineError::Unexpected(InternalError::Join(e)))?;
+        match &done {
+            Ok(_) => self.inner.metrics.accepted(),
+            Err(EngineError::Sandbox { mechanism, .. }) => {
+                self.inner.metrics.sandbox_refused(mechanism)
+            }
+            Err(_) => {}
+        }
+        done
     }
 
     async fn spawn_to_end(
@@ -517,6 +527,21 @@ impl Supervisor {
             }))
         })
         .await
+    }
+
+    /// The metrics in `format`: the counters since the engine started and
+    /// the gauges as they are now (docs/operating.md lists them).
+    pub fn metrics(
+        &self,
+        format: crate::metrics::Format,
+    ) -> Result<String, crate::metrics::MetricsError> {
+        let (running, queued) = self.load();
+        let live = crate::metrics::Live {
+            running,
+            queued,
+            notices_pending: self.inner.store.notices_pending(),
+        };
+        self.inner.metrics.encode(live, format)
     }
 
     /// A receiver of every finished-run notice from now on.

@@ -248,6 +248,7 @@ fn mark(inner: &Inner, batch: &[(String, policy::retention::Reason)]) -> Result<
         .collect();
     inner.store.commit_blocking(ops)?;
     for (id, reason) in batch {
+        inner.metrics.pruned(*reason);
         tracing::info!(run_id = %id, reason = reason.as_str(), "run pruned");
     }
     Ok(())

@@ -142,6 +142,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
             Recovered::Settled => {}
         }
     }
+    inner.metrics.recovered(alive, ended, queued);
     if alive + ended + queued > 0 {
         tracing::info!(
             still_running = alive,
@@ -344,7 +345,7 @@ async fn reassign_uid(
 async fn fail_queued(inner: &Arc<Inner>, slot: &Arc<Slot>, why: String) {
     let mut r = slot.rec.lock().await;
     let mut next = r.clone();
-    let why = format!("could not be started after a restart: {why}");
+    let why = format!("{}: {why}", crate::metrics::reason::RESTART_FAILED);
     next.ended(EndState::Failed, why, crate::timefmt::now_ms());
     if let Err(e) = inner.persist(slot, &mut r, next).await {
         tracing::error!("{e}");

@@ -246,6 +246,8 @@ pub(crate) struct Inner {
     /// The uid leases of runs not started yet. A std lock held only to
     /// insert or remove one; never across an await.
     pub(super) leases: Mutex<BTreeMap<RunId, crate::uids::UidLease>>,
+    /// The engine's counters and histograms. Lock-free (atomics).
+    pub(super) metrics: crate::metrics::Metrics,
     /// The state dir's lock, held for the engine's life.
     pub(super) _state_lock: std::fs::File,
 }

@@ -98,6 +98,7 @@ pub async fn execute(
         }
         Call::WorkingContext(p) => sup.working_context(&p.session_id, who).await.map_err(r),
         Call::PruneRuns(p) => Ok(to_value(&sup.prune_runs(p, requester).await.map_err(r)?)),
+        Call::Metrics(p) => metrics(sup, &p, who),
         Call::Ping => Ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),
@@ -107,4 +108,26 @@ pub async fn execute(
             "subscribe is handled by the connection",
         )),
     }
+}
+
+/// `metrics`: the exposition, for the daemon's uid and root only (the
+/// counts are of every user's runs).
+fn metrics(
+    sup: &Supervisor,
+    p: &crate::protocol::MetricsParams,
+    who: Option<&policy::rights::Requester>,
+) -> Result<Value, RpcError> {
+    if let Some(w) = who {
+        return Err(RpcError::new(
+            crate::protocol::codes::NOT_PERMITTED,
+            format!(
+                "permission denied: metrics count every user's runs; only the daemon's uid and root may read them (not uid {})",
+                w.uid
+            ),
+        ));
+    }
+    let text = sup
+        .metrics(p.format)
+        .map_err(|e| RpcError::new(crate::protocol::codes::INTERNAL_ERROR, e.to_string()))?;
+    Ok(json!({"content_type": p.format.content_type(), "text": text}))
 }

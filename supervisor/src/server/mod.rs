@@ -4,6 +4,7 @@
 pub mod activation;
 pub mod connection;
 pub mod dispatch;
+pub mod metrics_http;
 pub mod notify;
 pub mod peer;
 pub mod socket;

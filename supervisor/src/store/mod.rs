@@ -57,6 +57,8 @@ pub struct Store {
     /// How long the integrity check took at open; `None` when it was
     /// skipped (the last daemon stopped cleanly) or the store is read-only.
     checked: Option<std::time::Duration>,
+    /// This open's number among the file's opens for writing (0: read-only).
+    starts: u64,
 }
 
 /// A pooled reader, put back in the pool when dropped (also when the read
@@ -177,7 +179,7 @@ fn check_unclean(conn: &rusqlite::Connection, path: &Path) -> Result<Option<std:
     Ok(checked)
 }
 
-pub use writer::CLEAN_SHUTDOWN;
+pub use writer::{CLEAN_SHUTDOWN, STARTS};
 
 impl Store {
     /// Opens (or creates) `<state>/state.db`: refuses a corrupt, foreign or
@@ -211,8 +213,13 @@ impl Store {
             checked = check_unclean(&conn, &path)?;
         }
         import_v1::import(&mut conn, &path, layout)?;
-        let (tx, rx) = std::sync::mpsc::channel();
+        let starts = writer::count_start(&conn, &path)?;
         let stats = Arc::new(writer::Stats::default());
+        let pending = query::notices_pending(&conn, &path)?;
+        stats
+            .notices_pending
+            .store(pending, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
         let writer = writer::spawn(conn, path.clone(), rx, stats.clone()).map_err(io_err(
             &path,
             "start the writer for",
@@ -230,6 +237,7 @@ impl Store {
             returned: Condvar::new(),
             stats,
             checked,
+            starts,
         })
     }
 
@@ -247,6 +255,7 @@ impl Store {
             returned: Condvar::new(),
             stats: Arc::new(writer::Stats::default()),
             checked: None,
+            starts: 0,
         })
     }
 
@@ -440,6 +449,22 @@ impl Store {
     /// measured bytes. Blocking.
     pub fn retention_tally(&self) -> Result<Vec<(String, u64, u64)>> {
         self.read(retention::tally)
+    }
+
+    /// This open's number among the state dir's daemon starts (kept in
+    /// the meta table as `starts`); 0 for a read-only store.
+    pub fn starts(&self) -> u64 {
+        self.starts
+    }
+
+    /// Notices pending (not taken, their run not being pruned), as the
+    /// writer counts them: no read of the database.
+    pub fn notices_pending(&self) -> u64 {
+        let n = self
+            .stats
+            .notices_pending
+            .load(std::sync::atomic::Ordering::Relaxed);
+        u64::try_from(n).unwrap_or(0)
     }
 
     /// One of the store's marks. Blocking.

@@ -114,6 +114,17 @@ pub(super) fn live_runs(conn: &Connection, path: &Path) -> Result<Vec<RunRecord>
     )
 }
 
+/// The notices a take could return, of every session: read once, at
+/// open (the writer keeps the count from then on).
+pub(super) fn notices_pending(conn: &Connection, path: &Path) -> Result<i64> {
+    conn.query_row(
+        "SELECT count(*) FROM runs WHERE notice = 'pending' AND prune_state IS NULL",
+        [],
+        |r| r.get(0),
+    )
+    .map_err(runs::sql(path))
+}
+
 /// One of the store's marks.
 pub(super) fn meta(conn: &Connection, path: &Path, key: &str) -> Result<Option<String>> {
     conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))

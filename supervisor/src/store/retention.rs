@@ -123,26 +123,35 @@ pub(super) fn pending(conn: &Connection, path: &Path) -> Result<Vec<Pruning>> {
 }
 
 /// Marks `ids` as being pruned for `reason`; a run that is not ended and
-/// finalized is never marked.
+/// finalized is never marked. Returns how many of those marked had a
+/// pending notice (gone with them).
 pub(super) fn mark(
     conn: &Connection,
     path: &Path,
     ids: &[RunId],
     reason: &str,
     now: u64,
-) -> Result<()> {
+) -> Result<u64> {
     let mut st = conn
         .prepare_cached(
             "UPDATE runs SET prune_state = 'pruning', prune_reason = ?2, pruned_at_ms = ?3
              WHERE run_id = ?1 AND prune_state IS NULL AND finalized = 1
-             AND state NOT IN ('accepted', 'running')",
+             AND state NOT IN ('accepted', 'running')
+             RETURNING notice = 'pending'",
         )
         .map_err(sql(path))?;
+    let mut pending = 0;
     for id in ids {
-        st.execute(params![id.as_str(), reason, now])
+        let mut rows = st
+            .query(params![id.as_str(), reason, now])
             .map_err(sql(path))?;
+        if let Some(row) = rows.next().map_err(sql(path))? {
+            if row.get::<_, Option<bool>>(0).map_err(sql(path))? == Some(true) {
+                pending += 1;
+            }
+        }
     }
-    Ok(())
+    Ok(pending)
 }
 
 /// `ids`' folders are gone: each row becomes a tombstone.

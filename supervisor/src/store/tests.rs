@@ -437,6 +437,53 @@ fn each_notice_is_taken_once_oldest_first() {
 }
 
 #[test]
+fn pending_notices_are_counted_without_a_read_and_the_starts_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&layout(dir.path())).unwrap();
+    assert_eq!((store.starts(), store.notices_pending()), (1, 0));
+    let ids: Vec<RunId> = (0..4).map(|_| RunId::new()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        finalize(&store, id, if i < 3 { "s" } else { "t" }, i as u64 + 1);
+    }
+    assert_eq!(store.notices_pending(), 4);
+    let again = Op::Finalize {
+        rec: rec(succeeded(&ids[0], "s", 9)),
+        context: None,
+    };
+    store.commit_blocking(vec![again]).unwrap();
+    assert_eq!(store.notices_pending(), 4, "a notice is made pending once");
+    assert_eq!(take(&store, "t").len(), 1);
+    assert_eq!(store.notices_pending(), 3);
+    let mark = Op::PruneMark {
+        ids: vec![ids[0].clone()],
+        reason: "max_runs".into(),
+    };
+    store.commit_blocking(vec![mark]).unwrap();
+    assert_eq!(
+        store.notices_pending(),
+        2,
+        "a run being pruned takes its notice"
+    );
+    // A request that fails is undone, and so is its count.
+    let failing = vec![
+        Op::TakeNotices {
+            session: "s".into(),
+        },
+        Op::DirBytes {
+            id: RunId::new(),
+            bytes: 1,
+        },
+    ];
+    assert!(store.commit_blocking(failing).is_err());
+    assert_eq!(store.notices_pending(), 2);
+    drop(store);
+    let store = Store::open(&layout(dir.path())).unwrap();
+    assert_eq!(store.starts(), 2);
+    assert_eq!(store.meta(STARTS).unwrap().as_deref(), Some("2"));
+    assert_eq!(store.notices_pending(), 2, "counted again at open");
+}
+
+#[test]
 fn concurrent_takes_hand_each_notice_out_once() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&layout(dir.path())).unwrap();

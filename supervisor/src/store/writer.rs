@@ -23,6 +23,9 @@ pub struct Out {
     pub notices: Vec<Notice>,
     /// The session's state after [`Op::Touch`].
     pub session: Option<SessionState>,
+    /// How the count of pending notices changed (applied once the group
+    /// commits).
+    pub(super) pending: i64,
 }
 
 /// One request: its ops and where its answer goes.
@@ -40,6 +43,10 @@ pub(super) struct Stats {
     pub(super) requests: std::sync::atomic::AtomicU64,
     /// Requests sent.
     pub(super) sent: std::sync::atomic::AtomicU64,
+    /// Notices pending now (not taken, their run not being pruned): counted
+    /// at open, then moved by each committed group, so that reading it
+    /// costs nothing whatever the history.
+    pub(super) notices_pending: std::sync::atomic::AtomicI64,
     /// Set once a group met an I/O failure or a damaged file: a stop after
     /// that leaves no clean mark, so the next start checks the file.
     pub(super) tainted: std::sync::atomic::AtomicBool,
@@ -221,6 +228,8 @@ fn commit_group(
             .map(|_| Err(commit_error(path, &e, errno)))
             .collect();
     }
+    let moved: i64 = answers.iter().flatten().map(|o| o.pending).sum();
+    stats.notices_pending.fetch_add(moved, Ordering::Relaxed);
     answers
 }
 
@@ -291,7 +300,7 @@ fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
             }
         }
         Op::Update(rec) | Op::Reported(rec) => runs::update(conn, path, &rec, false)?,
-        Op::Finalize { rec, context } => finalize(conn, path, &rec, context)?,
+        Op::Finalize { rec, context } => out.pending += finalize(conn, path, &rec, context)?,
         Op::DirBytes { id, bytes } => {
             let n = conn
                 .execute(
@@ -316,8 +325,9 @@ fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
             put_blob(conn, path, "run_specs", "spec", id.as_str(), &spec)?;
         }
         Op::TakeNotices { session } => {
-            out.notices
-                .extend(super::notices::take(conn, path, &session, now)?);
+            let taken = super::notices::take(conn, path, &session, now)?;
+            out.pending -= taken.len() as i64;
+            out.notices.extend(taken);
         }
         Op::Touch {
             session,
@@ -329,7 +339,10 @@ fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
                 super::sessions::touch(conn, path, &session, &files, owner_uid, requester, now)?;
             out.session = Some(s);
         }
-        Op::PruneMark { ids, reason } => super::retention::mark(conn, path, &ids, &reason, now)?,
+        Op::PruneMark { ids, reason } => {
+            let gone = super::retention::mark(conn, path, &ids, &reason, now)?;
+            out.pending -= gone as i64;
+        }
         Op::PruneDone { ids } => super::retention::done(conn, path, &ids, now)?,
         Op::ForgetPruned { before_ms, keep } => {
             super::retention::forget(conn, path, before_ms, keep)?;
@@ -341,23 +354,25 @@ fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
 }
 
 /// The end handled: its state published, its notice made pending once (when
-/// finalized), what a live run needed dropped, its context kept.
+/// finalized), what a live run needed dropped, its context kept. Returns
+/// how many notices it made pending (0 or 1).
 fn finalize(
     conn: &Connection,
     path: &Path,
     rec: &crate::run::record::RunRecord,
     context: Option<std::collections::BTreeMap<String, String>>,
-) -> Result<()> {
+) -> Result<i64> {
     runs::update(conn, path, rec, true)?;
     let id = rec.run_id.as_str();
     if !rec.finalized() {
-        return Ok(());
+        return Ok(0);
     }
-    conn.execute(
-        "UPDATE runs SET notice = 'pending' WHERE run_id = ?1 AND notice IS NULL",
-        [id],
-    )
-    .map_err(sql(path))?;
+    let made = conn
+        .execute(
+            "UPDATE runs SET notice = 'pending' WHERE run_id = ?1 AND notice IS NULL",
+            [id],
+        )
+        .map_err(sql(path))?;
     for table in ["run_specs", "run_before"] {
         conn.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])
             .map_err(sql(path))?;
@@ -375,7 +390,7 @@ fn finalize(
         )
         .map_err(sql(path))?;
     }
-    Ok(())
+    Ok(made as i64)
 }
 
 /// Writes one side table's blob.
@@ -393,6 +408,18 @@ pub(super) fn put_blob(
     )
     .map_err(sql(path))?;
     Ok(())
+}
+
+/// The meta key counting the store's opens for writing: the daemon's
+/// starts on this state dir.
+pub const STARTS: &str = "starts";
+
+/// Counts one more start in the meta table; returns the count.
+pub(super) fn count_start(conn: &Connection, path: &Path) -> Result<u64> {
+    let before = super::query::meta(conn, path, STARTS)?;
+    let starts = before.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + 1;
+    set_meta(conn, path, STARTS, Some(&starts.to_string()))?;
+    Ok(starts)
 }
 
 /// Sets or removes a mark.

@@ -146,6 +146,9 @@ pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: Run
                 Err(e) => (Err(FinishError::Task(e)), String::new(), None),
             }
         };
+        if let Ok(Some(x)) = &exit {
+            inner.metrics.runner_exited(&next.run_id, x);
+        }
         let no_record = !matches!(exit, Ok(Some(_)));
         apply_exit(&mut next, exit, runner, &log);
         report::apply_report(&mut next, report);
@@ -288,6 +291,7 @@ pub(crate) async fn finalize(inner: &Arc<Inner>, slot: &Arc<Slot>) {
     std::mem::swap(&mut *rec, &mut next);
     slot.published.send_replace(rec.clone());
     if rec.finalized() {
+        inner.metrics.finalized(&rec);
         let _ = inner.finished.send(notice_of(&rec));
         after_finalize(inner, &rec);
     }
@@ -459,6 +463,7 @@ mod tests {
             attempts: 1,
             kept: None,
             setup_us: Default::default(),
+            exec_at_us: None,
         }
     }
 
