@@ -6,6 +6,7 @@
 //! every list and text is capped.
 
 use crate::driver::Driver;
+use crate::usage::{self, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -172,10 +173,11 @@ fn claude_result(e: &Value, r: &mut AgentReport) {
         r.error = Some(text.clone().unwrap_or_else(|| subtype.to_owned()));
     }
     r.final_text = text;
-    r.turns = e["num_turns"].as_u64();
-    r.input_tokens = e["usage"]["input_tokens"].as_u64();
-    r.output_tokens = e["usage"]["output_tokens"].as_u64();
-    r.cost_usd = e["total_cost_usd"].as_f64();
+    let u = usage::claude_result(e);
+    r.turns = u.turns;
+    r.input_tokens = u.input_tokens;
+    r.output_tokens = u.output_tokens;
+    r.cost_usd = u.cost_usd;
 }
 
 fn codex_event(e: &Value, r: &mut AgentReport) {
@@ -183,10 +185,9 @@ fn codex_event(e: &Value, r: &mut AgentReport) {
         Some("item.completed") => codex_item(&e["item"], r),
         Some("turn.completed") => {
             r.finished = true;
-            r.turns = Some(r.turns.unwrap_or(0) + 1);
-            let add = |a: Option<u64>, b: &Value| b.as_u64().map(|b| a.unwrap_or(0) + b).or(a);
-            r.input_tokens = add(r.input_tokens, &e["usage"]["input_tokens"]);
-            r.output_tokens = add(r.output_tokens, &e["usage"]["output_tokens"]);
+            r.turns = Some(r.turns.unwrap_or(0).saturating_add(1));
+            r.input_tokens = usage::add(r.input_tokens, &e["usage"]["input_tokens"]);
+            r.output_tokens = usage::add(r.output_tokens, &e["usage"]["output_tokens"]);
         }
         Some("turn.failed") => {
             r.finished = true;
@@ -234,6 +235,16 @@ fn codex_item(item: &Value, r: &mut AgentReport) {
 }
 
 impl AgentReport {
+    /// Its turns, tokens and cost.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            turns: self.turns,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cost_usd: self.cost_usd,
+        }
+    }
+
     /// Why the run failed by the agent's own account, if it did: its error
     /// flag, or every write it tried failed.
     pub fn failure(&self) -> Option<String> {

@@ -255,6 +255,21 @@ pub struct ListParams {
     pub order: ListOrder,
 }
 
+/// The params of `usage`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageParams {
+    /// Only this session's runs.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Only runs created at or after this RFC 3339 time.
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Only runs created at or before this RFC 3339 time.
+    #[serde(default)]
+    pub until: Option<String>,
+}
+
 /// The order of a `list_agent_runs` page.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -368,6 +383,8 @@ pub enum Call {
     WorkingContext(TakeParams),
     /// Remove finished runs by the retention rules.
     PruneRuns(PruneParams),
+    /// Runs' usage summed.
+    Usage(UsageParams),
     /// Liveness and version.
     Ping,
 }
@@ -543,6 +560,7 @@ impl Call {
             "touch_files" => params(p).map(Call::TouchFiles),
             "working_context" => params(p).map(Call::WorkingContext),
             "prune_runs" => params(p).map(Call::PruneRuns),
+            "usage" => params(p).map(Call::Usage),
             "ping" => params::<NoParams>(p).map(|_| Call::Ping),
             other => Err(RpcError::new(
                 codes::METHOD_NOT_FOUND,

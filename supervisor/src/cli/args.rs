@@ -232,6 +232,10 @@ pub enum Command {
         #[arg(long, value_name = "D")]
         older_than: Option<String>,
     },
+    /// Sum the turns, tokens and cost runs reported (as each agent reported
+    /// them), per driver: a session's, or every run you may see; pruned runs
+    /// count.
+    Usage(UsageArgs),
     /// Check that the daemon answers.
     Ping,
     /// Print a completion script for SHELL (bash, zsh, fish, elvish,
@@ -282,4 +286,19 @@ pub struct LsArgs {
     /// Newest first.
     #[arg(long)]
     pub desc: bool,
+}
+
+/// `subagent usage`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UsageArgs {
+    /// Only this session's runs.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// Only runs created since: an age (`90s`, `10m`, `2h`, `7d`) or an
+    /// RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+    /// Only runs created until: an age or an RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
 }
