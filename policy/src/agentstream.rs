@@ -169,8 +169,10 @@ fn claude_result(e: &Value, r: &mut AgentReport) {
     r.is_error = e["is_error"] == true;
     let text = e["result"].as_str().map(|t| cap(t, MAX_TEXT));
     if r.is_error {
+        // A limit it stopped at (max turns, max budget) is in `errors`.
+        let said = e["errors"][0].as_str().map(|t| cap(t, MAX_TEXT));
         let subtype = e["subtype"].as_str().unwrap_or("error");
-        r.error = Some(text.clone().unwrap_or_else(|| subtype.to_owned()));
+        r.error = Some(text.clone().or(said).unwrap_or_else(|| subtype.to_owned()));
     }
     r.final_text = text;
     let u = usage::claude_result(e);
@@ -321,6 +323,12 @@ not json at all
         assert_eq!(
             r.failure().as_deref(),
             Some("the agent reported an error: \"API Error: 400 nope\"")
+        );
+        let limit = r#"{"type":"result","is_error":true,"subtype":"error_max_turns","errors":["Reached maximum number of turns (2)"]}"#;
+        let r = parse(Driver::ClaudeCode, limit.as_bytes());
+        assert_eq!(
+            r.failure().as_deref(),
+            Some("the agent reported an error: \"Reached maximum number of turns (2)\"")
         );
         let only_failed = r#"{"type":"assistant","message":{"content":[{"id":"t1","name":"Write","type":"tool_use","input":{"file_path":"/p/a"}}]}}
 {"type":"user","message":{"content":[{"tool_use_id":"t1","type":"tool_result","is_error":true}]}}

@@ -148,6 +148,14 @@ pub struct SpawnParams {
     /// absent: /dev/null.
     #[serde(default)]
     pub stdin: Option<StdinSource>,
+    /// At most this many turns, enforced by the agent (the `claude-code`
+    /// driver only).
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+    /// At most this many US dollars, enforced by the agent as it computes
+    /// its cost (the `claude-code` driver only).
+    #[serde(default)]
+    pub max_budget_usd: Option<f64>,
 }
 
 /// What a plain command reads on its stdin.

@@ -3,7 +3,9 @@
 //! output tokens), their status's `usage` checked against the final
 //! events in their child.log, a session's `usage` against the sum of its
 //! runs', a live run's figures growing while the model server holds its
-//! next answer, and none for a plain command.
+//! next answer, none for a plain command, and budgets: Claude Code stopped
+//! by `max_turns` and `max_budget_usd`, a budget refused for Codex and for
+//! a plain command.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -330,4 +332,149 @@ fn a_plain_command_has_no_usage() {
     let e = c.call("usage", json!({"since": "yesterday"})).unwrap_err();
     assert_eq!(e["code"], -32602, "{e}");
     assert!(e["message"].as_str().unwrap().contains("since"), "{e}");
+}
+
+/// Claude Code stops itself at its budget: `max_turns` with a model that
+/// asks for a tool forever, and `max_budget_usd`; the budget is in the
+/// status and result.md.
+#[test]
+fn a_budget_stops_claude_code() {
+    let Some(claude) = agents::require(agents::claude, "claude-code") else {
+        return;
+    };
+    let p = project();
+    let forever = ModelServer::start(vec![read_a(p.path())]).unwrap();
+    let (d, _home) = daemon("claude-code", &claude, &forever.base_url(), "", &key());
+    let s = session("budget");
+    let run = start(
+        &d,
+        &s,
+        p.path(),
+        "claude-code",
+        &["file_read"],
+        json!({"max_turns": 2}),
+    );
+    let st = d.conn().wait(&run);
+    assert_eq!(st["state"], "failed", "{st}");
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("Reached maximum number of turns (2)"),
+        "{reason}"
+    );
+    assert_eq!(
+        forever.model_requests().len(),
+        2,
+        "two turns, then it stopped"
+    );
+    assert_eq!(
+        st["driver"]["budget"],
+        json!({"max_turns": 2, "max_budget_usd": null})
+    );
+    assert_eq!(st["usage"], from_log(&st));
+    let md = std::fs::read_to_string(st["result_path"].as_str().unwrap()).unwrap();
+    assert!(md.contains("\n- budget: at most 2 turns "), "{md}");
+
+    // Each answer costs the agent about $0.0008: $0.001 is spent in two.
+    let before = forever.model_requests().len();
+    let run = start(
+        &d,
+        &s,
+        p.path(),
+        "claude-code",
+        &["file_read"],
+        json!({"max_budget_usd": 0.001}),
+    );
+    let st = d.conn().wait(&run);
+    assert_eq!(st["state"], "failed", "{st}");
+    assert!(
+        st["reason"].as_str().unwrap().contains("maximum budget"),
+        "{st}"
+    );
+    assert_eq!(st["usage"], from_log(&st));
+    assert!(st["usage"]["cost_usd"].as_f64().unwrap() >= 0.001, "{st}");
+    let asked = forever.model_requests().len() - before;
+    assert!(
+        (2..=3).contains(&asked),
+        "it stopped past $0.001: {asked} turns"
+    );
+    let check = String::from_utf8(d.cli(&["check", &run]).stdout).unwrap();
+    assert!(check.contains("\nbudget       at most $0.001\n"), "{check}");
+
+    // A definition's maxTurns lowers the request's.
+    std::fs::create_dir(p.path().join(".subagents")).unwrap();
+    std::fs::write(
+        p.path().join(".subagents/one.md"),
+        "---\nname: one\ndescription: One turn.\nmaxTurns: 1\n---\nYou read.\n",
+    )
+    .unwrap();
+    let before = forever.model_requests().len();
+    let extra = json!({"agent": "one", "max_turns": 5});
+    let run = start(&d, &s, p.path(), "claude-code", &["file_read"], extra);
+    let st = d.conn().wait(&run);
+    assert_eq!(st["driver"]["budget"]["max_turns"], 1, "{st}");
+    assert_eq!(forever.model_requests().len() - before, 1, "{st}");
+}
+
+/// A budget for Codex or a plain command is refused, saying why.
+#[test]
+fn a_budget_is_refused_where_no_agent_enforces_it() {
+    let p = project();
+    let (d, _home) = daemon(
+        "codex",
+        Path::new("/bin/sh"),
+        "http://127.0.0.1:9/v1",
+        "",
+        &key(),
+    );
+    let refused = |driver: &str, extra: Value| {
+        let mut params = json!({
+            "session": {"id": session("nobudget"), "audience": "personal", "project_dir": p.path(), "tools": ["file_read"]},
+            "task": "t", "driver": driver,
+        });
+        if driver == "command" {
+            params["command"] = json!(["true"]);
+        }
+        for (k, v) in extra.as_object().unwrap() {
+            params[k] = v.clone();
+        }
+        d.conn().call("spawn_agent", params).unwrap_err()
+    };
+    let e = refused("codex", json!({"max_turns": 3}));
+    assert_eq!(e["code"], -32602, "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.starts_with("invalid params: max_turns: not with the driver codex"),
+        "{m}"
+    );
+    let e = refused("codex", json!({"max_budget_usd": 1.0}));
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_budget_usd: not with the driver codex"),
+        "{e}"
+    );
+    let e = refused("command", json!({"max_budget_usd": 1.0}));
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.contains(
+            "max_budget_usd: not with the driver command: a plain command reports no turns or cost"
+        ),
+        "{m}"
+    );
+    let e = refused("command", json!({"max_turns": 0}));
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_turns: must be 1 to"),
+        "{e}"
+    );
+    let out = d.cli(&["spawn", "--task", "t", "--max-turns", "2", "--", "true"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("max_turns: not with the driver command"),
+        "{err}"
+    );
 }

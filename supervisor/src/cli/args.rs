@@ -102,6 +102,14 @@ pub struct RunArgs {
     /// Restarts after the child exits 75 (default: the config's, else 3).
     #[arg(long, value_name = "N")]
     pub max_restarts: Option<u32>,
+    /// At most N turns, enforced by the agent (the claude-code driver's
+    /// --max-turns; other drivers are refused).
+    #[arg(long, value_name = "N")]
+    pub max_turns: Option<u32>,
+    /// At most X US dollars, as the agent computes its cost (the
+    /// claude-code driver's --max-budget-usd; other drivers are refused).
+    #[arg(long, value_name = "X")]
+    pub max_budget_usd: Option<f64>,
     /// Work in a git worktree of its own (branch `subagent/<run id>`).
     #[arg(long)]
     pub worktree: bool,

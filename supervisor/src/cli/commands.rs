@@ -102,6 +102,8 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
             .worktree
             .then_some(crate::protocol::Isolation::Worktree),
         max_restarts: args.max_restarts,
+        max_turns: args.max_turns,
+        max_budget_usd: args.max_budget_usd,
         sandbox: policy::sandbox::SandboxRequest {
             write_project: args.write_project.then_some(true),
             network: args.network.then_some(true),

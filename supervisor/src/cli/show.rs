@@ -52,6 +52,9 @@ pub fn status_block(s: &RunStatus) -> String {
                 crate::view::usage::line(u)
             );
         }
+        if let Some(b) = &d.budget {
+            let _ = writeln!(out, "{:<13}{}", "budget", b.describe());
+        }
         if let Some(text) = d.report.as_ref().and_then(|r| r.final_text.as_deref()) {
             // The agent's words: quoted on one line, and only its start.
             let start: String = text.chars().take(200).collect();

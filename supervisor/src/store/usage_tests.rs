@@ -27,6 +27,7 @@ fn ended(id: &RunId, session: &str, driver: Driver, fig: (u64, u64, u64, f64)) -
             report,
             reported_files: None,
             writes_project: None,
+            budget: None,
         }),
         ..succeeded(id, session, 10)
     }
