@@ -6,6 +6,7 @@
 //! every list and text is capped.
 
 use crate::driver::Driver;
+use crate::usage::{self, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -168,14 +169,17 @@ fn claude_result(e: &Value, r: &mut AgentReport) {
     r.is_error = e["is_error"] == true;
     let text = e["result"].as_str().map(|t| cap(t, MAX_TEXT));
     if r.is_error {
+        // A limit it stopped at (max turns, max budget) is in `errors`.
+        let said = e["errors"][0].as_str().map(|t| cap(t, MAX_TEXT));
         let subtype = e["subtype"].as_str().unwrap_or("error");
-        r.error = Some(text.clone().unwrap_or_else(|| subtype.to_owned()));
+        r.error = Some(text.clone().or(said).unwrap_or_else(|| subtype.to_owned()));
     }
     r.final_text = text;
-    r.turns = e["num_turns"].as_u64();
-    r.input_tokens = e["usage"]["input_tokens"].as_u64();
-    r.output_tokens = e["usage"]["output_tokens"].as_u64();
-    r.cost_usd = e["total_cost_usd"].as_f64();
+    let u = usage::claude_result(e);
+    r.turns = u.turns;
+    r.input_tokens = u.input_tokens;
+    r.output_tokens = u.output_tokens;
+    r.cost_usd = u.cost_usd;
 }
 
 fn codex_event(e: &Value, r: &mut AgentReport) {
@@ -183,10 +187,9 @@ fn codex_event(e: &Value, r: &mut AgentReport) {
         Some("item.completed") => codex_item(&e["item"], r),
         Some("turn.completed") => {
             r.finished = true;
-            r.turns = Some(r.turns.unwrap_or(0) + 1);
-            let add = |a: Option<u64>, b: &Value| b.as_u64().map(|b| a.unwrap_or(0) + b).or(a);
-            r.input_tokens = add(r.input_tokens, &e["usage"]["input_tokens"]);
-            r.output_tokens = add(r.output_tokens, &e["usage"]["output_tokens"]);
+            r.turns = Some(r.turns.unwrap_or(0).saturating_add(1));
+            r.input_tokens = usage::add(r.input_tokens, &e["usage"]["input_tokens"]);
+            r.output_tokens = usage::add(r.output_tokens, &e["usage"]["output_tokens"]);
         }
         Some("turn.failed") => {
             r.finished = true;
@@ -234,6 +237,16 @@ fn codex_item(item: &Value, r: &mut AgentReport) {
 }
 
 impl AgentReport {
+    /// Its turns, tokens and cost.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            turns: self.turns,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cost_usd: self.cost_usd,
+        }
+    }
+
     /// Why the run failed by the agent's own account, if it did: its error
     /// flag, or every write it tried failed.
     pub fn failure(&self) -> Option<String> {
@@ -310,6 +323,12 @@ not json at all
         assert_eq!(
             r.failure().as_deref(),
             Some("the agent reported an error: \"API Error: 400 nope\"")
+        );
+        let limit = r#"{"type":"result","is_error":true,"subtype":"error_max_turns","errors":["Reached maximum number of turns (2)"]}"#;
+        let r = parse(Driver::ClaudeCode, limit.as_bytes());
+        assert_eq!(
+            r.failure().as_deref(),
+            Some("the agent reported an error: \"Reached maximum number of turns (2)\"")
         );
         let only_failed = r#"{"type":"assistant","message":{"content":[{"id":"t1","name":"Write","type":"tool_use","input":{"file_path":"/p/a"}}]}}
 {"type":"user","message":{"content":[{"tool_use_id":"t1","type":"tool_result","is_error":true}]}}

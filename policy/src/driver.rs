@@ -197,8 +197,12 @@ pub struct DriverInputs<'a> {
     pub tools: Option<&'a [String]>,
     /// The definition's `model`.
     pub model: Option<&'a str>,
-    /// The definition's `maxTurns`.
+    /// The run's turn limit (the request's or the definition's
+    /// `maxTurns`, the lower of the two); Claude Code's `--max-turns`.
     pub max_turns: Option<u32>,
+    /// The run's spending limit in US dollars; Claude Code's
+    /// `--max-budget-usd`.
+    pub max_budget_usd: Option<f64>,
     /// Whether the agent runs as uid 0.
     pub uid0: bool,
     /// The run's temp dir as the child sees it (Codex's home goes there).
@@ -495,6 +499,9 @@ fn claude_code(i: &DriverInputs) -> Result<Invocation, DriverError> {
     if let Some(n) = i.max_turns {
         argv.extend(["--max-turns".to_owned(), n.to_string()]);
     }
+    if let Some(usd) = i.max_budget_usd {
+        argv.extend(["--max-budget-usd".to_owned(), usd.to_string()]);
+    }
     argv.extend(c.args.iter().cloned());
     let mut env: BTreeMap<String, String> = [
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
@@ -668,6 +675,7 @@ mod tests {
             tools,
             model: Some("sonnet"),
             max_turns: Some(7),
+            max_budget_usd: Some(0.25),
             uid0: true,
             temp_dir: "/tmp/t/",
             allow: &[],
@@ -713,6 +721,7 @@ mod tests {
         assert!(inv.argv.iter().any(|a| a == "--strict-mcp-config"));
         assert!(inv.argv.iter().any(|a| a == "--model=sonnet"));
         assert_eq!(after(&inv.argv, "--max-turns"), Some("7"));
+        assert_eq!(after(&inv.argv, "--max-budget-usd"), Some("0.25"));
         assert_eq!(inv.argv.last().map(String::as_str), Some("--extra"));
         assert!(!inv.argv.iter().any(|a| a == "Bash"));
         assert_eq!(inv.env["ANTHROPIC_BASE_URL"], "http://127.0.0.2:3129");

@@ -10,7 +10,8 @@
 //! - [`config`]: the config file, parsed from its text.
 //! - [`definition`]: subagent definitions (Markdown with YAML front matter).
 //! - [`driver`]: how a coding agent (Claude Code, Codex) is started from
-//!   the composed context; [`agentstream`]: what its JSON events report.
+//!   the composed context; [`agentstream`]: what its JSON events report;
+//!   [`usage`]: the turns, tokens and cost among them, also while it runs.
 //! - [`agenttools`]: a definition's tool entries resolved against the
 //!   catalog (Claude Code's names, `Tool(pattern)`, MCP names).
 //! - [`env`](mod@env): the allowlisted environment a child starts with.
@@ -40,6 +41,7 @@ pub mod rights;
 pub mod sandbox;
 pub mod toolpolicy;
 pub mod tools;
+pub mod usage;
 pub mod visible;
 pub mod workctx;
 

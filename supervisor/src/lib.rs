@@ -26,7 +26,8 @@
 //!   key), [`metrics`] (the engine's counters, their bounded labels and
 //!   the Prometheus exposition).
 //! - protocol: [`protocol`] (the JSON-RPC wire types and error codes),
-//!   [`status`] (a run's status, from its record), [`result_md`] (a finished run's
+//!   [`status`] (a run's status, from its record), [`usage`] (a live run's
+//!   usage so far, and usage summed), [`result_md`] (a finished run's
 //!   result.md), [`store`] (the daemon's records in SQLite, state.db).
 //! - [`engine`]: the supervisor itself: its parts, its phases (accept,
 //!   launch, finish, recover) and its API; used by the daemon and by
@@ -69,4 +70,5 @@ pub mod store;
 pub mod timefmt;
 pub mod trust;
 pub mod uids;
+pub mod usage;
 pub mod view;

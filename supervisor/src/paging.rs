@@ -45,22 +45,27 @@ impl ListParams {
             })?),
             None => None,
         };
-        let time = |name: &str, v: &Option<String>| match v {
-            Some(s) => parse_time(s).map(Some).ok_or_else(|| {
-                RpcError::invalid_params(
-                    name,
-                    format!("{s:?} is not an RFC 3339 time (e.g. 2026-01-31T12:00:00Z)"),
-                )
-            }),
-            None => Ok(None),
-        };
         Ok(PageRequest {
             limit: usize::try_from(limit).unwrap_or(usize::MAX),
             after,
-            since_ms: time("since", &self.since)?,
-            until_ms: time("until", &self.until)?,
+            since_ms: time_param("since", self.since.as_deref())?,
+            until_ms: time_param("until", self.until.as_deref())?,
             desc: self.order == ListOrder::Desc,
         })
+    }
+}
+
+/// A time param (`since`, `until`) in ms since the epoch; -32602 naming
+/// `name` when it is not an RFC 3339 time.
+pub fn time_param(name: &str, v: Option<&str>) -> Result<Option<u64>, RpcError> {
+    match v {
+        Some(s) => parse_time(s).map(Some).ok_or_else(|| {
+            RpcError::invalid_params(
+                name,
+                format!("{s:?} is not an RFC 3339 time (e.g. 2026-01-31T12:00:00Z)"),
+            )
+        }),
+        None => Ok(None),
     }
 }
 

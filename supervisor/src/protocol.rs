@@ -148,6 +148,14 @@ pub struct SpawnParams {
     /// absent: /dev/null.
     #[serde(default)]
     pub stdin: Option<StdinSource>,
+    /// At most this many turns, enforced by the agent (the `claude-code`
+    /// driver only).
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+    /// At most this many US dollars, enforced by the agent as it computes
+    /// its cost (the `claude-code` driver only).
+    #[serde(default)]
+    pub max_budget_usd: Option<f64>,
 }
 
 /// What a plain command reads on its stdin.
@@ -253,6 +261,21 @@ pub struct ListParams {
     /// By run id (creation time): oldest first (`asc`) or newest first.
     #[serde(default)]
     pub order: ListOrder,
+}
+
+/// The params of `usage`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageParams {
+    /// Only this session's runs.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Only runs created at or after this RFC 3339 time.
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Only runs created at or before this RFC 3339 time.
+    #[serde(default)]
+    pub until: Option<String>,
 }
 
 /// The order of a `list_agent_runs` page.
@@ -368,6 +391,8 @@ pub enum Call {
     WorkingContext(TakeParams),
     /// Remove finished runs by the retention rules.
     PruneRuns(PruneParams),
+    /// Runs' usage summed.
+    Usage(UsageParams),
     /// Liveness and version.
     Ping,
     /// The daemon's metrics, as Prometheus text.
@@ -554,6 +579,7 @@ impl Call {
             "touch_files" => params(p).map(Call::TouchFiles),
             "working_context" => params(p).map(Call::WorkingContext),
             "prune_runs" => params(p).map(Call::PruneRuns),
+            "usage" => params(p).map(Call::Usage),
             "ping" => params::<NoParams>(p).map(|_| Call::Ping),
             "metrics" => params(p).map(Call::Metrics),
             other => Err(RpcError::new(

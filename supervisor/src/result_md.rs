@@ -421,6 +421,13 @@ fn agent(s: &mut String, rec: &RunRecord) {
     let _ = writeln!(s, "- driver: {}", d.driver.as_str());
     let delivered = md::text(d.delivered.describe());
     let _ = writeln!(s, "- context delivered: {delivered}");
+    if let Some(b) = &d.budget {
+        let _ = writeln!(
+            s,
+            "- budget: {} (the agent's own limits: it stops there, by its own count)",
+            b.describe()
+        );
+    }
     let Some(r) = &d.report else {
         return;
     };
@@ -950,6 +957,7 @@ mod tests {
             driver: policy::driver::Driver::ClaudeCode,
             delivered: crate::run::driver::Delivery::default(),
             writes_project: None,
+            budget: None,
             report: Some(policy::agentstream::AgentReport::default()),
             reported_files: Some(crate::run::driver::ReportedFiles {
                 accepted: (0..names.len())
@@ -1100,8 +1108,16 @@ mod tests {
             report: Some(report),
             reported_files: None,
             writes_project: None,
+            budget: Some(crate::run::driver::Budget {
+                max_turns: Some(4),
+                max_budget_usd: Some(0.05),
+            }),
         });
         let md = render(&rec);
+        assert!(
+            md.contains("\n- budget: at most 4 turns, at most $0.05 (the agent's own limits: it stops there, by its own count)\n"),
+            "{md}"
+        );
         assert!(!md.contains('\x1b'), "{md}");
         let lines = outside_fences(&md);
         let headings: Vec<&str> = lines

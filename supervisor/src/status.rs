@@ -109,6 +109,11 @@ pub struct RunStatus {
     /// ended) what the agent's event stream reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<crate::run::driver::DriverRun>,
+    /// A driver run's turns, tokens and cost as its agent reported them:
+    /// the final event's once the run has ended, the figures so far while
+    /// it runs (the engine fills those in). Absent for a plain command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<policy::usage::Usage>,
 }
 
 impl From<&RunRecord> for RunStatus {
@@ -158,8 +163,16 @@ impl From<&RunRecord> for RunStatus {
             },
             notes: rec.notes.clone(),
             driver: rec.driver_run.clone(),
+            usage: reported_usage(rec),
         }
     }
+}
+
+/// A driver run's usage as its record holds it: its report's, else none
+/// known yet.
+fn reported_usage(rec: &RunRecord) -> Option<policy::usage::Usage> {
+    let d = rec.driver_run.as_ref().filter(|d| d.driver.streams())?;
+    Some(d.report.as_ref().map(|r| r.usage()).unwrap_or_default())
 }
 
 /// A running run's attempt, as its runner records it from the second

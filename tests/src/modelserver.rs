@@ -4,12 +4,14 @@
 //! always SSE), and answers each request with the turn of its script that
 //! the request's count of tool results selects, so a retried request gets
 //! the same answer. Every request is recorded (path, headers, JSON body)
-//! for the test's assertions.
+//! for the test's assertions. A test can hold the answers from one turn on
+//! ([`ModelServer::hold_from`]) to look at a run mid-way, then let it go.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// The largest request body read (a Codex request is about 40 KB).
@@ -185,11 +187,37 @@ pub struct ModelServer {
     /// The port on 127.0.0.1.
     pub port: u16,
     requests: Arc<Mutex<Vec<Request>>>,
+    hold: Arc<Hold>,
 }
 
 struct Shared {
     script: Vec<Turn>,
     requests: Arc<Mutex<Vec<Request>>>,
+    hold: Arc<Hold>,
+}
+
+/// Answers held back: those to requests with at least `from` tool results
+/// wait while it is set; `waiting` counts them.
+#[derive(Default)]
+struct Hold {
+    from: Mutex<Option<usize>>,
+    changed: Condvar,
+    waiting: AtomicUsize,
+}
+
+impl Hold {
+    /// Waits while the answer to a request with `n` tool results is held.
+    fn wait(&self, n: usize) {
+        let mut from = self.from.lock().unwrap_or_else(|p| p.into_inner());
+        if from.is_none_or(|f| n < f) {
+            return;
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        while from.is_some_and(|f| n >= f) {
+            from = self.changed.wait(from).unwrap_or_else(|p| p.into_inner());
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl ModelServer {
@@ -204,9 +232,11 @@ impl ModelServer {
         let listener = TcpListener::bind(addr)?;
         let port = listener.local_addr()?.port();
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let hold = Arc::new(Hold::default());
         let shared = Arc::new(Shared {
             script,
             requests: requests.clone(),
+            hold: hold.clone(),
         });
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
@@ -214,7 +244,29 @@ impl ModelServer {
                 std::thread::spawn(move || serve(stream, &shared));
             }
         });
-        Ok(ModelServer { port, requests })
+        Ok(ModelServer {
+            port,
+            requests,
+            hold,
+        })
+    }
+
+    /// From now on, the answer to a request with `n` or more tool results
+    /// (turn `n` of a run and after) waits until [`ModelServer::release`].
+    pub fn hold_from(&self, n: usize) {
+        *self.hold.from.lock().unwrap_or_else(|p| p.into_inner()) = Some(n);
+        self.hold.changed.notify_all();
+    }
+
+    /// Answers every held request, and holds no more.
+    pub fn release(&self) {
+        *self.hold.from.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.hold.changed.notify_all();
+    }
+
+    /// How many requests wait for their answer now.
+    pub fn held(&self) -> usize {
+        self.hold.waiting.load(Ordering::SeqCst)
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -252,6 +304,9 @@ fn serve(stream: TcpStream, shared: &Shared) {
         let close = req
             .header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        if req.method == "POST" && is_model_path(&req.path) {
+            shared.hold.wait(req.tool_results());
+        }
         let reply = respond(&req, &shared.script);
         if let Ok(mut r) = shared.requests.lock() {
             r.push(req);
@@ -535,6 +590,29 @@ mod tests {
         assert_eq!(reqs[0].system_text().trim(), "SYS");
         assert_eq!(reqs[0].tool_names(), ["Read", "Write"]);
         assert!(reqs[0].user_text().contains("do it"));
+    }
+
+    #[test]
+    fn a_held_turn_is_answered_once_released() {
+        let server =
+            ModelServer::start(vec![Turn::tool("Read", json!({})), Turn::text("ok")]).unwrap();
+        server.hold_from(1);
+        let first = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        assert!(
+            post(server.port, "/v1/messages", &first).contains("tool_use"),
+            "turn 0 is not held"
+        );
+        let mut second = first.clone();
+        second["messages"] = json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}]);
+        let port = server.port;
+        let answer = std::thread::spawn(move || post(port, "/v1/messages", &second));
+        crate::wait_until(Duration::from_secs(10), "the held request", || {
+            server.held() == 1
+        });
+        assert!(!answer.is_finished());
+        server.release();
+        assert!(answer.join().unwrap().contains("end_turn"));
+        assert_eq!(server.held(), 0);
     }
 
     #[test]

@@ -102,7 +102,14 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
     ("run services", &["egress", "gateway", "metrics"]),
     (
         "protocol",
-        &["protocol", "paging", "status", "result_md", "store"],
+        &[
+            "protocol",
+            "paging",
+            "status",
+            "usage",
+            "result_md",
+            "store",
+        ],
     ),
     (
         "engine parts",

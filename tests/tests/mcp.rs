@@ -162,6 +162,7 @@ fn initialize_lists_every_tool_with_a_schema() {
     assert_eq!(
         names,
         [
+            "agent_usage",
             "cancel_agent_run",
             "check_agent_run",
             "list_agent_runs",
@@ -323,6 +324,17 @@ fn check_session_views(c: &mut Client, run: &str) {
     );
     let wc = c.ok("working_context", json!({}));
     assert!(text(&wc).contains("project_dir: /tmp"), "{wc}");
+    // A plain command reports no usage: counted, nothing summed.
+    let u = c.ok("agent_usage", json!({}));
+    let sum = &u["structuredContent"];
+    assert_eq!(
+        (sum["runs"].as_u64(), sum["reported"].as_u64()),
+        (Some(1), Some(0)),
+        "{u}"
+    );
+    assert_eq!(sum["by_driver"]["command"]["runs"], 1, "{u}");
+    assert!(sum["cost_usd"].is_null(), "{u}");
+    assert!(text(&u).contains("runs of session py-test-"), "{u}");
 }
 
 #[test]

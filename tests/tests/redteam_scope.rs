@@ -208,9 +208,16 @@ fn roots_runs_are_not_listed_to_another_uid() {
         let list = x.call("list_agent_runs", params.clone()).unwrap();
         assert!(!lists(&list, &run, &s), "{params}: {list}");
     }
+    // Nor summed in its usage, by session or in all.
+    for params in [json!({}), json!({"session_id": s})] {
+        let sum = x.call("usage", params.clone()).unwrap();
+        assert_eq!(sum["runs"], 0, "{params}: {sum}");
+    }
     // Root still sees its run.
     let list = d.conn().call("list_agent_runs", json!({})).unwrap();
     assert!(lists(&list, &run, &s), "{list}");
+    let sum = d.conn().call("usage", json!({"session_id": s})).unwrap();
+    assert_eq!(sum["runs"], 1, "{sum}");
     std::fs::write(&go, "").unwrap();
     assert_eq!(d.conn().wait(&run)["state"], "succeeded");
 }
@@ -399,6 +406,8 @@ fn the_other_uids_own_session_and_runs_work_fully() {
     assert_eq!(checked["run_id"], run.as_str());
     let list = x.call("list_agent_runs", json!({})).unwrap();
     assert!(lists(&list, &run, &s), "{list}");
+    let sum = x.call("usage", json!({})).unwrap();
+    assert_eq!(sum["by_driver"]["command"]["runs"], 1, "{sum}");
     let taken = x.call("take_notices", json!({"session_id": s})).unwrap();
     let notices = taken["notices"].as_array().unwrap();
     assert_eq!(notices.len(), 1, "{taken}");

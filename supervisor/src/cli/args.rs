@@ -102,6 +102,14 @@ pub struct RunArgs {
     /// Restarts after the child exits 75 (default: the config's, else 3).
     #[arg(long, value_name = "N")]
     pub max_restarts: Option<u32>,
+    /// At most N turns, enforced by the agent (the claude-code driver's
+    /// --max-turns; other drivers are refused).
+    #[arg(long, value_name = "N")]
+    pub max_turns: Option<u32>,
+    /// At most X US dollars, as the agent computes its cost (the
+    /// claude-code driver's --max-budget-usd; other drivers are refused).
+    #[arg(long, value_name = "X")]
+    pub max_budget_usd: Option<f64>,
     /// Work in a git worktree of its own (branch `subagent/<run id>`).
     #[arg(long)]
     pub worktree: bool,
@@ -240,6 +248,10 @@ pub enum Command {
         #[arg(long, value_name = "D")]
         older_than: Option<String>,
     },
+    /// Sum the turns, tokens and cost runs reported (as each agent reported
+    /// them), per driver: a session's, or every run you may see; pruned runs
+    /// count.
+    Usage(UsageArgs),
     /// Check that the daemon answers.
     Ping,
     /// Print the daemon's metrics in the Prometheus text format (the
@@ -297,4 +309,19 @@ pub struct LsArgs {
     /// Newest first.
     #[arg(long)]
     pub desc: bool,
+}
+
+/// `subagent usage`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UsageArgs {
+    /// Only this session's runs.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// Only runs created since: an age (`90s`, `10m`, `2h`, `7d`) or an
+    /// RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+    /// Only runs created until: an age or an RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
 }

@@ -102,6 +102,8 @@ pub fn spawn_params(args: &RunArgs, default_session: &str) -> Result<SpawnParams
             .worktree
             .then_some(crate::protocol::Isolation::Worktree),
         max_restarts: args.max_restarts,
+        max_turns: args.max_turns,
+        max_budget_usd: args.max_budget_usd,
         sandbox: policy::sandbox::SandboxRequest {
             write_project: args.write_project.then_some(true),
             network: args.network.then_some(true),
@@ -264,6 +266,7 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
             };
             prune(ctx, &params)
         }
+        Command::Usage(args) => usage(ctx, &args),
         Command::Ping => ping(ctx),
         Command::Metrics { openmetrics } => {
             let v = ctx.call("metrics", super::metrics::params(openmetrics))?;
@@ -473,6 +476,30 @@ fn prune(ctx: &Ctx, params: &crate::protocol::PruneParams) -> Result<u8> {
         let result: crate::protocol::PruneResult =
             serde_json::from_value(v).context("bad prune result from the daemon")?;
         stdout::write(&super::prune::lines(&result))?;
+    }
+    Ok(0)
+}
+
+/// `subagent usage`: the daemon's sums, as a table or as JSON.
+fn usage(ctx: &Ctx, args: &super::args::UsageArgs) -> Result<u8> {
+    let now = crate::timefmt::now_ms();
+    let at = |flag: &str, w: &Option<String>| {
+        w.as_deref()
+            .map(|w| super::list::when(flag, w, now))
+            .transpose()
+    };
+    let params = crate::protocol::UsageParams {
+        session_id: args.session.clone(),
+        since: at("--since", &args.since)?,
+        until: at("--until", &args.until)?,
+    };
+    let v = ctx.call("usage", serde_json::to_value(&params)?)?;
+    if ctx.json {
+        print_json(&v, true)?;
+    } else {
+        let sum: crate::usage::UsageSummary =
+            serde_json::from_value(v).context("bad usage result from the daemon")?;
+        stdout::write(&crate::view::usage::table(&sum))?;
     }
     Ok(0)
 }

@@ -59,7 +59,7 @@ fn one_page(json: bool, v: &Value) -> Result<u8> {
 
 /// An RFC 3339 time for `--since`/`--until`: an age before `now` (`90s`,
 /// `10m`, `2h`, `7d`) or a time given as one.
-fn when(flag: &str, w: &str, now: u64) -> Result<String> {
+pub(super) fn when(flag: &str, w: &str, now: u64) -> Result<String> {
     if crate::paging::parse_time(w).is_some() {
         return Ok(w.to_owned());
     }
@@ -85,7 +85,7 @@ fn when(flag: &str, w: &str, now: u64) -> Result<String> {
 /// `{"runs": [...], "next_cursor": null}` written run by run.
 struct Output {
     json: bool,
-    widths: [usize; 6],
+    widths: [usize; show::COLUMNS],
     printed: usize,
 }
 

@@ -39,6 +39,22 @@ pub fn status_block(s: &RunStatus) -> String {
     }
     if let Some(d) = s.driver.as_ref().filter(|d| d.driver.streams()) {
         let _ = writeln!(out, "{:<13}{}", "driver", d.driver.as_str());
+        if let Some(u) = &s.usage {
+            let so_far = if s.state.is_terminal() {
+                ""
+            } else {
+                " (so far)"
+            };
+            let _ = writeln!(
+                out,
+                "{:<13}{}{so_far}",
+                "usage",
+                crate::view::usage::line(u)
+            );
+        }
+        if let Some(b) = &d.budget {
+            let _ = writeln!(out, "{:<13}{}", "budget", b.describe());
+        }
         if let Some(text) = d.report.as_ref().and_then(|r| r.final_text.as_deref()) {
             // The agent's words: quoted on one line, and only its start.
             let start: String = text.chars().take(200).collect();
@@ -62,33 +78,43 @@ fn duration(s: &RunStatus, now: u64) -> String {
     start.map_or("-".into(), |st| human_duration(end.saturating_sub(st)))
 }
 
-/// The `ls` table: run, session, state, age, duration, command.
+/// The `ls` table: run, session, state, age, duration, a driver run's
+/// turns, tokens (in/out) and cost, command.
 pub fn table(runs: &[RunStatus]) -> String {
     let mut widths = TABLE_HEADER.map(str::len);
     table_page(runs, &mut widths, true)
 }
 
+/// How many columns the `ls` table has.
+pub const COLUMNS: usize = 9;
+
 /// The `ls` table's columns.
-pub const TABLE_HEADER: [&str; 6] = ["RUN", "SESSION", "STATE", "AGE", "DURATION", "COMMAND"];
+pub const TABLE_HEADER: [&str; COLUMNS] = [
+    "RUN", "SESSION", "STATE", "AGE", "DURATION", "TURNS", "TOKENS", "COST", "COMMAND",
+];
 
 /// One page of the `ls` table, its header first when `header`. `widths`
 /// carries the columns' widths from page to page: they only grow, so a
 /// streamed table stays aligned unless a later page has a wider cell.
-pub fn table_page(runs: &[RunStatus], widths: &mut [usize; 6], header: bool) -> String {
+pub fn table_page(runs: &[RunStatus], widths: &mut [usize; COLUMNS], header: bool) -> String {
     let now = now_ms();
-    let rows: Vec<[String; 6]> = runs
+    let rows: Vec<[String; COLUMNS]> = runs
         .iter()
         .map(|r| {
             let mut cmd = one_line(&r.command.join(" "));
             if cmd.chars().count() > 60 {
                 cmd = cmd.chars().take(59).collect::<String>() + "…";
             }
+            let [turns, tokens, cost] = crate::view::usage::cells(r.usage.as_ref());
             [
                 one_line(&r.run_id),
                 one_line(&r.session_id),
                 r.state.as_str().to_owned(),
                 age(r, now),
                 duration(r, now),
+                turns,
+                tokens,
+                cost,
                 cmd,
             ]
         })

@@ -42,6 +42,7 @@ pub(crate) fn endpoint(settings: &policy::config::Config, driver: Driver) -> Opt
         tools: None,
         model: None,
         max_turns: None,
+        max_budget_usd: None,
         uid0: false,
         temp_dir: "",
         allow: &[],

@@ -341,6 +341,9 @@ impl Supervisor {
 
     /// A run's current status.
     pub fn status(&self, id: &RunId) -> Result<RunStatus, EngineError> {
+        if let Some(slot) = self.inner.live_slot(id) {
+            return Ok(live_status(&slot));
+        }
         Ok(RunStatus::from(&self.record(id)?))
     }
 
@@ -366,7 +369,7 @@ impl Supervisor {
                 let _ = wait.await;
             }
         }
-        Ok(RunStatus::from(&slot.snapshot()))
+        Ok(live_status(&slot))
     }
 
     /// Asks a run to stop: a queued run is cancelled at once; a running one
@@ -405,7 +408,7 @@ impl Supervisor {
             }
             _ => {}
         }
-        Ok(RunStatus::from(&slot.snapshot()))
+        Ok(live_status(&slot))
     }
 
     /// One page of the runs `q` selects that `who` may see, in the query's
@@ -426,17 +429,53 @@ impl Supervisor {
             .runs
             .into_iter()
             .map(|r| match self.inner.live_slot(&r.run_id) {
-                Some(slot) => slot.snapshot(),
-                None => r,
+                Some(slot) => (slot.snapshot(), Some(slot)),
+                None => (r, None),
             })
-            .filter(|r| q.state.is_none_or(|s| r.state() == s))
-            .filter(|r| policy::rights::may_act_on(who, run_owner(r)))
-            .map(|r| RunStatus::from(&r))
+            .filter(|(r, _)| q.state.is_none_or(|s| r.state() == s))
+            .filter(|(r, _)| policy::rights::may_act_on(who, run_owner(r)))
+            .map(|(r, slot)| {
+                let mut st = RunStatus::from(&r);
+                if let Some(u) = slot.and_then(|s| s.usage_so_far(&r)) {
+                    st.usage = Some(u);
+                }
+                st
+            })
             .collect();
         Ok(ListPage {
             runs,
             next: page.next,
         })
+    }
+
+    /// The usage of the runs `q` selects that `who` may see (another uid:
+    /// its own), summed per driver and in all; tombstones count. Read
+    /// from the runs' columns, through the session's index when `q` names
+    /// one.
+    pub async fn usage(
+        &self,
+        q: crate::store::UsageQuery,
+        who: Option<&policy::rights::Requester>,
+    ) -> Result<crate::usage::UsageSummary, EngineError> {
+        if let Some(s) = &q.session {
+            crate::ids::check_session_id(s).map_err(|p| EngineError::invalid("session_id", p))?;
+        }
+        let mut q = q;
+        if let Some(w) = who {
+            q.owner_uid = Some(w.uid);
+        }
+        let store = self.inner.store.clone();
+        let q2 = q.clone();
+        let rows = blocking(move || Ok(store.usage(&q2)?)).await?;
+        let mut out = crate::usage::UsageSummary {
+            session_id: q.session,
+            ..Default::default()
+        };
+        for (driver, totals) in rows {
+            out.totals.add(&totals);
+            out.by_driver.insert(driver, totals);
+        }
+        Ok(out)
     }
 
     /// Removes finished runs by the retention limits (and `older_than`),
@@ -563,6 +602,17 @@ impl Supervisor {
         let store = self.inner.store.clone();
         blocking(move || store.close_clean().map_err(EngineError::from)).await
     }
+}
+
+/// A run in memory's status now, with its usage so far while its agent
+/// has not given its final figures.
+fn live_status(slot: &Slot) -> RunStatus {
+    let rec = slot.snapshot();
+    let mut st = RunStatus::from(&rec);
+    if let Some(u) = slot.usage_so_far(&rec) {
+        st.usage = Some(u);
+    }
+    st
 }
 
 /// The snapshot and the block for a session right now, for `who`

@@ -44,6 +44,9 @@ pub(crate) struct Slot {
     /// Its runner spec as committed, while it waits for a slot (none after
     /// a restart: the store's copy is read then). Held only to set or take.
     pub(super) spec: Mutex<Option<Vec<u8>>>,
+    /// A driver run's usage so far and how far its log was read, made at
+    /// the first look. Held for one bounded read of the log.
+    usage: Mutex<Option<crate::usage::LogUsage>>,
 }
 
 impl Slot {
@@ -57,7 +60,22 @@ impl Slot {
             egress: Mutex::new(None),
             gateway: Mutex::new(None),
             spec: Mutex::new(None),
+            usage: Mutex::new(None),
         })
+    }
+
+    /// A driver run's usage so far, until its report holds the final
+    /// figures: what its log gained since the last look is read
+    /// ([`crate::usage::LogUsage`]). `None` for a plain command or a run
+    /// with its report. Blocking (one bounded read).
+    pub(super) fn usage_so_far(&self, rec: &RunRecord) -> Option<policy::usage::Usage> {
+        let d = rec.driver_run.as_ref()?;
+        if !d.driver.streams() || d.report.is_some() {
+            return None;
+        }
+        let mut held = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        let live = held.get_or_insert_with(|| crate::usage::LogUsage::new(d.driver));
+        Some(live.update(&rec.files().log()))
     }
 
     pub(super) fn set_spec(&self, spec: Vec<u8>) {

@@ -3,7 +3,7 @@
 
 use super::context::{args, Inner, ToolError, ToolResult};
 use super::render::{self, clean, line_of, status_result};
-use super::tools::{ListArgs, LogArgs, NoArgs, RunArgs, SpawnArgs, WaitArgs};
+use super::tools::{ListArgs, LogArgs, NoArgs, RunArgs, SpawnArgs, UsageArgs, WaitArgs};
 use super::tools::{DEFAULT_TAIL_LINES, DEFAULT_WAIT_S, MAX_TAIL_LINES, MAX_WAIT_S};
 use crate::sanitize::{one_line, quoted};
 use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
@@ -29,6 +29,7 @@ pub async fn dispatch(
             "cancel_agent_run" => status_of(inner, "cancel_agent_run", args(name, a)?).await,
             "list_agent_runs" => list(inner, args(name, a)?).await,
             "read_agent_log" => read_log(inner, args(name, a)?).await,
+            "agent_usage" => usage(inner, args(name, a)?).await,
             "take_notices" => notices(inner, args(name, a)?).await,
             "list_agents" => agents(inner, args(name, a)?).await,
             "working_context" => working_context(inner, args(name, a)?).await,
@@ -271,6 +272,19 @@ async fn list(inner: &Inner, a: ListArgs) -> ToolResult {
         text,
         json!({ "runs": runs, "next_cursor": next }),
     ))
+}
+
+async fn usage(inner: &Inner, a: UsageArgs) -> ToolResult {
+    let session = match a.session.as_deref() {
+        None => Some(inner.session(None).to_owned()),
+        Some("*") => None,
+        Some(s) => Some(s.to_owned()),
+    };
+    let params = json!({"session_id": session, "since": a.since, "until": a.until});
+    let v = inner.link.call("usage", params).await?;
+    let sum: crate::usage::UsageSummary = serde_json::from_value(v.clone())
+        .map_err(|e| ToolError::Refused(format!("the daemon's usage answer is not one: {e}")))?;
+    Ok(render::ok(crate::view::usage::table(&sum), clean(v)))
 }
 
 async fn read_log(inner: &Inner, a: LogArgs) -> ToolResult {

@@ -24,7 +24,7 @@ pub enum ToolError {
         detail: String,
     },
     /// No tool has this name.
-    #[error("there is no tool named {0:?}; the tools are: spawn_agent, wait_agent_run, check_agent_run, cancel_agent_run, list_agent_runs, read_agent_log, take_notices, list_agents, working_context")]
+    #[error("there is no tool named {0:?}; the tools are: spawn_agent, wait_agent_run, check_agent_run, cancel_agent_run, list_agent_runs, read_agent_log, agent_usage, take_notices, list_agents, working_context")]
     UnknownTool(String),
     /// The daemon could not be reached or refused the call.
     #[error("{source}{hint}")]

@@ -177,6 +177,13 @@ pub fn status_text(status: &Value) -> String {
             quoted(&start)
         ));
     }
+    if let Ok(u) = serde_json::from_value::<policy::usage::Usage>(status["usage"].clone()) {
+        let so_far = if is_terminal(status) { "" } else { " (so far)" };
+        out.push_str(&format!(
+            "usage: {}{so_far}\n",
+            crate::view::usage::line(&u)
+        ));
+    }
     if is_terminal(status) {
         out.push_str(&format!("result: {}\n", line_of(status, "result_path")));
         out.push_str(&format!("artifacts: {}\n", line_of(status, "artifact_dir")));
@@ -208,6 +215,7 @@ pub fn summary(status: &Value) -> Value {
         "rights",
         "network",
         "agent",
+        "usage",
         "finalize_error",
         "worktree_dir",
         "worktree_branch",

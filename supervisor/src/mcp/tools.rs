@@ -88,6 +88,21 @@ pub struct ListArgs {
     pub cursor: Option<String>,
 }
 
+/// Arguments of `agent_usage`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UsageArgs {
+    /// Whose runs: a session id, or "*" for every session; default: this conversation's.
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Only runs created at or after this RFC 3339 time (e.g. "2026-01-31T12:00:00Z").
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Only runs created at or before this RFC 3339 time.
+    #[serde(default)]
+    pub until: Option<String>,
+}
+
 /// Arguments of `read_agent_log`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -125,6 +140,11 @@ filtered by state; 50 at a time unless `limit` says otherwise, and `next_cursor`
 const LOG: &str = "Read a run's output (its stdout and stderr): the last `tail` lines (at \
 most 1000), or from a byte `offset` on (up to 64 KiB per call; `next_offset` says where to \
 go on). Works while the run goes on and after it ended.";
+const USAGE: &str = "What runs spent, summed: by default this conversation's runs \
+(`session: \"*\"` for every one), optionally within a time range. Returns how many runs, \
+how many reported usage, and their turns, input and output tokens and cost in US dollars \
+(as each agent reported them), in all and per driver. A run still going is counted once \
+it ends; check_agent_run shows its figures so far.";
 const NOTICES: &str = "Take the notices of runs of this conversation that ended since the \
 last call (each notice is returned once): run_id, state, result.md path.";
 const AGENTS: &str = "List the subagent definitions a run in this project can use by name \
@@ -141,6 +161,7 @@ pub fn catalog() -> Vec<Tool> {
         tool::<RunArgs>("cancel_agent_run", CANCEL),
         tool::<ListArgs>("list_agent_runs", LIST),
         tool::<LogArgs>("read_agent_log", LOG),
+        tool::<UsageArgs>("agent_usage", USAGE),
         tool::<NoArgs>("take_notices", NOTICES),
         tool::<NoArgs>("list_agents", AGENTS),
         tool::<NoArgs>("working_context", WORKCTX),

@@ -23,6 +23,35 @@ pub struct DriverRun {
     /// needs too); `None` in records made before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writes_project: Option<bool>,
+    /// The limits the agent was started with, enforced by the agent
+    /// itself; `None` when it had none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+}
+
+/// A run's own limits on what its agent spends, passed to the agent (Claude
+/// Code's `--max-turns` and `--max-budget-usd`), which stops at them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    /// At most this many turns: the request's `max_turns` or the
+    /// definition's `maxTurns`, the lower of the two.
+    pub max_turns: Option<u32>,
+    /// At most this many US dollars, as the agent computes its cost.
+    pub max_budget_usd: Option<f64>,
+}
+
+impl Budget {
+    /// One line: what the agent may spend.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(n) = self.max_turns {
+            parts.push(format!("at most {n} turns"));
+        }
+        if let Some(usd) = self.max_budget_usd {
+            parts.push(format!("at most ${usd}"));
+        }
+        parts.join(", ")
+    }
 }
 
 /// How the context reached the agent, besides the files in its context
@@ -65,6 +94,15 @@ pub type ReportedFiles = super::delta::DeltaReport;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budget_is_said_plainly() {
+        let b = Budget {
+            max_turns: Some(3),
+            max_budget_usd: Some(0.5),
+        };
+        assert_eq!(b.describe(), "at most 3 turns, at most $0.5");
+    }
 
     #[test]
     fn the_delivery_is_said_plainly() {

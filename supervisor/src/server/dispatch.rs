@@ -99,6 +99,22 @@ pub async fn execute(
         Call::WorkingContext(p) => sup.working_context(&p.session_id, who).await.map_err(r),
         Call::PruneRuns(p) => Ok(to_value(&sup.prune_runs(p, requester).await.map_err(r)?)),
         Call::Metrics(p) => metrics(sup, &p, who),
+        Call::Usage(p) => {
+            if let Some(s) = &p.session_id {
+                crate::ids::check_session_id(s)
+                    .map_err(|e| RpcError::invalid_params("session_id", e))?;
+            }
+            let q = crate::store::UsageQuery {
+                session: p.session_id,
+                // Root and the daemon's uid sum every run, others their own.
+                owner_uid: who.map(|r| r.uid),
+                since_ms: crate::paging::time_param("since", p.since.as_deref())?,
+                until_ms: crate::paging::time_param("until", p.until.as_deref())?,
+            };
+            let mut sum = sup.usage(q, who).await.map_err(r)?;
+            (sum.since, sum.until) = (p.since, p.until);
+            Ok(to_value(&sum))
+        }
         Call::Ping => Ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),

@@ -297,6 +297,7 @@ fn insert_run(batch: &Batch<'_>, rec: &RunRecord, dir: &Path, notice: Option<&st
     if !runs::insert(conn, path, rec, published(rec), notice, true)? {
         return Ok(());
     }
+    runs::set_usage(conn, path, rec)?;
     let id = rec.run_id.as_str();
     let side = [
         (

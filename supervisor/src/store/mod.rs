@@ -5,8 +5,8 @@
 //! connection and commits requests in groups; readers use a small pool of
 //! read-only connections, which WAL never makes wait for the writer.
 //!
-//! Uses the run model, the protocol's `Notice`, the sessions' state and
-//! paths; never the engine.
+//! Uses the run model, the protocol's `Notice`, the sessions' state,
+//! usage's totals and paths; never the engine.
 
 mod backup;
 mod error;
@@ -18,14 +18,17 @@ mod retention;
 mod runs;
 mod schema;
 mod sessions;
+mod usage;
 mod writer;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod usage_tests;
 
 use error::io_err;
 pub use error::{Result, StoreError};
-pub use ops::{ListQuery, Op, Page, Stored};
+pub use ops::{ListQuery, Op, Page, Stored, UsageQuery};
 pub use retention::{Candidate, Pruning};
 pub use writer::Out;
 
@@ -384,6 +387,12 @@ impl Store {
     /// One page of runs, pruned ones left out. Blocking.
     pub fn list(&self, q: &ListQuery) -> Result<Page> {
         self.read(|c, p| query::list(c, p, q))
+    }
+
+    /// Per driver, the runs `q` selects (tombstones included) and the
+    /// usage they reported, summed. Blocking.
+    pub fn usage(&self, q: &UsageQuery) -> Result<Vec<(String, crate::usage::UsageTotals)>> {
+        self.read(|c, p| usage::sums(c, p, q))
     }
 
     /// Every run recovery must look at: not ended, or ended but not

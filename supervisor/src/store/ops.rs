@@ -115,6 +115,19 @@ pub struct ListQuery {
     pub limit: usize,
 }
 
+/// Which runs' usage is summed (all of them, tombstones included).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UsageQuery {
+    /// Only this session's.
+    pub session: Option<String>,
+    /// Only runs of this owner.
+    pub owner_uid: Option<u32>,
+    /// Created at or after (ms since the epoch; the time in the run id).
+    pub since_ms: Option<u64>,
+    /// Created at or before (ms since the epoch; the time in the run id).
+    pub until_ms: Option<u64>,
+}
+
 /// One page of a list.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Page {

@@ -29,7 +29,7 @@ pub(super) fn get(conn: &Connection, path: &Path, id: &str) -> Result<Option<Sto
 }
 
 /// Sorts after every run id (whose first byte is a digit).
-const AFTER_EVERY_ID: &str = ":";
+pub(super) const AFTER_EVERY_ID: &str = ":";
 
 /// The start of the ids of runs accepted at `ms` (ms since the epoch):
 /// every id accepted at or after it sorts at or after this text. `None`

@@ -224,12 +224,62 @@ pub(super) fn insert(
     Ok(true)
 }
 
+/// A run's driver and the usage its agent reported, as `runs` keeps them
+/// (schema version 3) to be summed without reading JSON.
+struct UsageCols {
+    driver: Option<&'static str>,
+    turns: Option<i64>,
+    input_tokens: Option<i64>,
+    output_tokens: Option<i64>,
+    cost_usd: Option<f64>,
+}
+
+impl UsageCols {
+    fn of(rec: &RunRecord) -> UsageCols {
+        let d = rec.driver_run.as_ref();
+        let u = d
+            .and_then(|d| d.report.as_ref())
+            .map(|r| r.usage())
+            .unwrap_or_default();
+        // Figures are at most 2^40 (policy::usage::MAX_COUNT).
+        let n = |v: Option<u64>| v.and_then(|v| i64::try_from(v).ok());
+        UsageCols {
+            driver: d.map(|d| d.driver.as_str()),
+            turns: n(u.turns),
+            input_tokens: n(u.input_tokens),
+            output_tokens: n(u.output_tokens),
+            cost_usd: u.cost_usd,
+        }
+    }
+}
+
+/// Writes a new row's driver and usage columns (after [`insert`], which
+/// writes a version-1 row's columns only).
+pub(super) fn set_usage(conn: &Connection, path: &Path, rec: &RunRecord) -> Result<()> {
+    let u = UsageCols::of(rec);
+    conn.execute(
+        "UPDATE runs SET driver = ?2, turns = ?3, input_tokens = ?4, output_tokens = ?5,
+         cost_usd = ?6 WHERE run_id = ?1",
+        params![
+            rec.run_id.as_str(),
+            u.driver,
+            u.turns,
+            u.input_tokens,
+            u.output_tokens,
+            u.cost_usd
+        ],
+    )
+    .map_err(sql(path))?;
+    Ok(())
+}
+
 /// Rewrites what may change of a run: its scalars and its end. An ended
 /// record goes to `end_state`; `state` is set only when `publish`, or while
 /// the record has not ended.
 pub(super) fn update(conn: &Connection, path: &Path, rec: &RunRecord, publish: bool) -> Result<()> {
     let p = parts(path, rec, false)?;
     let w = &p.w;
+    let u = UsageCols::of(rec);
     let ended = w.state.is_terminal();
     let published = (publish || !ended).then(|| w.state.as_str());
     let n = conn
@@ -238,7 +288,8 @@ pub(super) fn update(conn: &Connection, path: &Path, rec: &RunRecord, publish: b
              started_at_ms = ?4, ended_at_ms = ?5, runner_pid = ?6, runner_start_ticks = ?7,
              exit_code = ?8, signal = ?9, reason = ?10, cancel_requested = ?11,
              log_truncated = ?12, finalized = ?13, finalize_error = ?14, uid = ?15,
-             keep_temp = ?16, worktree_dir = ?17
+             keep_temp = ?16, worktree_dir = ?17, driver = ?18, turns = ?19,
+             input_tokens = ?20, output_tokens = ?21, cost_usd = ?22
              WHERE run_id = ?1 AND prune_state IS NULL",
             params![
                 w.run_id.as_str(),
@@ -258,6 +309,11 @@ pub(super) fn update(conn: &Connection, path: &Path, rec: &RunRecord, publish: b
                 w.uid,
                 w.keep_temp,
                 w.worktree.as_ref().map(|t| text(&t.dir)),
+                u.driver,
+                u.turns,
+                u.input_tokens,
+                u.output_tokens,
+                u.cost_usd,
             ],
         )
         .map_err(sql(path))?;

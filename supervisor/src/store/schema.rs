@@ -12,7 +12,7 @@ pub const APPLICATION_ID: i64 = 0x5355_4241;
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Migration *n* (1-based) moves version n-1 to n.
-pub const MIGRATIONS: &[&str] = &[V1, V2];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 const V1: &str = "
 CREATE TABLE runs (
@@ -104,6 +104,45 @@ CREATE INDEX runs_session ON runs(session_id, run_id) WHERE prune_state IS NULL;
 CREATE INDEX runs_state ON runs(state, run_id) WHERE prune_state IS NULL;
 CREATE INDEX runs_owner ON runs(owner_uid, run_id) WHERE prune_state IS NULL;
 CREATE INDEX runs_tombstones ON runs(pruned_at_ms, run_id) WHERE prune_state = 'pruned';
+DROP INDEX IF EXISTS runs_live;
+CREATE INDEX runs_live ON runs(run_id)
+    WHERE state IN ('accepted', 'running') OR finalized = 0 OR prune_state = 'pruning';
+";
+
+/// Usage summed without reading JSON: each run's driver and the turns,
+/// tokens and cost its agent reported become columns of its row (filled
+/// here from the ended runs' `run_ends.driver`, a figure out of range left
+/// NULL as the daemon leaves it), kept on a tombstone, and summed through
+/// `runs_usage`, an index by session that holds every figure (its cost is
+/// the session's runs, not the history's). `runs_session` and `runs_live`
+/// are made again after it: of two indexes equally good for a list's or
+/// recovery's read, SQLite takes the one made last.
+const V3: &str = "
+ALTER TABLE runs ADD COLUMN driver TEXT;
+ALTER TABLE runs ADD COLUMN turns INTEGER;
+ALTER TABLE runs ADD COLUMN input_tokens INTEGER;
+ALTER TABLE runs ADD COLUMN output_tokens INTEGER;
+ALTER TABLE runs ADD COLUMN cost_usd REAL;
+UPDATE runs SET
+    driver = CASE WHEN json_type(e.driver, '$.driver') = 'text'
+        THEN json_extract(e.driver, '$.driver') END,
+    turns = CASE WHEN json_type(e.driver, '$.report.turns') = 'integer'
+        AND json_extract(e.driver, '$.report.turns') BETWEEN 0 AND 1099511627776
+        THEN json_extract(e.driver, '$.report.turns') END,
+    input_tokens = CASE WHEN json_type(e.driver, '$.report.input_tokens') = 'integer'
+        AND json_extract(e.driver, '$.report.input_tokens') BETWEEN 0 AND 1099511627776
+        THEN json_extract(e.driver, '$.report.input_tokens') END,
+    output_tokens = CASE WHEN json_type(e.driver, '$.report.output_tokens') = 'integer'
+        AND json_extract(e.driver, '$.report.output_tokens') BETWEEN 0 AND 1099511627776
+        THEN json_extract(e.driver, '$.report.output_tokens') END,
+    cost_usd = CASE WHEN json_type(e.driver, '$.report.cost_usd') IN ('integer', 'real')
+        AND json_extract(e.driver, '$.report.cost_usd') BETWEEN 0 AND 1e9
+        THEN json_extract(e.driver, '$.report.cost_usd') END
+FROM run_ends e WHERE e.run_id = runs.run_id AND json_valid(e.driver);
+CREATE INDEX runs_usage ON runs(session_id, run_id, owner_uid, driver,
+    turns, input_tokens, output_tokens, cost_usd);
+DROP INDEX IF EXISTS runs_session;
+CREATE INDEX runs_session ON runs(session_id, run_id) WHERE prune_state IS NULL;
 DROP INDEX IF EXISTS runs_live;
 CREATE INDEX runs_live ON runs(run_id)
     WHERE state IN ('accepted', 'running') OR finalized = 0 OR prune_state = 'pruning';

@@ -608,7 +608,7 @@ fn lists_page_by_cursor_in_either_order_and_filter() {
 }
 
 /// The ms of the accept time a run id starts with.
-fn id_ms(id: &RunId) -> u64 {
+pub(super) fn id_ms(id: &RunId) -> u64 {
     id.created_ms()
 }
 
@@ -795,7 +795,7 @@ fn a_version_1_file_is_migrated_and_lists_the_same() {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(version, schema::SCHEMA_VERSION);
     // The copy made before the migration is the version 1 file, whole.
     let bak = rusqlite::Connection::open(dir.path().join("state.db.v1.bak")).unwrap();
     let (version, runs): (i64, i64) = bak
@@ -1033,7 +1033,7 @@ fn a_read_that_panics_gives_its_reader_back() {
 }
 
 /// Prunes `ids` (marked and done) now.
-fn prune_now(store: &Store, ids: &[RunId]) {
+pub(super) fn prune_now(store: &Store, ids: &[RunId]) {
     let mark = Op::PruneMark {
         ids: ids.to_vec(),
         reason: "max_runs".into(),

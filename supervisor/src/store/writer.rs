@@ -272,6 +272,7 @@ fn apply(conn: &Connection, path: &Path, op: Op, out: &mut Out) -> Result<()> {
             session,
         } => {
             runs::insert(conn, path, &rec, rec.state(), None, false)?;
+            runs::set_usage(conn, path, &rec)?;
             let id = rec.run_id.as_str();
             put_blob(conn, path, "run_specs", "spec", id, &spec)?;
             if let Some(before) = before {

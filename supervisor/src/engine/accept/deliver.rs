@@ -73,6 +73,7 @@ pub(super) fn deliver_command(plan: &Plan, stdin: bool, f: &RunFacts) -> Deliver
             report: None,
             reported_files: None,
             writes_project: None,
+            budget: None,
         },
     }
 }
@@ -101,7 +102,8 @@ pub(super) fn deliver_driver(
         system_text: f.system_text,
         tools: plan.tools.as_deref(),
         model: def.and_then(|d| d.model.as_deref()),
-        max_turns: def.and_then(|d| d.max_turns),
+        max_turns: plan.budget.and_then(|b| b.max_turns),
+        max_budget_usd: plan.budget.and_then(|b| b.max_budget_usd),
         uid0: f.uid0,
         temp_dir: &temp,
         allow: &allow,
@@ -126,6 +128,7 @@ pub(super) fn deliver_driver(
             report: None,
             reported_files: None,
             writes_project: None,
+            budget: plan.budget,
         },
     })
 }

@@ -33,6 +33,8 @@ pub struct Plan {
     pub notes: Vec<String>,
     /// How its agent starts.
     pub driver: policy::driver::Driver,
+    /// The limits its agent enforces on itself (the claude-code driver's).
+    pub budget: Option<crate::run::driver::Budget>,
 }
 
 /// Refuses an entry of `list` (the request's or the definition's) that no
@@ -284,6 +286,7 @@ pub fn plan(
             format!("the driver {name} is not set up: the config has no [drivers.{name}] table"),
         ));
     }
+    let budget = budget(p, agent.as_ref(), driver)?;
     let (network, network_allow) = network_plan(
         settings,
         p,
@@ -328,7 +331,46 @@ pub fn plan(
         network_allow,
         notes,
         driver,
+        budget,
     })
+}
+
+/// The run's budget: the request's `max_turns` and `max_budget_usd`, the
+/// turns lowered by the definition's `maxTurns`. Only Claude Code enforces
+/// one; a budget for another driver is refused, never guessed at.
+fn budget(
+    p: &SpawnParams,
+    agent: Option<&crate::agents::Agent>,
+    driver: policy::driver::Driver,
+) -> Result<Option<crate::run::driver::Budget>, EngineError> {
+    use policy::driver::Driver;
+    let asked = [
+        ("max_turns", p.max_turns.is_some()),
+        ("max_budget_usd", p.max_budget_usd.is_some()),
+    ];
+    if let Some((field, _)) = asked.iter().find(|(_, set)| *set) {
+        let why = match driver {
+            Driver::ClaudeCode => None,
+            Driver::Codex => Some("not with the driver codex: Codex has no turn or spending limit of its own to pass it to, and subagentd does not enforce one by guessing from its output (the claude-code driver takes one)"),
+            Driver::Command => Some("not with the driver command: a plain command reports no turns or cost, so there is nothing to hold it to (the claude-code driver takes one)"),
+        };
+        if let Some(why) = why {
+            return Err(EngineError::invalid(field, why));
+        }
+    }
+    if driver != Driver::ClaudeCode {
+        return Ok(None);
+    }
+    let from_def = agent.and_then(|a| a.definition.max_turns);
+    let max_turns = match (p.max_turns, from_def) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let b = crate::run::driver::Budget {
+        max_turns,
+        max_budget_usd: p.max_budget_usd,
+    };
+    Ok((b.max_turns.is_some() || b.max_budget_usd.is_some()).then_some(b))
 }
 
 /// A driver run's program (its whole argv is made with the run's

@@ -120,6 +120,29 @@ pub(super) fn check_agent_name(a: &str) -> Result<(), EngineError> {
     ))
 }
 
+/// The most turns a budget allows.
+pub const MAX_TURNS: u32 = 100_000;
+/// The largest spending limit a budget takes, in US dollars.
+pub const MAX_BUDGET_USD: f64 = 1_000_000.0;
+
+/// Checks the budget's values (which driver may take one is the plan's).
+pub(super) fn check_budget(p: &SpawnParams) -> Result<(), EngineError> {
+    if p.max_turns.is_some_and(|n| !(1..=MAX_TURNS).contains(&n)) {
+        return Err(EngineError::invalid(
+            "max_turns",
+            format!("must be 1 to {MAX_TURNS}"),
+        ));
+    }
+    let usd_ok = |usd: f64| usd > 0.0 && usd <= MAX_BUDGET_USD;
+    if p.max_budget_usd.is_some_and(|usd| !usd_ok(usd)) {
+        return Err(EngineError::invalid(
+            "max_budget_usd",
+            format!("must be more than 0 and at most {MAX_BUDGET_USD}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks the request's env: names, values, and no name the supervisor sets.
 pub(super) fn check_env(env: &BTreeMap<String, String>) -> Result<(), EngineError> {
     policy::env::validate_request_env(env).map_err(|e| match e {
@@ -213,6 +236,7 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
         check_agent_name(a)?;
     }
     check_env(&p.env)?;
+    check_budget(p)?;
     p.limits
         .validate()
         .map_err(|(f, why)| EngineError::invalid(&format!("limits.{f}"), why))?;
@@ -247,6 +271,8 @@ mod tests {
             max_restarts: None,
             driver: None,
             stdin: None,
+            max_turns: None,
+            max_budget_usd: None,
         }
     }
 
@@ -287,6 +313,16 @@ mod tests {
         let mut p = params();
         p.env.insert("SUBAGENT_RUN_ID".into(), "x".into());
         assert_eq!(field_of(&p), "env.SUBAGENT_RUN_ID");
+        for turns in [0, MAX_TURNS + 1] {
+            let mut p = params();
+            p.max_turns = Some(turns);
+            assert_eq!(field_of(&p), "max_turns");
+        }
+        for usd in [0.0, -1.0, f64::NAN, f64::INFINITY, MAX_BUDGET_USD * 2.0] {
+            let mut p = params();
+            p.max_budget_usd = Some(usd);
+            assert_eq!(field_of(&p), "max_budget_usd", "{usd}");
+        }
         let mut p = params();
         p.limits.wall_time_s = Some(0);
         assert_eq!(field_of(&p), "limits.wall_time_s");

@@ -131,6 +131,7 @@ mod tests {
             report: None,
             reported_files: None,
             writes_project: None,
+            budget: None,
         });
         r
     }
