@@ -519,6 +519,7 @@ mod tests {
             }),
             reported_files: None,
             writes_project: None,
+            budget: None,
         });
         if let Some(e) = r.end_mut() {
             e.egress = Some(crate::run::egress::EgressSummary {

@@ -314,6 +314,7 @@ mod tests {
                 report: Some(report),
                 reported_files: None,
                 writes_project: None,
+                budget: None,
             });
             assert_eq!(classify(&r), want);
         }
