@@ -302,17 +302,15 @@ fn samples_show_a_busy_childs_cpu_rising_its_memory_and_its_end() {
     let run = d.conn().spawn(&s, &["/bin/sh", "-c", busy], bounded());
     let sample = |params: Value| d.conn().call("sample_agent_runs", params).unwrap();
     let mut first: Option<Value> = None;
-    wait_until(
-        Duration::from_secs(30),
-        "a first sample with CPU time",
-        || {
-            let r = sample(json!({ "session_id": s }));
-            first = entry(&r, &run).cloned();
-            first
-                .as_ref()
-                .is_some_and(|e| e["sample"]["cpu_ms"].as_u64().unwrap_or(0) > 0)
-        },
-    );
+    // The runner copies the line to child.log on its own time.
+    let what = "a sample with CPU time and the first line";
+    wait_until(Duration::from_secs(30), what, || {
+        let r = sample(json!({ "session_id": s }));
+        first = entry(&r, &run).cloned();
+        first.as_ref().is_some_and(|e| {
+            e["sample"]["cpu_ms"].as_u64().unwrap_or(0) > 0 && e["last_line"] == "busy-start"
+        })
+    });
     let first = first.unwrap();
     assert_eq!(first["state"], "running");
     assert_eq!(first["last_line"], "busy-start", "{first}");
