@@ -18,7 +18,8 @@
 //!   execs), [`uids`] (per-run uid leases), [`trust`] (what a
 //!   client checks of the socket before it sends anything), [`agents`]
 //!   (subagent definitions on disk), [`sessions`] (each parent session's
-//!   recent files).
+//!   recent files), [`livesample`] (a live run's processes and its log's
+//!   last line, read per call).
 //! - run model: [`run`]: a run's record, typed by phase, and what it is
 //!   made of (worktree, delta, driver, egress counts).
 //! - run services: [`egress`] (the proxy of runs in allowlist mode),
@@ -46,6 +47,7 @@ pub mod gateway;
 pub mod gitsnap;
 pub mod ids;
 pub mod isolation;
+pub mod livesample;
 pub mod lockfile;
 pub mod mcp;
 pub mod metrics;

@@ -289,6 +289,18 @@ pub enum ListOrder {
     Desc,
 }
 
+/// The params of `sample_agent_runs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SampleParams {
+    /// Only this session's runs.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Only runs in this state.
+    #[serde(default)]
+    pub state: Option<crate::run::record::RunState>,
+}
+
 /// The params of `subscribe`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -381,6 +393,9 @@ pub enum Call {
     CancelAgentRun(RunParams),
     /// List runs.
     ListAgentRuns(ListParams),
+    /// The live runs (and those just ended), each with a sample of its
+    /// processes and its log's last line.
+    SampleAgentRuns(SampleParams),
     /// Receive `agent_run_finished` notifications on this connection.
     Subscribe(SubscribeParams),
     /// Take a session's pending notices.
@@ -574,6 +589,7 @@ impl Call {
             "wait_agent_run" => params(p).map(Call::WaitAgentRun),
             "cancel_agent_run" => params(p).map(Call::CancelAgentRun),
             "list_agent_runs" => params(p).map(Call::ListAgentRuns),
+            "sample_agent_runs" => params(p).map(Call::SampleAgentRuns),
             "subscribe" => params(p).map(Call::Subscribe),
             "take_notices" => params(p).map(Call::TakeNotices),
             "touch_files" => params(p).map(Call::TouchFiles),

@@ -198,3 +198,18 @@ fn egress_so_far(rec: &RunRecord) -> Option<crate::run::egress::EgressSummary> {
         .then(|| crate::egress::log::summarize(&rec.files().egress_log()))
         .flatten()
 }
+
+/// A run as `sample_agent_runs` returns it: its status, and what it looks
+/// like on the host right now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampledRun {
+    /// Its status, as check_agent_run returns it.
+    #[serde(flatten)]
+    pub status: RunStatus,
+    /// Its processes' CPU time, memory and count; null unless it is
+    /// running and its runner was found.
+    pub sample: Option<crate::livesample::Sample>,
+    /// The last line of its child.log that is not blank, escaped and
+    /// bounded; null when it has written none.
+    pub last_line: Option<String>,
+}

@@ -11,6 +11,7 @@ pub mod modelserver;
 pub mod modgraph;
 pub mod otheruser;
 pub mod sleepers;
+pub mod tmux;
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};

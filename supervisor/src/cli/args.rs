@@ -162,6 +162,12 @@ pub enum Command {
     /// List runs, oldest first: all of them, fetched and printed a page at a
     /// time, or one page with --limit.
     Ls(LsArgs),
+    /// A live, full-screen view of the runs, refreshed every second: state,
+    /// CPU, memory, egress, tokens and cost, and each run's last log line.
+    /// Keys: ↑/↓ select, Enter follows the run's log (Esc back), c cancels
+    /// it (y to confirm), s or / filters by session, f cycles all/live/ended,
+    /// q or Ctrl-C quits.
+    Top(TopArgs),
     /// Take a session's finished-run notices (each is shown once).
     Notices {
         /// The session.
@@ -309,6 +315,22 @@ pub struct LsArgs {
     /// Newest first.
     #[arg(long)]
     pub desc: bool,
+    /// Print the list again every interval, each time after a line with
+    /// the time, until interrupted: plain lines, for a pipe or a dumb
+    /// terminal (`subagent top` is the full-screen view).
+    #[arg(long)]
+    pub watch: bool,
+    /// Seconds between two lists with --watch (default 2).
+    #[arg(long, value_name = "SECS", requires = "watch")]
+    pub interval: Option<f64>,
+}
+
+/// `subagent top`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TopArgs {
+    /// Only this session's runs (`s` or `/` changes it in the view).
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
 }
 
 /// `subagent usage`.

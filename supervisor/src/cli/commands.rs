@@ -28,7 +28,8 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn client(&self) -> Result<Client> {
+    /// A new connection to the daemon.
+    pub fn client(&self) -> Result<Client> {
         Ok(Client::connect(&self.socket, &self.trust)?)
     }
 
@@ -229,7 +230,9 @@ pub fn execute(ctx: &Ctx, cmd: Command) -> Result<u8> {
         Command::Check { run } => status_of(ctx, "check_agent_run", &run),
         Command::Wait { run, timeout } => wait(ctx, &run, timeout),
         Command::Cancel { run } => status_of(ctx, "cancel_agent_run", &run),
+        Command::Ls(args) if args.watch => super::list::watch(&|| ctx.client(), ctx.json, &args),
         Command::Ls(args) => super::list::list(ctx.client()?, ctx.json, &args),
+        Command::Top(args) => super::top::main(&|| ctx.client(), &args),
         Command::Notices { session } => notices(ctx, &session),
         Command::Logs {
             run,

@@ -43,6 +43,40 @@ pub fn list(mut client: Client, json: bool, args: &LsArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// `ls --watch`: the list again every `--interval` seconds, over a new
+/// connection from `connect` each time, after a line with the time, until
+/// interrupted. A call that fails is
+/// told on stderr and tried again at the next interval (a daemon restart
+/// does not end the watch); a reader that goes away does.
+pub fn watch(connect: &dyn Fn() -> Result<Client>, json: bool, args: &LsArgs) -> Result<u8> {
+    let secs = args.interval.unwrap_or(2.0);
+    if !(secs.is_finite() && (0.1..=86_400.0).contains(&secs)) {
+        bail!("--interval must be from 0.1 to 86400 seconds");
+    }
+    if let Some(s) = &args.state {
+        RunState::parse(s).ok_or_else(|| anyhow!("--state {s:?} is not a run state"))?;
+    }
+    let once = LsArgs {
+        watch: false,
+        ..args.clone()
+    };
+    loop {
+        if !json {
+            let now = crate::timefmt::rfc3339_ms(crate::timefmt::now_ms());
+            stdout::line(&format!("=== {now} ==="))?;
+        }
+        match connect().and_then(|c| list(c, json, &once)) {
+            Err(e) if stdout::closed(&e) => return Err(e),
+            Err(e) => eprintln!(
+                "subagent: {}",
+                crate::sanitize::for_terminal(&format!("{e:#}"))
+            ),
+            Ok(_) => {}
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+    }
+}
+
 /// Prints one page; says on stderr when more runs follow it.
 fn one_page(json: bool, v: &Value) -> Result<u8> {
     if json {

@@ -12,6 +12,8 @@
 //! - [`prune`]: `subagent prune`'s lines.
 //! - [`run`]: `subagent run`, for CI.
 //! - [`stdout`]: writing to stdout; a closed stdout ends quietly.
+//! - [`style`]: when output gets colour, and a state's colour.
+//! - [`top`]: `subagent top`, the live view.
 
 pub mod args;
 pub mod commands;
@@ -23,9 +25,11 @@ pub mod prune;
 pub mod run;
 pub mod show;
 pub mod stdout;
+pub mod style;
+pub mod top;
 
 pub use args::{
-    Cli, Command, LsArgs, RunArgs, WorktreeAction, EXIT_CLIENT_ERROR, EXIT_STILL_RUNNING,
+    Cli, Command, LsArgs, RunArgs, TopArgs, WorktreeAction, EXIT_CLIENT_ERROR, EXIT_STILL_RUNNING,
 };
 use clap::Parser;
 use std::path::PathBuf;

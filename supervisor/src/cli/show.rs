@@ -31,8 +31,15 @@ pub fn status_block(s: &RunStatus) -> String {
         ("log_path", s.log_path.display().to_string()),
         ("result_path", s.result_path.display().to_string()),
     ];
+    let colour = super::style::stdout_colour();
     for (k, v) in rows {
-        let _ = writeln!(out, "{k:<13}{}", one_line(&v));
+        let v = one_line(&v);
+        let v = if k == "state" {
+            super::style::paint_state(&v, colour)
+        } else {
+            v
+        };
+        let _ = writeln!(out, "{k:<13}{v}");
     }
     if s.cancel_requested && !s.state.is_terminal() {
         let _ = writeln!(out, "{:<13}yes", "cancelling");
@@ -125,11 +132,15 @@ pub fn table_page(runs: &[RunStatus], widths: &mut [usize; COLUMNS], header: boo
         }
     }
     let mut out = String::new();
+    let colour = super::style::stdout_colour();
     let mut line = |cells: &[String]| {
         let mut l = String::new();
         for (i, c) in cells.iter().enumerate() {
             if i + 1 == cells.len() {
                 l.push_str(c);
+            } else if TABLE_HEADER[i] == "STATE" {
+                let cell = format!("{:<w$}", c, w = widths[i]);
+                let _ = write!(l, "{}  ", super::style::paint_state(&cell, colour));
             } else {
                 let _ = write!(l, "{:<w$}  ", c, w = widths[i]);
             }

@@ -8,7 +8,8 @@
 //! In layers, each using only those below it:
 //! - the phases: [`accept`] (validate, plan, place, context, delivery,
 //!   sandbox, run folder), [`recover`] (picking up the state dir's runs
-//!   at start) and `prune` (retention), over [`launch`] (starting a runner; [`spawn`]: the
+//!   at start), `prune` (retention) and `sample` (the live runs for a
+//!   live view), over [`launch`] (starting a runner; [`spawn`]: the
 //!   `posix_spawn` that does it), over [`finish`] (exit.json to the
 //!   terminal state, the delta, the observation, the agent's report,
 //!   result.md and the notice);
@@ -33,6 +34,7 @@ pub mod probe;
 pub mod program;
 mod prune;
 pub mod recover;
+mod sample;
 pub mod spawn;
 mod state;
 pub mod worktree;
@@ -141,6 +143,7 @@ impl Supervisor {
             leases: Mutex::new(BTreeMap::new()),
             git_work: Semaphore::new(GIT_WORK),
             metrics,
+            recent_ends: Mutex::new(state::RecentEnds::default()),
             _state_lock: lock,
         });
         // Empty session dirs a crash left behind (a run's end removes its own).
@@ -476,6 +479,22 @@ impl Supervisor {
             out.by_driver.insert(driver, totals);
         }
         Ok(out)
+    }
+
+    /// The live runs `q` selects that `who` may see, and those that ended
+    /// in the last minute, oldest first, each with a sample of its
+    /// processes and its log's last line. The cost grows with the live
+    /// runs, not the history.
+    pub async fn sample(
+        &self,
+        q: crate::protocol::SampleParams,
+        who: Option<&policy::rights::Requester>,
+    ) -> Result<Vec<crate::status::SampledRun>, EngineError> {
+        if let Some(s) = &q.session_id {
+            crate::ids::check_session_id(s).map_err(|p| EngineError::invalid("session_id", p))?;
+        }
+        let (inner, who) = (self.inner.clone(), who.cloned());
+        blocking(move || sample::sample(&inner, &q, who.as_ref())).await
     }
 
     /// Removes finished runs by the retention limits (and `older_than`),

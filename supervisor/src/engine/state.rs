@@ -266,8 +266,43 @@ pub(crate) struct Inner {
     pub(super) leases: Mutex<BTreeMap<RunId, crate::uids::UidLease>>,
     /// The engine's counters and histograms. Lock-free (atomics).
     pub(super) metrics: crate::metrics::Metrics,
+    /// The runs whose slots were let go lately, with when: a live view
+    /// shows a run's end for a while after. A std lock held only to push
+    /// or copy; bounded in age and count ([`RecentEnds`]).
+    pub(super) recent_ends: Mutex<RecentEnds>,
     /// The state dir's lock, held for the engine's life.
     pub(super) _state_lock: std::fs::File,
+}
+
+/// The runs that ended lately (their slot let go), oldest first: at most
+/// [`RecentEnds::MAX`] of them, none older than [`RecentEnds::KEEP_MS`].
+#[derive(Debug, Default)]
+pub(crate) struct RecentEnds(std::collections::VecDeque<(RunId, u64)>);
+
+impl RecentEnds {
+    /// How long an end is remembered.
+    pub(crate) const KEEP_MS: u64 = 60_000;
+    /// The most ends remembered.
+    pub(crate) const MAX: usize = 256;
+
+    fn expire(&mut self, now_ms: u64) {
+        let since = now_ms.saturating_sub(Self::KEEP_MS);
+        while self.0.front().is_some_and(|(_, at)| *at < since) || self.0.len() > Self::MAX {
+            self.0.pop_front();
+        }
+    }
+
+    /// Remembers that `id`'s slot was let go at `now_ms`.
+    pub(crate) fn push(&mut self, id: RunId, now_ms: u64) {
+        self.0.push_back((id, now_ms));
+        self.expire(now_ms);
+    }
+
+    /// The runs let go within [`RecentEnds::KEEP_MS`] of `now_ms`.
+    pub(crate) fn since(&mut self, now_ms: u64) -> Vec<RunId> {
+        self.expire(now_ms);
+        self.0.iter().map(|(id, _)| id.clone()).collect()
+    }
 }
 
 impl Inner {
@@ -298,12 +333,17 @@ impl Inner {
             .cloned()
     }
 
-    /// Lets a settled run's slot go: from now on it is read from the store.
+    /// Lets a settled run's slot go: from now on it is read from the store
+    /// (and shown by a live view for a while).
     pub(super) fn forget(&self, id: &RunId) {
         self.runs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+        self.recent_ends
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id.clone(), crate::timefmt::now_ms());
     }
 
     pub(super) fn insert(&self, rec: RunRecord) -> Option<Arc<Slot>> {

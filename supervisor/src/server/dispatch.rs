@@ -85,6 +85,12 @@ pub async fn execute(
             let next = page.next.as_ref().map(crate::paging::encode_cursor);
             Ok(json!({ "runs": page.runs, "next_cursor": next }))
         }
+        Call::SampleAgentRuns(p) => {
+            let runs = sup.sample(p, who).await.map_err(r)?;
+            Ok(
+                json!({ "runs": runs, "sampled_at": crate::timefmt::rfc3339_ms(crate::timefmt::now_ms()) }),
+            )
+        }
         Call::TakeNotices(p) => {
             let notices = sup.take_notices(&p.session_id, who).await.map_err(r)?;
             Ok(json!({ "notices": notices }))
