@@ -496,7 +496,25 @@ fn drain_master(master: OwnedFd, exited: &AtomicBool) -> Vec<u8> {
 /// Bytes a terminal acts on: ESC, BEL, the C1 CSI (raw or UTF-8 encoded).
 fn terminal_controls(bytes: &[u8]) -> Vec<String> {
     let mut found = Vec::new();
+    // The CLI's own colour of a run's state (`\x1b[3Nm` ... `\x1b[0m`,
+    // cli/style.rs) is not the child's: those exact sequences are skipped.
+    let ours = |i: usize| -> usize {
+        match &bytes[i..] {
+            [0x1b, b'[', b'3', n, b'm', ..] if (b'1'..=b'7').contains(n) => 5,
+            [0x1b, b'[', b'0', b'm', ..] => 4,
+            _ => 0,
+        }
+    };
+    let mut skip = 0;
     for (i, &b) in bytes.iter().enumerate() {
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
+        skip = ours(i).saturating_sub(1);
+        if skip > 0 {
+            continue;
+        }
         if b == 0x1b || b == 0x07 || b == 0x9b {
             let from = i.saturating_sub(8);
             let to = (i + 8).min(bytes.len());
