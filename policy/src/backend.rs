@@ -68,6 +68,11 @@ const RESERVED: &[&str] = &[
     "--partition",
     "--account",
     "--qos",
+    "--clusters",
+    "--cluster-constraint",
+    "--signal",
+    "--propagate",
+    "--wckey",
 ];
 
 /// `[backend]`.
@@ -208,7 +213,8 @@ fn check_extra_arg(a: &str) -> Result<(), BackendError> {
             format!("{a:?}: each entry is --name or --name=value"),
         ));
     }
-    if RESERVED.contains(&name) {
+    // sbatch takes an unambiguous abbreviation of an option (`--outp`).
+    if RESERVED.iter().any(|r| r.starts_with(name)) {
         let why = format!("{a:?}: {name} is set by the daemon (or by partition, account, qos)");
         return Err(refused("extra_args", why));
     }
@@ -484,6 +490,12 @@ mod tests {
             "--comment=a\nb",
             "constraint=x",
             "--partition=other",
+            "--outp=/tmp/x",
+            "--requ",
+            "--ui=0",
+            "--clusters=other",
+            "--propagate=ALL",
+            "--signal=B:USR1@30",
         ] {
             let mut b = slurm();
             b.extra_args = vec![bad.into()];

@@ -275,6 +275,77 @@ fn a_restarted_daemon_follows_its_jobs_again() {
     assert_eq!(log, "before\nafter\n");
 }
 
+/// A daemon killed between sbatch and the commit of the job id (made
+/// here by taking the id out of the stopped daemon's record): the restart
+/// finds the job by its name, the run's id, and follows it; nothing is
+/// submitted twice.
+#[test]
+fn a_run_whose_job_id_was_not_recorded_is_found_by_its_name() {
+    let Some(conf) = cluster() else { return };
+    let sqlite = Command::new("sqlite3").arg("-version").output();
+    if !runnable(
+        sqlite.is_ok_and(|o| o.status.success()),
+        "sqlite3",
+        "the test edits a stopped daemon's record with the sqlite3 shell",
+    ) {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
+    let (opts, _dir) = options(&conf, 4, "");
+    let mut d = Daemon::start_with(opts.clone());
+    let gate = subagentd_e2e::channel();
+    let go = gate.path().join("go");
+    let mut c = d.conn();
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.1; done; echo found",
+        go.display()
+    );
+    let run = c.spawn(
+        &session("slurm"),
+        &["sh", "-c", &script],
+        json!({"sandbox": {"read_paths": [gate.path()]}}),
+    );
+    let id = job_id(&wait_state(
+        &mut c,
+        &run,
+        "running",
+        Duration::from_secs(60),
+    ));
+    drop(c);
+    assert!(subagentd_e2e::unsafe_kill(d.pid(), libc::SIGKILL));
+    wait_until(Duration::from_secs(10), "the daemon to die", || {
+        d.child.try_wait().ok().flatten().is_some()
+    });
+    let out = Command::new("sqlite3")
+        .arg(d.state.join("state.db"))
+        .arg(format!(
+            "UPDATE run_ends SET end = json_remove(end, '$.backend.job_id') WHERE run_id = '{run}';"
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    d.restart_with(&opts);
+    let mut c = d.conn();
+    let mut st = Value::Null;
+    wait_until(Duration::from_secs(30), "the job found by its name", || {
+        st = call(&mut c, "check_agent_run", json!({ "run_id": run }));
+        st["backend"]["job_id"].is_u64()
+    });
+    assert_eq!(job_id(&st), id, "{st}");
+    std::fs::write(&go, "").unwrap();
+    let st = c.wait(&run);
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let named = Command::new("squeue")
+        .env("SLURM_CONF", &conf)
+        .args(["-h", "-t", "all", "-n", &run, "-o", "%i"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&named.stdout).trim(),
+        id.to_string()
+    );
+}
+
 #[test]
 fn a_job_whose_node_is_lost_ends_its_run_lost() {
     let Some(conf) = cluster() else { return };
@@ -290,19 +361,33 @@ fn a_job_whose_node_is_lost_ends_its_run_lost() {
         .trim()
         .parse()
         .unwrap();
+    let back = SlurmdBack(cluster_dir);
     assert!(subagentd_e2e::unsafe_kill(slurmd_pid, libc::SIGTERM));
     // The node is declared down after SlurmdTimeout and a ping cycle.
     let st = wait_state(&mut c, &run, "lost", Duration::from_secs(180));
-    let restarted = Command::new(cluster_script())
-        .args(["start", &cluster_dir.display().to_string()])
-        .output()
-        .unwrap();
-    assert!(restarted.status.success(), "{restarted:?}");
+    drop(back);
     let reason = st["reason"].as_str().unwrap();
     assert!(
         reason.contains(&format!("the Slurm job {id} ended NODE_FAIL")),
         "{reason}"
     );
+}
+
+/// Starts the cluster's slurmd again when dropped, however the test ends:
+/// the tests after it need the node.
+struct SlurmdBack(PathBuf);
+
+impl Drop for SlurmdBack {
+    fn drop(&mut self) {
+        let out = Command::new(cluster_script())
+            .arg("start")
+            .arg(&self.0)
+            .output();
+        assert!(
+            std::thread::panicking() || out.as_ref().is_ok_and(|o| o.status.success()),
+            "restarting slurmd: {out:?}"
+        );
+    }
 }
 
 fn cluster_script() -> PathBuf {

@@ -395,9 +395,9 @@ impl Supervisor {
             return self.status(id);
         };
         let mut rec = slot.rec.lock().await;
-        if let Some(job) = slurm::job_of(&rec) {
+        if slurm::cancels_by_scancel(&self.inner, &rec) {
             drop(rec);
-            slurm::cancel(&self.inner, &slot, job).await?;
+            slurm::cancel(&self.inner, &slot).await?;
             return Ok(live_status(&slot));
         }
         match rec.state() {

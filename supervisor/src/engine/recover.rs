@@ -190,7 +190,6 @@ async fn reconcile(inner: &Arc<Inner>, rec: RunRecord) -> Recovered {
     if super::slurm::is_slurm(&rec) {
         match super::slurm::resume(inner, &slot, &rec).await {
             super::slurm::Resumed::Watched => return Recovered::Watched,
-            super::slurm::Resumed::Ended => return Recovered::Ended,
             // Its job was never submitted: queued again below, as any run.
             super::slurm::Resumed::NotSubmitted => {}
         }

@@ -2,9 +2,11 @@
 //! a bound on what it prints: `sbatch --parsable` (the batch script on its
 //! stdin) to submit a run's job, one `squeue --json` per poll for every
 //! live job at once ([`squeue`] reads its answer), and `scancel`. They are
-//! taken from the configured directory only, never from PATH, and inherit
-//! the daemon's environment (so `SLURM_CONF` reaches them); what a job
-//! itself gets is `--export=NONE`.
+//! taken from the configured directory only, never from PATH, and get
+//! only `SLURM_CONF` of the daemon's environment: `SBATCH_*`, `SQUEUE_*`
+//! or `SLURM_CLUSTERS` there would change what is submitted or read, and
+//! nothing of the daemon's (its keys) goes into a job, which gets
+//! `--export=NONE` besides.
 
 pub mod squeue;
 
@@ -22,6 +24,8 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const MAX_SQUEUE_BYTES: u64 = 256 << 20;
 /// The most of another command's output read.
 const MAX_OUTPUT_BYTES: u64 = 64 << 10;
+/// The PATH the commands get.
+const CLEAN_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// A Slurm command failed.
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +112,12 @@ impl Slurm {
         max: u64,
     ) -> Result<Output, SlurmError> {
         let program = self.bin_dir.join(name);
-        let mut child = tokio::process::Command::new(&program)
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.env_clear().env("PATH", CLEAN_PATH);
+        if let Some(conf) = std::env::var_os("SLURM_CONF") {
+            cmd.env("SLURM_CONF", conf);
+        }
+        let mut child = cmd
             .args(args)
             .stdin(if stdin.is_some() {
                 Stdio::piped()
@@ -186,12 +195,22 @@ impl Slurm {
         })
     }
 
-    /// The daemon's own jobs Slurm holds now (pending, running, and ended
-    /// ones it has not purged yet), by id: one process for all of them.
-    /// No job list is given: with one, squeue fails when every listed job
-    /// has been purged, and a poll must tell "gone" from "no answer".
-    pub async fn jobs(&self) -> Result<std::collections::HashMap<u64, JobInfo>, SlurmError> {
-        let args = ["--json", "--states=all", "--me"].map(str::to_owned);
+    /// The daemon's own jobs named `names` (run ids) that Slurm holds now
+    /// (pending, running, and ended ones it has not purged yet), by id:
+    /// one process for all of them. By name, not by id: with a list of ids
+    /// squeue fails when every listed job has been purged, and a poll must
+    /// tell "gone" from "no answer". (Slurm 22.05 ignores the filters
+    /// with `--json` and answers every job; the caller picks its own.)
+    pub async fn jobs(
+        &self,
+        names: &[String],
+    ) -> Result<std::collections::HashMap<u64, JobInfo>, SlurmError> {
+        let mut args = ["--json", "--states=all", "--me"]
+            .map(str::to_owned)
+            .to_vec();
+        if !names.is_empty() {
+            args.push(format!("--name={}", names.join(",")));
+        }
         let out = self.run("squeue", &args, None, MAX_SQUEUE_BYTES).await?;
         squeue::parse(&out.stdout).map_err(|why| SlurmError::Answer {
             program: self.bin_dir.join("squeue"),
@@ -202,6 +221,15 @@ impl Slurm {
     /// Cancels job `id` (Slurm signals its processes, then kills them).
     pub async fn cancel(&self, id: u64) -> Result<(), SlurmError> {
         self.run("scancel", &[id.to_string()], None, MAX_OUTPUT_BYTES)
+            .await
+            .map(drop)
+    }
+
+    /// Cancels the daemon's jobs named `name` (a run id): a job whose sbatch
+    /// did not say its id.
+    pub async fn cancel_named(&self, name: &str) -> Result<(), SlurmError> {
+        let args = ["--me".to_owned(), format!("--name={name}")];
+        self.run("scancel", &args, None, MAX_OUTPUT_BYTES)
             .await
             .map(drop)
     }

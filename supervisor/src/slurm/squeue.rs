@@ -59,8 +59,34 @@ struct RawJob {
 /// The most characters kept of a name, reason or description.
 const MAX_TEXT: usize = 500;
 
-/// A string, or the first of a list of strings (later Slurm versions list
-/// a state with its flags).
+/// The flags later Slurm versions list after a job's base state that mean
+/// it is not over yet (its processes are still being signalled or
+/// reaped, or its files staged out).
+const STILL_GOING: &[&str] = &[
+    "COMPLETING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "CONFIGURING",
+    "RESIZING",
+];
+
+/// A job's state: the string, or of a list (later Slurm versions list the
+/// base state with its flags, `["CANCELLED", "COMPLETING"]`) the first,
+/// unless a flag says the job is still going: then that flag.
+fn state(v: &Value) -> String {
+    if let Value::Array(a) = v {
+        let going = a
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|s| STILL_GOING.contains(s));
+        if let Some(flag) = going {
+            return (*flag).to_owned();
+        }
+    }
+    text(v)
+}
+
+/// A string, or the first of a list of strings.
 fn text(v: &Value) -> String {
     let s = match v {
         Value::String(s) => s.as_str(),
@@ -112,7 +138,7 @@ pub fn parse(bytes: &[u8]) -> Result<HashMap<u64, JobInfo>, String> {
         let info = JobInfo {
             job_id,
             name: text(&j.name),
-            state: text(&j.job_state),
+            state: state(&j.job_state),
             reason: text(&j.state_reason),
             description: text(&j.state_description),
             exit_status: wait_status(&j.exit_code),
@@ -165,6 +191,26 @@ mod tests {
         assert_eq!(jobs[&9].exit_status, 15);
         assert_eq!(jobs[&9].start_time, 1_765_000_000);
         assert_eq!((jobs[&10].exit_status, jobs[&10].start_time), (768, 0));
+    }
+
+    #[test]
+    fn a_job_still_completing_is_not_over() {
+        let json = br#"{"jobs": [
+            {"job_id": 1, "job_state": ["CANCELLED", "COMPLETING"]},
+            {"job_id": 2, "job_state": ["TIMEOUT", "SIGNALING"]},
+            {"job_id": 3, "job_state": ["COMPLETED"]},
+            {"job_id": 4, "job_state": "COMPLETING"}]}"#;
+        let jobs = parse(json).unwrap();
+        assert_eq!(jobs[&1].state, "COMPLETING");
+        assert_eq!(jobs[&2].state, "SIGNALING");
+        assert_eq!(jobs[&3].state, "COMPLETED");
+        assert_eq!(jobs[&4].state, "COMPLETING");
+        for s in ["COMPLETING", "SIGNALING"] {
+            assert_eq!(
+                policy::backend::phase(s),
+                policy::backend::JobPhase::Running
+            );
+        }
     }
 
     #[test]

@@ -163,11 +163,17 @@ async fn settle(inner: &Arc<Inner>, slot: &Arc<Slot>, gone: Gone) {
     if !rec.state().is_terminal() {
         let mut next = rec.clone();
         let exit_path = next.files().exit();
+        // A job's node wrote exit.json: another host's file, which a
+        // shared file system may show a moment late.
+        let patience = match gone {
+            Gone::Job { .. } => EXIT_JSON_PATIENCE,
+            Gone::Runner(_) => 0,
+        };
         let (exit, log, report) = {
             let r = next.clone();
             let load = move || {
                 let report = report::read_report(&r);
-                (ExitRecord::load(&exit_path), runner_log_tail(&r), report)
+                (load_exit(&exit_path, patience), runner_log_tail(&r), report)
             };
             match tokio::task::spawn_blocking(load).await {
                 Ok((exit, log, report)) => (exit.map_err(FinishError::from), log, report),
@@ -201,6 +207,27 @@ async fn settle(inner: &Arc<Inner>, slot: &Arc<Slot>, gone: Gone) {
     }
     drop(rec);
     finalize(inner, slot).await;
+}
+
+/// Re-reads of a missing exit.json written on another host.
+const EXIT_JSON_PATIENCE: u32 = 5;
+
+/// exit.json at `path`; when it is missing, read again `patience` times,
+/// half a second apart, its folder listed first (on NFS a listing
+/// revalidates the folder's cached entries). Blocking.
+fn load_exit(path: &std::path::Path, patience: u32) -> Result<Option<ExitRecord>, ExitRecordError> {
+    let mut exit = ExitRecord::load(path);
+    for _ in 0..patience {
+        if !matches!(exit, Ok(None)) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::read_dir(dir).map(|d| d.count());
+        }
+        exit = ExitRecord::load(path);
+    }
+    exit
 }
 
 /// The runner died without cleaning up: whatever the child started is
