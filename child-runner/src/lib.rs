@@ -26,6 +26,8 @@
 //! - [`launch`]: starting an attempt: the run's init and the agent command.
 //! - [`init`]: pid 1 of the run's PID namespace: builds the root, reaps.
 //! - [`gate`]: waiting for the daemon's word that the run is recorded.
+//! - [`jobdir`]: a run placed as a cluster job takes its lock and spec
+//!   from its run folder instead.
 //! - [`restart`]: restarting a child that exits 75, with its handoff note.
 //! - [`safefile`]: reading a file a child controls (no links, no FIFOs,
 //!   a size bound).
@@ -39,6 +41,7 @@ pub mod exit_record;
 pub mod gate;
 pub mod init;
 pub mod ioerr;
+pub mod jobdir;
 pub mod launch;
 pub mod lockfd;
 pub mod logsink;

@@ -22,6 +22,13 @@
 //!   gateway's address in the run's own network namespace (the agent holds
 //!   no API key; the daemon adds it upstream).
 //!
+//! `subagent-runner --job-dir DIR`: the same for a run placed as a cluster
+//! job (Slurm), which no daemon starts: runner.lock and the spec
+//! (runner.spec) are taken from the run folder DIR (see `jobdir`), the
+//! run's cgroups are planned on this node, and there is no gate (the job
+//! exists only once the run is recorded), no uid lease (the daemon holds
+//! it) and no channel to the daemon.
+//!
 //! Exit status: 0 when exit.json was written, 2 when the runner could not
 //! do its job (the reason is on stderr, which the daemon keeps as
 //! runner.log), 3 when the run was called off at the gate.
@@ -31,8 +38,8 @@ use std::process::ExitCode;
 use subagent_runner::spec::RunnerSpec;
 use subagent_runner::{gate, lockfd, supervise};
 
-const USAGE: &str =
-    "usage: subagent-runner --lock-fd N --spec-fd N [--uid-lock-fd N] [--gate-fd N] [--egress-fd N] [--gateway-fd N]";
+const USAGE: &str = "usage: subagent-runner --lock-fd N --spec-fd N [--uid-lock-fd N] [--gate-fd N] [--egress-fd N] [--gateway-fd N]
+       subagent-runner --job-dir DIR";
 
 /// Writes a line to stderr (runner.log), ignoring failure: a full disk must
 /// not turn into a panic.
@@ -84,8 +91,33 @@ fn parse(args: &[String]) -> Option<Fds> {
     })
 }
 
+/// A run placed as a cluster job: its inputs from its run folder `dir`.
+fn job(dir: &std::path::Path) -> ExitCode {
+    let inputs = match subagent_runner::jobdir::open(dir) {
+        Ok(i) => i,
+        Err(e) => {
+            say(&format!("{e}"));
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = lockfd::adopt(inputs.lock) {
+        say(&format!("{e}"));
+        return ExitCode::from(2);
+    }
+    let mut spec = inputs.spec;
+    // The daemon's host may mount its cgroups elsewhere than this node.
+    spec.cgroup_plan = subagent_runner::sandbox::cgroup::host_plan();
+    let ready = supervise::Ready::prepare(&spec, supervise::Channels::default());
+    run(&spec, ready)
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, dir] = args.as_slice() {
+        if flag == "--job-dir" {
+            return job(std::path::Path::new(dir));
+        }
+    }
     let Some(fds) = parse(&args) else {
         say(USAGE);
         return ExitCode::from(2);

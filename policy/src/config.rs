@@ -101,6 +101,9 @@ pub struct Config {
     /// How much finished-run history is kept (`[retention]`).
     #[serde(default)]
     pub retention: Retention,
+    /// Where runs are placed (`[backend]`).
+    #[serde(default)]
+    pub backend: crate::backend::Backend,
 }
 
 /// `[retention]`: the limits on finished runs, and how often the daemon
@@ -324,6 +327,9 @@ impl Config {
         self.check_values()?;
         self.check_network()?;
         self.check_drivers()?;
+        self.backend
+            .check()
+            .map_err(|e| Refused::new(e.key, e.to_string()))?;
         self.check_counts()
     }
 
@@ -469,6 +475,23 @@ mod tests {
         assert_eq!(c.run_as.as_deref(), Some("nobody"));
         assert!(c.tool_policy().unwrap().tool("db_query").is_some());
         assert_eq!(c.retention, Retention::default());
+    }
+
+    #[test]
+    fn a_slurm_backend_parses_and_its_errors_name_the_key() {
+        let c = parse("[backend]\nkind = \"slurm\"\nshared_dir = \"/shared\"\npartition = \"p\"\n")
+            .unwrap();
+        assert_eq!(c.backend.kind, crate::backend::BackendKind::Slurm);
+        assert_eq!(c.backend.partition.as_deref(), Some("p"));
+        let e = parse("max_concurrent = 4\n[backend]\nkind = \"slurm\"\n").unwrap_err();
+        assert!(e.message.contains("backend.shared_dir"), "{e}");
+        let e = parse(
+            "[backend]\nkind = \"slurm\"\nshared_dir = \"/s\"\nextra_args = [\"--export=ALL\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.line, 4, "{e}");
+        assert!(e.message.contains("--export"), "{e}");
+        assert!(parse("[backend]\nkind = \"k8s\"\n").is_err());
     }
 
     #[test]

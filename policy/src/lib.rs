@@ -5,6 +5,8 @@
 //!
 //! Layout:
 //! - [`audience`]: who may delegate to subagents (Public sessions may not).
+//! - [`backend`]: where runs are placed (this host or a Slurm cluster),
+//!   a run's Slurm job and what Slurm's job states mean for it.
 //! - [`compose`]: the child's prompt stack (system.md, first_message.md,
 //!   plan.json), a pure function of its inputs.
 //! - [`config`]: the config file, parsed from its text.
@@ -29,6 +31,7 @@
 pub mod agentstream;
 pub mod agenttools;
 pub mod audience;
+pub mod backend;
 pub mod compose;
 pub mod config;
 pub mod definition;

@@ -19,7 +19,8 @@
 //!   client checks of the socket before it sends anything), [`agents`]
 //!   (subagent definitions on disk), [`sessions`] (each parent session's
 //!   recent files), [`livesample`] (a live run's processes and its log's
-//!   last line, read per call).
+//!   last line, read per call), [`slurm`] (the Slurm commands a cluster
+//!   backend runs).
 //! - run model: [`run`]: a run's record, typed by phase, and what it is
 //!   made of (worktree, delta, driver, egress counts).
 //! - run services: [`egress`] (the proxy of runs in allowlist mode),
@@ -67,6 +68,7 @@ pub mod securedir;
 pub mod selfcheck;
 pub mod server;
 pub mod sessions;
+pub mod slurm;
 pub mod status;
 pub mod store;
 pub mod timefmt;

@@ -171,17 +171,27 @@ pub fn default_runner() -> PathBuf {
 pub struct StateLayout {
     /// The state dir.
     pub root: PathBuf,
+    /// Where run folders (`sessions/`, `drafts/`) live: the state dir, or
+    /// the Slurm backend's `shared_dir`, which the cluster's nodes mount.
+    pub runs_root: PathBuf,
 }
 
 impl StateLayout {
-    /// `<root>/sessions`.
-    pub fn sessions(&self) -> PathBuf {
-        self.root.join("sessions")
+    /// The layout of the state dir `root`, run folders in it.
+    pub fn new(root: PathBuf) -> StateLayout {
+        StateLayout {
+            runs_root: root.clone(),
+            root,
+        }
     }
-    /// `<root>/drafts`: run folders being made, renamed into their
+    /// `<runs root>/sessions`.
+    pub fn sessions(&self) -> PathBuf {
+        self.runs_root.join("sessions")
+    }
+    /// `<runs root>/drafts`: run folders being made, renamed into their
     /// session's `runs/` once the run is recorded.
     pub fn drafts(&self) -> PathBuf {
-        self.root.join("drafts")
+        self.runs_root.join("drafts")
     }
     /// `<root>/sessions/<session>`.
     pub fn session_dir(&self, session: &str) -> PathBuf {
@@ -199,9 +209,7 @@ impl StateLayout {
     /// (`<root>/sessions/<session>/runs/<run>`).
     pub fn of_run_dir(dir: &Path) -> Option<StateLayout> {
         let root = dir.ancestors().nth(4)?;
-        Some(StateLayout {
-            root: root.to_path_buf(),
-        })
+        Some(StateLayout::new(root.to_path_buf()))
     }
     /// `<root>/state.db`: the daemon's records.
     pub fn db(&self) -> PathBuf {

@@ -199,6 +199,12 @@ fn header(s: &mut String, rec: &RunRecord) {
         let _ = writeln!(s, "- reason: {}", md::text(reason));
     }
     let _ = writeln!(s, "- command: {}", md::code(rec.command.join(" ")));
+    if let Some(b) = rec
+        .backend
+        .filter(|b| b.kind != policy::backend::BackendKind::Local)
+    {
+        let _ = writeln!(s, "- backend: {}", b.describe());
+    }
     let _ = writeln!(s, "- project dir: {}", md::code(&rec.project_dir));
     let _ = writeln!(s, "- created: {}", rfc3339_ms(rec.created_at_ms));
     if let Some(st) = rec.started_at_ms() {

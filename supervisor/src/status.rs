@@ -109,6 +109,10 @@ pub struct RunStatus {
     /// ended) what the agent's event stream reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<crate::run::driver::DriverRun>,
+    /// Where the run was placed: `{"kind": "local"}`, or `{"kind":
+    /// "slurm", "job_id": N}` once its job was submitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<crate::run::placement::Placement>,
     /// A driver run's turns, tokens and cost as its agent reported them:
     /// the final event's once the run has ended, the figures so far while
     /// it runs (the engine fills those in). Absent for a plain command.
@@ -163,6 +167,7 @@ impl From<&RunRecord> for RunStatus {
             },
             notes: rec.notes.clone(),
             driver: rec.driver_run.clone(),
+            backend: rec.backend,
             usage: reported_usage(rec),
         }
     }

@@ -227,18 +227,18 @@ impl Daemon {
     /// running is a test's mistake: the new one would be refused and the
     /// old one answer in its place, so that fails here.
     pub fn restart(&mut self) {
+        self.restart_with(&DaemonOpts::default());
+    }
+
+    /// [`Daemon::restart`] with `opts` (its config, its environment).
+    pub fn restart_with(&mut self, opts: &DaemonOpts) {
         let pid = self.pid();
         wait_until(
             Duration::from_secs(10),
             &format!("the daemon (pid {pid}) to have exited before its restart"),
             || self.child.try_wait().ok().flatten().is_some(),
         );
-        self.child = Self::spawn_process(
-            &self.socket,
-            &self.state,
-            self.dir.path(),
-            &DaemonOpts::default(),
-        );
+        self.child = Self::spawn_process(&self.socket, &self.state, self.dir.path(), opts);
         self.wait_ready();
     }
 

@@ -228,7 +228,7 @@ fn start_refused(dir: &Path, state: &Path) -> (std::process::ExitStatus, String)
 
 /// A state.db made by this subagentd, its daemon stopped.
 fn made_db(dir: &Path) -> PathBuf {
-    let layout = subagentd::paths::StateLayout { root: dir.into() };
+    let layout = subagentd::paths::StateLayout::new(dir.into());
     drop(subagentd::store::Store::open(&layout).unwrap());
     dir.join("state.db")
 }

@@ -97,6 +97,7 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
             "agents",
             "sessions",
             "livesample",
+            "slurm",
         ],
     ),
     ("run model", &["run"]),
@@ -126,6 +127,7 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
             "engine::draft",
             "engine::worktree",
             "engine::drivers",
+            "engine::jobs",
         ],
     ),
     (
@@ -136,6 +138,7 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
             "engine::finish",
             "engine::recover",
             "engine::prune",
+            "engine::slurm",
             "engine::sample",
         ],
     ),

@@ -25,6 +25,20 @@ fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     })
 }
 
+/// Where this process's run cgroups go: planned from its own mount table
+/// and cgroup, with the v2 controllers found where they would be made.
+pub fn host_plan() -> CgroupPlan {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let (mountinfo, self_cgroup) = (read("/proc/self/mountinfo"), read("/proc/self/cgroup"));
+    let first = policy::sandbox::cgroup::plan(&mountinfo, &self_cgroup, None);
+    let controllers = first
+        .v2
+        .as_ref()
+        .and_then(|base| base.parent())
+        .and_then(|d| std::fs::read_to_string(d.join("cgroup.controllers")).ok());
+    policy::sandbox::cgroup::plan(&mountinfo, &self_cgroup, controllers.as_deref())
+}
+
 fn mkdir(path: &Path) -> Result<(), CgroupError> {
     std::fs::create_dir_all(path).map_err(|source| CgroupError {
         op: "create",

@@ -209,9 +209,7 @@ fn run_dir(ctx: &Ctx, run: &str) -> Result<PathBuf> {
             }
         }
     }
-    let layout = StateLayout {
-        root: ctx.state_dir.clone(),
-    };
+    let layout = StateLayout::new(ctx.state_dir.clone());
     stored_record(&layout, &id)?
         .map(|r| r.run_dir)
         .ok_or_else(|| {
@@ -349,7 +347,12 @@ fn logs(
     if let (Some(t), Some(since)) = (&times, how.since_ms) {
         from = from.max(t.since_offset(since, log.exists())?);
     }
-    match follow::print_log_stamped(&dir, from, follow, raw, times.map(|t| (t, how))) {
+    let db = StateLayout::new(ctx.state_dir.clone()).db();
+    let at = follow::RunLog {
+        dir: &dir,
+        db: Some(&db),
+    };
+    match follow::print_log_stamped(at, from, follow, raw, times.map(|t| (t, how))) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
         other => other
             .map(|_| 0)

@@ -17,12 +17,13 @@ use std::path::Path;
 /// database says it is in a terminal state, or says running but the
 /// runner's lock is free (the runner died without an exit.json). A free
 /// lock alone proves nothing: the daemon creates it just before it starts
-/// the runner.
-pub fn run_ended(dir: &Path) -> bool {
+/// the runner. The database is the state dir's above `dir`, else `db`
+/// (run folders of a Slurm backend live in its shared dir).
+pub fn run_ended(dir: &Path, db: Option<&Path>) -> bool {
     if dir.join("exit.json").exists() {
         return true;
     }
-    match stored(dir) {
+    match stored(dir, db) {
         Some(r) if r.state().is_terminal() => true,
         Some(r) if r.state() == RunState::Running => {
             crate::lockfile::is_held(&dir.join("runner.lock")) == Some(false)
@@ -31,11 +32,15 @@ pub fn run_ended(dir: &Path) -> bool {
     }
 }
 
-/// The record of the run in `dir`, read from its state dir's database.
-fn stored(dir: &Path) -> Option<RunRecord> {
+/// The record of the run in `dir`, read from its state dir's database
+/// (else from `db`).
+fn stored(dir: &Path, db: Option<&Path>) -> Option<RunRecord> {
     let id = crate::ids::RunId::parse(dir.file_name()?.to_str()?)?;
-    let layout = crate::paths::StateLayout::of_run_dir(dir)?;
-    let store = crate::store::Store::open_read_only(&layout.db()).ok()?;
+    let above = crate::paths::StateLayout::of_run_dir(dir)
+        .map(|l| l.db())
+        .filter(|p| p.exists());
+    let db = above.or_else(|| db.map(Path::to_path_buf))?;
+    let store = crate::store::Store::open_read_only(&db).ok()?;
     match store.get(&id).ok()?? {
         crate::store::Stored::Live(r) => Some(*r),
         crate::store::Stored::Pruned { .. } => None,
@@ -55,10 +60,26 @@ fn copy_from(f: &mut File, out: &mut dyn Write, buf: &mut [u8]) -> std::io::Resu
     }
 }
 
-/// Prints child.log of the run in `dir` from byte `from`; with `follow`,
+/// Where a run's log is: its folder, and the daemon's database for when
+/// the folder is not in the state dir (see [`run_ended`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RunLog<'a> {
+    /// The run folder.
+    pub dir: &'a Path,
+    /// The daemon's state.db.
+    pub db: Option<&'a Path>,
+}
+
+/// Prints child.log of the run in `at` from byte `from`; with `follow`,
 /// keeps printing what is appended until the run has ended and the log is
 /// drained.
-pub fn print_log(dir: &Path, from: u64, follow: bool, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn print_log(
+    at: RunLog<'_>,
+    from: u64,
+    follow: bool,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let dir = at.dir;
     let log = dir.join("child.log");
     let mut buf = vec![0u8; 256 * 1024];
     let inotify = if follow {
@@ -88,7 +109,7 @@ pub fn print_log(dir: &Path, from: u64, follow: bool, out: &mut dyn Write) -> st
         }
         // Check for the end before draining: whatever the run wrote before
         // it ended is then certainly read below.
-        let ended = !follow || run_ended(dir);
+        let ended = !follow || run_ended(dir, at.db);
         if let Some(f) = file.as_mut() {
             copy_from(f, out, &mut buf)?;
         }
@@ -114,14 +135,19 @@ pub fn print_log(dir: &Path, from: u64, follow: bool, out: &mut dyn Write) -> st
 /// control characters and escape sequences are shown visibly (see
 /// [`crate::sanitize`]) unless `raw`; to a pipe or file the bytes pass
 /// unchanged.
-pub fn print_log_to_stdout(dir: &Path, from: u64, follow: bool, raw: bool) -> std::io::Result<()> {
-    print_log_stamped(dir, from, follow, raw, None)
+pub fn print_log_to_stdout(
+    at: RunLog<'_>,
+    from: u64,
+    follow: bool,
+    raw: bool,
+) -> std::io::Result<()> {
+    print_log_stamped(at, from, follow, raw, None)
 }
 
 /// [`print_log_to_stdout`], each line with its time or from a time on
 /// when `stamps` says so (`from` is then a line start).
 pub fn print_log_stamped(
-    dir: &Path,
+    dir: RunLog<'_>,
     from: u64,
     follow: bool,
     raw: bool,
@@ -142,7 +168,7 @@ pub fn print_log_stamped(
 
 /// [`print_log`] to `out`, through a [`Stamper`] when `stamps` says so.
 fn print_through(
-    dir: &Path,
+    dir: RunLog<'_>,
     from: u64,
     follow: bool,
     out: &mut dyn Write,

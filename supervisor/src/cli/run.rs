@@ -150,8 +150,14 @@ async fn run(ctx: &Ctx, args: RunArgs, raw: bool) -> Result<u8> {
         .parent()
         .ok_or_else(|| anyhow!("bad log path {}", status.log_path.display()))?
         .to_path_buf();
-    let mut streamer =
-        tokio::task::spawn_blocking(move || follow::print_log_to_stdout(&dir, 0, true, raw));
+    let db = crate::paths::StateLayout::new(ctx.state_dir.clone()).db();
+    let mut streamer = tokio::task::spawn_blocking(move || {
+        let at = follow::RunLog {
+            dir: &dir,
+            db: Some(&db),
+        };
+        follow::print_log_to_stdout(at, 0, true, raw)
+    });
     let mut cancelled = false;
     loop {
         tokio::select! {

@@ -44,6 +44,9 @@ pub fn status_block(s: &RunStatus) -> String {
     if s.cancel_requested && !s.state.is_terminal() {
         let _ = writeln!(out, "{:<13}yes", "cancelling");
     }
+    if let Some(b) = s.backend {
+        let _ = writeln!(out, "{:<13}{}", "backend", b.describe());
+    }
     if let Some(d) = s.driver.as_ref().filter(|d| d.driver.streams()) {
         let _ = writeln!(out, "{:<13}{}", "driver", d.driver.as_str());
         if let Some(u) = &s.usage {
@@ -93,11 +96,11 @@ pub fn table(runs: &[RunStatus]) -> String {
 }
 
 /// How many columns the `ls` table has.
-pub const COLUMNS: usize = 9;
+pub const COLUMNS: usize = 10;
 
 /// The `ls` table's columns.
 pub const TABLE_HEADER: [&str; COLUMNS] = [
-    "RUN", "SESSION", "STATE", "AGE", "DURATION", "TURNS", "TOKENS", "COST", "COMMAND",
+    "RUN", "SESSION", "STATE", "AGE", "DURATION", "WHERE", "TURNS", "TOKENS", "COST", "COMMAND",
 ];
 
 /// One page of the `ls` table, its header first when `header`. `widths`
@@ -119,6 +122,8 @@ pub fn table_page(runs: &[RunStatus], widths: &mut [usize; COLUMNS], header: boo
                 r.state.as_str().to_owned(),
                 age(r, now),
                 duration(r, now),
+                r.backend
+                    .map_or_else(|| "local".to_owned(), |b| b.describe()),
                 turns,
                 tokens,
                 cost,

@@ -40,6 +40,29 @@ impl Config {
     pub fn required(&self, network: bool) -> Vec<policy::sandbox::Mechanism> {
         self.settings.required(network)
     }
+
+    /// Where runs are placed (`[backend]`).
+    pub fn backend(&self) -> &policy::backend::Backend {
+        &self.settings.backend
+    }
+
+    /// The state dir's layout: run folders in it, or in the Slurm
+    /// backend's shared dir.
+    pub fn layout(&self) -> crate::paths::StateLayout {
+        let mut l = crate::paths::StateLayout::new(self.state_dir.clone());
+        if let Some(shared) = self.slurm_shared_dir() {
+            l.runs_root = shared.to_path_buf();
+        }
+        l
+    }
+
+    /// The shared dir, when runs are Slurm jobs.
+    fn slurm_shared_dir(&self) -> Option<&Path> {
+        let b = self.backend();
+        (b.kind == policy::backend::BackendKind::Slurm)
+            .then_some(b.shared_dir.as_deref())
+            .flatten()
+    }
 }
 
 impl Config {
@@ -72,6 +95,16 @@ pub(super) fn resolved(mut cfg: Config) -> Result<Config, EngineError> {
         if let Ok(p) = parent.canonicalize() {
             cfg.temp_base = p.join(name);
         }
+    }
+    if let Some(shared) = cfg.slurm_shared_dir().map(Path::to_path_buf) {
+        // Runs' folders, temp dirs and worktrees must be where the nodes
+        // see them, at the same paths.
+        let shared = shared
+            .canonicalize()
+            .map_err(at("resolve", &shared))
+            .map_err(StorageError::from)?;
+        cfg.temp_base = shared.join("tmp");
+        cfg.settings.backend.shared_dir = Some(shared);
     }
     Ok(cfg)
 }

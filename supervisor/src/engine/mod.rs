@@ -29,6 +29,7 @@ pub mod drivers;
 pub mod error;
 pub mod finish;
 pub mod instructions;
+mod jobs;
 pub mod launch;
 pub mod pidfd;
 pub mod probe;
@@ -37,6 +38,7 @@ mod prune;
 mod reads;
 pub mod recover;
 mod sample;
+pub mod slurm;
 pub mod spawn;
 mod state;
 pub mod worktree;
@@ -45,7 +47,6 @@ pub use config::{default_max_concurrent, Config};
 pub use error::EngineError;
 
 use crate::ids::RunId;
-use crate::paths::StateLayout;
 use crate::protocol::{Notice, SpawnParams};
 use crate::run::record::{EndState, RunRecord, RunState};
 use crate::status::RunStatus;
@@ -76,9 +77,7 @@ impl Supervisor {
     /// Opens the state dir (taking its lock), recovers its runs and starts
     /// the dispatcher. Must be called inside a tokio runtime.
     pub async fn start(cfg: Config) -> Result<Supervisor, EngineError> {
-        let layout = StateLayout {
-            root: cfg.state_dir.clone(),
-        };
+        let layout = cfg.layout();
         if let Some(r) = &cfg.run_as {
             crate::runas::check(r).map_err(|why| EngineError::Sandbox {
                 mechanism: "run_as",
@@ -90,9 +89,7 @@ impl Supervisor {
             blocking(move || recover::open_state_dir(&layout)).await?
         };
         let cfg = config::resolved(cfg)?;
-        let layout = StateLayout {
-            root: cfg.state_dir.clone(),
-        };
+        let layout = cfg.layout();
         // Opened once the state dir's lock is held: one writer ever.
         let store = {
             let layout = layout.clone();
@@ -124,6 +121,9 @@ impl Supervisor {
             None
         };
         let probe = probe::probe();
+        // Also for a local backend: Slurm runs an earlier config placed are
+        // followed to their end.
+        let jobs = Arc::new(jobs::Jobs::new(cfg.backend()));
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
         let metrics = crate::metrics::Metrics::new(store.starts());
@@ -146,6 +146,7 @@ impl Supervisor {
             git_work: Semaphore::new(GIT_WORK),
             metrics,
             recent_ends: Mutex::new(state::RecentEnds::default()),
+            jobs,
             _state_lock: lock,
         });
         // Empty session dirs a crash left behind (a run's end removes its own).
@@ -158,6 +159,7 @@ impl Supervisor {
         // a crossed limit waits for the count or the interval.
         tokio::spawn(prune::count_at_start(Arc::downgrade(&sup.inner)));
         tokio::spawn(dispatch(sup.clone(), rx));
+        tokio::spawn(jobs::poll_every(Arc::downgrade(&sup.inner.jobs)));
         tokio::spawn(prune::every_interval(Arc::downgrade(&sup.inner)));
         tokio::spawn(prune::when_crossed(Arc::downgrade(&sup.inner)));
         Ok(sup)
@@ -233,7 +235,9 @@ impl Supervisor {
         // A spawn that found no slot counts as waiting from now on, so that
         // a later one cannot start before it.
         let waiting = Waiting::new(&self.inner.waiting, permit.is_none());
-        let start_now = permit.is_some();
+        // A Slurm run's runner is the job's: none starts here.
+        let local = self.inner.cfg.backend().kind == policy::backend::BackendKind::Local;
+        let start_now = permit.is_some() && local;
         let inner = self.inner.clone();
         let git = self.inner.git_permit().await?;
         let created =
@@ -259,6 +263,12 @@ impl Supervisor {
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(id.clone(), slot.clone());
                 tokio::spawn(launch::run_started(self.inner.clone(), slot, permit, fd));
+            }
+            (None, Some(permit)) if slurm::is_slurm(&created.rec) => {
+                if let Some(slot) = self.inner.insert(created.rec) {
+                    slot.set_spec(created.spec);
+                    slurm::start_now(&self.inner, slot, permit).await;
+                }
             }
             _ => {
                 if let Some(slot) = self.inner.insert(created.rec) {
@@ -385,6 +395,11 @@ impl Supervisor {
             return self.status(id);
         };
         let mut rec = slot.rec.lock().await;
+        if slurm::cancels_by_scancel(&self.inner, &rec) {
+            drop(rec);
+            slurm::cancel(&self.inner, &slot).await?;
+            return Ok(live_status(&slot));
+        }
         match rec.state() {
             RunState::Accepted => {
                 let mut next = rec.clone();
@@ -606,6 +621,10 @@ async fn dispatch(sup: Supervisor, mut rx: mpsc::UnboundedReceiver<RunId>) {
         let Ok(slot) = sup.inner.slot(&id) else {
             continue;
         };
-        tokio::spawn(launch::run_lifecycle(sup.inner.clone(), slot, permit));
+        if slurm::is_slurm(&slot.snapshot()) {
+            tokio::spawn(slurm::run_lifecycle(sup.inner.clone(), slot, permit));
+        } else {
+            tokio::spawn(launch::run_lifecycle(sup.inner.clone(), slot, permit));
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! What this host can enforce, probed once when the engine starts.
 
-use policy::sandbox::cgroup::{self, CgroupPlan, Via};
+use policy::sandbox::cgroup::{CgroupPlan, Via};
 use policy::sandbox::Mechanism;
 use serde::Serialize;
 use subagent_runner::sandbox::caps;
@@ -28,10 +28,6 @@ fn seccomp_available() -> bool {
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 }
 }
 
-fn read(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
 /// Whether run cgroups can be made where `via` puts them: its base (or,
 /// before the first run made it, the base's parent) is writable here.
 fn writable(via: &Via) -> bool {
@@ -48,22 +44,13 @@ fn writable(via: &Via) -> bool {
 
 /// Probes the host.
 pub fn probe() -> HostProbe {
-    let mountinfo = read("/proc/self/mountinfo");
-    let self_cgroup = read("/proc/self/cgroup");
-    let first = cgroup::plan(&mountinfo, &self_cgroup, None);
-    // The v2 controllers available where run cgroups would be made.
-    let controllers = first
-        .v2
-        .as_ref()
-        .and_then(|base| base.parent())
-        .and_then(|d| std::fs::read_to_string(d.join("cgroup.controllers")).ok());
     HostProbe {
         landlock_abi: subagent_runner::sandbox::landlock::kernel_abi(),
         seccomp: seccomp_available(),
         root: nix::unistd::geteuid().is_root(),
         net_namespace: caps::effective_has(caps::CAP_SYS_ADMIN),
         full_cap_drop: caps::effective_has(caps::CAP_SETPCAP),
-        cgroups: cgroup::plan(&mountinfo, &self_cgroup, controllers.as_deref()),
+        cgroups: subagent_runner::sandbox::cgroup::host_plan(),
     }
 }
 

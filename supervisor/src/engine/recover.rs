@@ -9,7 +9,7 @@
 
 use super::error::EngineError;
 use super::error::StorageError;
-use super::state::{blocking, Inner, Slot};
+use super::state::{blocking, Inner, Slot, StateLocks};
 use super::{finish, launch, pidfd};
 use crate::lockfile;
 use crate::paths::StateLayout;
@@ -18,24 +18,43 @@ use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 use subagent_runner::ioerr::at;
 
-/// Creates the state dir (0700) and takes its lock. Blocking.
-pub fn open_state_dir(layout: &StateLayout) -> Result<std::fs::File, EngineError> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(layout.sessions())
-        .map_err(at("create", &layout.sessions()))
-        .map_err(StorageError::from)?;
-    for d in [layout.root.clone(), layout.sessions()] {
-        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(at("chmod", &d))
+/// Creates the state dir (0700) and takes its lock; when run folders live
+/// elsewhere (a Slurm backend's shared dir), that dir too, and its lock:
+/// a second daemon there would sweep this one's drafts. Blocking.
+pub(crate) fn open_state_dir(layout: &StateLayout) -> Result<StateLocks, EngineError> {
+    let dirs = [
+        layout.root.clone(),
+        layout.runs_root.clone(),
+        layout.sessions(),
+    ];
+    for d in &dirs {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(d)
+            .map_err(at("create", d))
+            .map_err(StorageError::from)?;
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(at("chmod", d))
             .map_err(StorageError::from)?;
     }
-    let locked = lockfile::acquire(&layout.root.join("daemon.lock"));
-    locked.map_err(|e| {
+    let state = lock_dir(&layout.root)?;
+    let runs = match layout.runs_root != layout.root {
+        true => Some(lock_dir(&layout.runs_root)?),
+        false => None,
+    };
+    Ok(StateLocks {
+        _state: state,
+        _runs: runs,
+    })
+}
+
+/// Takes `<dir>/daemon.lock`.
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, EngineError> {
+    lockfile::acquire(&dir.join("daemon.lock")).map_err(|e| {
         EngineError::StateDir(match e {
             lockfile::LockError::Held { .. } => StorageError::InUse {
-                root: layout.root.clone(),
+                root: dir.to_path_buf(),
                 source: e,
             },
             other => StorageError::Lock(other),
@@ -167,6 +186,13 @@ async fn reconcile(inner: &Arc<Inner>, rec: RunRecord) -> Recovered {
             tokio::spawn(async move { finish::finalize(&inner, &slot).await });
         }
         return Recovered::Settled;
+    }
+    if super::slurm::is_slurm(&rec) {
+        match super::slurm::resume(inner, &slot, &rec).await {
+            super::slurm::Resumed::Watched => return Recovered::Watched,
+            // Its job was never submitted: queued again below, as any run.
+            super::slurm::Resumed::NotSubmitted => {}
+        }
     }
     let live = {
         let (r, f) = (rec.clone(), files.clone());

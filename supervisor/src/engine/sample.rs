@@ -48,7 +48,8 @@ pub(super) fn sample(
 /// One run's status, sample and last line.
 fn sampled(inner: &Inner, rec: &RunRecord) -> SampledRun {
     let sample = match (rec.state(), rec.runner_pid()) {
-        (RunState::Running, Some(pid)) => processes(inner, rec, pid),
+        // A Slurm run's runner is on a node (pid 0 here): nothing to walk.
+        (RunState::Running, Some(pid)) if pid > 0 => processes(inner, rec, pid),
         _ => None,
     };
     SampledRun {

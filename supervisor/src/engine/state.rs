@@ -215,6 +215,13 @@ impl RetentionTrigger {
     }
 }
 
+/// The state dir's lock, and the shared dir's when run folders live there;
+/// held for the engine's life.
+pub(crate) struct StateLocks {
+    pub(super) _state: std::fs::File,
+    pub(super) _runs: Option<std::fs::File>,
+}
+
 /// The engine's shared state: what every phase reads, and the few
 /// things that change, each with its own lock or atomic.
 pub(crate) struct Inner {
@@ -270,8 +277,10 @@ pub(crate) struct Inner {
     /// shows a run's end for a while after. A std lock held only to push
     /// or copy; bounded in age and count ([`RecentEnds`]).
     pub(super) recent_ends: Mutex<RecentEnds>,
+    /// The live Slurm jobs and their poll (idle without any).
+    pub(super) jobs: Arc<super::jobs::Jobs>,
     /// The state dir's lock, held for the engine's life.
-    pub(super) _state_lock: std::fs::File,
+    pub(super) _state_lock: StateLocks,
 }
 
 /// The runs that ended lately (their slot let go), oldest first: at most

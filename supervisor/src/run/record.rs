@@ -90,6 +90,9 @@ pub struct RunRecord {
     /// Its driver, how its context was delivered, and what the agent's
     /// event stream reported.
     pub driver_run: Option<crate::run::driver::DriverRun>,
+    /// Where it was placed: its backend and job (none in records made
+    /// before it was kept).
+    pub backend: Option<crate::run::placement::Placement>,
     /// Where it is in its lifecycle, with that phase's data.
     pub phase: Phase,
 }
@@ -409,6 +412,7 @@ impl TryFrom<RecordV1> for RunRecord {
             network_allow: w.network_allow,
             notes: w.notes,
             driver_run: w.driver_run,
+            backend: w.backend,
             phase,
         })
     }
@@ -471,6 +475,7 @@ impl From<RunRecord> for RecordV1 {
             egress: end.egress,
             notes: r.notes,
             driver_run: r.driver_run,
+            backend: r.backend,
         }
     }
 }

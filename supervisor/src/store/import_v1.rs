@@ -275,6 +275,7 @@ fn lost_placeholder(session: &str, dir: &Path, why: &str) -> Option<RunRecord> {
         network_allow: Vec::new(),
         notes: Vec::new(),
         driver_run: None,
+        backend: None,
         phase: Phase::Ended(Box::new(Ended::bare(EndState::Lost, None, now, None))),
     })
 }

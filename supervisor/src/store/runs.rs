@@ -51,6 +51,8 @@ struct EndJson {
     observed: Option<policy::observed::ObservedReport>,
     #[serde(default)]
     notes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backend: Option<crate::run::placement::Placement>,
 }
 
 /// The columns a record is read from, in [`from_row`]'s order.
@@ -133,6 +135,7 @@ fn parts(path: &Path, rec: &RunRecord, with_details: bool) -> Result<Parts> {
         delta: w.delta.clone(),
         observed: w.observed.clone(),
         notes: w.notes.clone(),
+        backend: w.backend,
     };
     let details = match with_details {
         true => Some(json(path, &id, "details", &details_of(&w))?),
@@ -471,6 +474,7 @@ pub(super) fn from_row(path: &Path, r: &Row<'_>) -> Result<RowOf> {
         egress: end.egress,
         notes: end.notes,
         driver_run,
+        backend: end.backend,
     };
     let rec = RunRecord::try_from(w).map_err(|source| StoreError::Record {
         path: path.into(),

@@ -6,7 +6,7 @@ use crate::run::record::{RecordV1, RunState};
 use std::sync::atomic::Ordering;
 
 pub(super) fn layout(dir: &Path) -> StateLayout {
-    StateLayout { root: dir.into() }
+    StateLayout::new(dir.into())
 }
 
 /// A record as today's daemon writes a freshly accepted run.

@@ -64,6 +64,7 @@ pub(super) fn accepted_record(
         network_allow: plan.network_allow.clone(),
         notes: plan.notes.clone(),
         driver_run: Some(driver_run),
+        backend: None,
         phase: Phase::Accepted,
     })
 }

@@ -106,6 +106,9 @@ pub(crate) fn create_run(
         delivered.run,
     )?;
     rec.on_behalf = on_behalf.cloned();
+    rec.backend = Some(crate::run::placement::Placement::new(
+        inner.cfg.backend().kind,
+    ));
     // The store holds the only durable copy; a runner gets it in a memfd.
     let handed = start_now.then(|| handed_files(&draft, &bytes)).flatten();
     let accept = Op::Accept {
@@ -146,5 +149,6 @@ pub(crate) fn accept(
     crate::engine::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, plan.driver)
         .map_err(|why| EngineError::invalid("driver", why))?;
     validate::check_required(&inner.probe, &inner.cfg.required(plan.grants.network))?;
+    validate::check_backend(inner.cfg.backend().kind, plan.network, plan.driver)?;
     create_run(inner, params, &plan, start_now, on_behalf.as_ref())
 }

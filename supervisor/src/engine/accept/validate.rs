@@ -27,6 +27,41 @@ pub fn check_required(
     Ok(())
 }
 
+/// Refuses what the backend cannot give a run. A Slurm job runs on a node
+/// with no channel to the daemon: the egress proxy (allowlist mode) and
+/// the model gateway (a driver run, whose key stays with the daemon) live
+/// in the daemon, so such runs are refused rather than run without them.
+pub fn check_backend(
+    kind: policy::backend::BackendKind,
+    network: network::NetworkMode,
+    driver: policy::driver::Driver,
+) -> Result<(), EngineError> {
+    if kind != policy::backend::BackendKind::Slurm {
+        return Ok(());
+    }
+    let (mechanism, why) = if network == network::NetworkMode::Allowlist {
+        (
+            "egress_proxy",
+            "the run's network is an allowlist, served by the daemon's egress proxy, \
+             which a Slurm job on another node cannot reach (backend kind = \"slurm\"); \
+             give it no network or the full network",
+        )
+    } else if driver != policy::driver::Driver::Command {
+        (
+            "model_gateway",
+            "a driver run reaches its model through the daemon's model gateway, which \
+             holds the key and which a Slurm job on another node cannot reach \
+             (backend kind = \"slurm\")",
+        )
+    } else {
+        return Ok(());
+    };
+    Err(EngineError::Sandbox {
+        mechanism,
+        why: SandboxCause::Missing(why.into()),
+    })
+}
+
 /// Checks an argv (empty is allowed here: it is resolved later).
 pub(super) fn check_command(command: &[String], field: &str) -> Result<(), EngineError> {
     if command.first().is_some_and(|p| p.is_empty()) {
@@ -247,6 +282,29 @@ pub fn validate(p: &SpawnParams) -> Result<(), EngineError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slurm_job_gets_no_proxy_and_no_gateway() {
+        use policy::backend::BackendKind::{Local, Slurm};
+        use policy::driver::Driver;
+        use policy::sandbox::network::NetworkMode;
+        let refused = |kind, net, driver| match check_backend(kind, net, driver) {
+            Err(EngineError::Sandbox { mechanism, .. }) => Some(mechanism),
+            Err(e) => panic!("{e}"),
+            Ok(()) => None,
+        };
+        assert_eq!(
+            refused(Slurm, NetworkMode::Allowlist, Driver::Command),
+            Some("egress_proxy")
+        );
+        assert_eq!(
+            refused(Slurm, NetworkMode::None, Driver::ClaudeCode),
+            Some("model_gateway")
+        );
+        assert_eq!(refused(Slurm, NetworkMode::Full, Driver::Command), None);
+        assert_eq!(refused(Slurm, NetworkMode::None, Driver::Command), None);
+        assert_eq!(refused(Local, NetworkMode::Allowlist, Driver::Codex), None);
+    }
     use crate::protocol::SessionParams;
     use policy::Audience;
 

@@ -131,15 +131,49 @@ pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: Run
     {
         return;
     }
+    settle(inner, slot, Gone::Runner(runner)).await;
+}
+
+/// A run's Slurm job has ended (`end`, and `reason` in Slurm's words for
+/// when its runner left no exit.json): as [`finish_run`].
+pub(crate) async fn finish_job(
+    inner: &Arc<Inner>,
+    slot: &Arc<Slot>,
+    end: policy::backend::JobEnd,
+    reason: String,
+) {
+    settle(inner, slot, Gone::Job { end, reason }).await;
+}
+
+/// How the daemon learned that a run's runner is gone.
+enum Gone {
+    /// Its own runner's pidfd, or an adopted runner found gone.
+    Runner(RunnerExit),
+    /// Slurm's state of the run's job.
+    Job {
+        end: policy::backend::JobEnd,
+        reason: String,
+    },
+}
+
+/// The terminal state from exit.json, or from how the runner went when
+/// it left none, then finalizes.
+async fn settle(inner: &Arc<Inner>, slot: &Arc<Slot>, gone: Gone) {
     let mut rec = slot.rec.lock().await;
     if !rec.state().is_terminal() {
         let mut next = rec.clone();
         let exit_path = next.files().exit();
+        // A job's node wrote exit.json: another host's file, which a
+        // shared file system may show a moment late.
+        let patience = match gone {
+            Gone::Job { .. } => EXIT_JSON_PATIENCE,
+            Gone::Runner(_) => 0,
+        };
         let (exit, log, report) = {
             let r = next.clone();
             let load = move || {
                 let report = report::read_report(&r);
-                (ExitRecord::load(&exit_path), runner_log_tail(&r), report)
+                (load_exit(&exit_path, patience), runner_log_tail(&r), report)
             };
             match tokio::task::spawn_blocking(load).await {
                 Ok((exit, log, report)) => (exit.map_err(FinishError::from), log, report),
@@ -150,22 +184,17 @@ pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: Run
             inner.metrics.runner_exited(&next.run_id, x);
         }
         let no_record = !matches!(exit, Ok(Some(_)));
-        apply_exit(&mut next, exit, runner, &log);
-        report::apply_report(&mut next, report);
-        if no_record {
-            // The runner died without cleaning up: whatever the child
-            // started is still in the run's cgroups. End it.
-            let plan = inner.probe.cgroups.clone();
-            let run_id = next.run_id.to_string();
-            let killed = tokio::task::spawn_blocking(move || reap_orphans(&plan, &run_id))
-                .await
-                .unwrap_or(false);
-            if killed {
-                if let Some(r) = next.reason.as_mut() {
-                    r.push_str("; the processes it left were killed");
+        match gone {
+            Gone::Runner(runner) => {
+                apply_exit(&mut next, exit, runner, &log);
+                if no_record {
+                    end_orphans(inner, &mut next).await;
                 }
             }
+            // Slurm ends what a job left when the job ends.
+            Gone::Job { end, reason } => apply_job_exit(&mut next, exit, end, reason, &log),
         }
+        report::apply_report(&mut next, report);
         tracing::info!(
             run_id = %next.run_id,
             state = next.state().as_str(),
@@ -178,6 +207,89 @@ pub(crate) async fn finish_run(inner: &Arc<Inner>, slot: &Arc<Slot>, runner: Run
     }
     drop(rec);
     finalize(inner, slot).await;
+}
+
+/// Re-reads of a missing exit.json written on another host.
+const EXIT_JSON_PATIENCE: u32 = 5;
+
+/// exit.json at `path`; when it is missing, read again `patience` times,
+/// half a second apart, its folder listed first (on NFS a listing
+/// revalidates the folder's cached entries). Blocking.
+fn load_exit(path: &std::path::Path, patience: u32) -> Result<Option<ExitRecord>, ExitRecordError> {
+    let mut exit = ExitRecord::load(path);
+    for _ in 0..patience {
+        if !matches!(exit, Ok(None)) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::read_dir(dir).map(|d| d.count());
+        }
+        exit = ExitRecord::load(path);
+    }
+    exit
+}
+
+/// The runner died without cleaning up: whatever the child started is
+/// still in the run's cgroups. Ends it, and says so in the reason.
+async fn end_orphans(inner: &Arc<Inner>, next: &mut RunRecord) {
+    let plan = inner.probe.cgroups.clone();
+    let run_id = next.run_id.to_string();
+    let killed = tokio::task::spawn_blocking(move || reap_orphans(&plan, &run_id))
+        .await
+        .unwrap_or(false);
+    if killed {
+        if let Some(r) = next.reason.as_mut() {
+            r.push_str("; the processes it left were killed");
+        }
+    }
+}
+
+/// Applies how a Slurm run ended: its exit.json when the runner wrote
+/// one; else Slurm's end of its job (`end`, with `reason`).
+pub fn apply_job_exit(
+    rec: &mut RunRecord,
+    exit: Result<Option<ExitRecord>, FinishError>,
+    end: policy::backend::JobEnd,
+    reason: String,
+    runner_log: &str,
+) {
+    use policy::backend::JobEnd;
+    if let Ok(Some(_)) = &exit {
+        let requested = rec.cancel_requested;
+        apply_exit(rec, exit, RunnerExit::Unknown, runner_log);
+        // Slurm's signal reads to the runner as a cancel (or comes after
+        // its own wall time): say whose the end was.
+        let state = rec.state();
+        let slurms = match end {
+            JobEnd::TimedOut => matches!(state, RunState::Cancelled | RunState::TimedOut),
+            JobEnd::Cancelled => state == RunState::Cancelled && !requested,
+            JobEnd::Lost | JobEnd::OutOfMemory => false,
+        };
+        if slurms {
+            if end == JobEnd::TimedOut {
+                rec.end_as(EndState::TimedOut);
+            }
+            let theirs = rec.reason.take().unwrap_or_default();
+            rec.reason = Some(format!("{reason}; the runner: {theirs}"));
+        }
+        return;
+    }
+    let state = match end {
+        JobEnd::TimedOut => EndState::TimedOut,
+        JobEnd::Cancelled => EndState::Cancelled,
+        JobEnd::OutOfMemory => EndState::Failed,
+        JobEnd::Lost => EndState::Lost,
+    };
+    let mut reason = match exit {
+        Err(e) => format!("{reason}; its exit.json is unreadable ({e})"),
+        Ok(_) => reason,
+    };
+    let last = runner_log.trim().lines().last().unwrap_or("").trim();
+    if !last.is_empty() {
+        reason.push_str(&format!("; runner.log: {last}"));
+    }
+    rec.ended(state, reason, now_ms());
 }
 
 /// A runner adopted after a restart that exited at its gate started
@@ -465,6 +577,46 @@ mod tests {
             setup_us: Default::default(),
             exec_at_us: None,
         }
+    }
+
+    #[test]
+    fn a_slurm_jobs_end_decides_when_the_runner_could_not() {
+        use policy::backend::JobEnd;
+        let job = |x: Option<ExitRecord>, end, requested| {
+            let mut r = rec();
+            r.cancel_requested = requested;
+            apply_job_exit(
+                &mut r,
+                Ok(x),
+                end,
+                "slurm says".into(),
+                "*** JOB 7 CANCELLED ***",
+            );
+            (r.state(), r.reason.unwrap_or_default())
+        };
+        // No exit.json: Slurm's end, with runner.log's last line.
+        let (st, why) = job(None, JobEnd::TimedOut, false);
+        assert_eq!(st, RunState::TimedOut);
+        assert_eq!(why, "slurm says; runner.log: *** JOB 7 CANCELLED ***");
+        assert_eq!(job(None, JobEnd::Cancelled, true).0, RunState::Cancelled);
+        assert_eq!(job(None, JobEnd::Lost, false).0, RunState::Lost);
+        assert_eq!(job(None, JobEnd::OutOfMemory, false).0, RunState::Failed);
+        // exit.json decides, but Slurm's signal is named as Slurm's.
+        let cancelled = || Some(exit(Outcome::Cancelled, None, Some(15)));
+        let (st, why) = job(cancelled(), JobEnd::TimedOut, false);
+        assert_eq!(
+            (st, why.as_str()),
+            (RunState::TimedOut, "slurm says; the runner: r")
+        );
+        let (st, why) = job(cancelled(), JobEnd::Cancelled, false);
+        assert_eq!(
+            (st, why.as_str()),
+            (RunState::Cancelled, "slurm says; the runner: r")
+        );
+        let (st, why) = job(cancelled(), JobEnd::Cancelled, true);
+        assert_eq!((st, why.as_str()), (RunState::Cancelled, "r"));
+        let ok = Some(exit(Outcome::Exited, Some(0), None));
+        assert_eq!(job(ok, JobEnd::Lost, false).0, RunState::Succeeded);
     }
 
     #[test]

@@ -7,13 +7,15 @@
 use crate::paths::RunFiles;
 use std::path::Path;
 
-/// Removes runner.lock, observed-before.json, attempt.json (a live run's
+/// Removes runner.lock, runner.spec (a Slurm run's spec, for its job),
+/// observed-before.json, attempt.json (a live run's
 /// attempt, for its status), an empty runner.log and an empty delta/ of a
 /// finalized run. Best effort: a crash in between leaves
 /// only files nobody reads again, and retention takes the folder whole.
 /// Never follows a link (unlink and rmdir act on the entry). Blocking.
 pub fn tidy(files: &RunFiles) {
     remove_file(&files.runner_lock());
+    remove_file(&files.dir.join(subagent_runner::jobdir::SPEC_FILE));
     remove_file(&files.observed_before());
     remove_file(&files.dir.join("attempt.json"));
     let log = files.runner_log();

@@ -133,6 +133,9 @@ pub struct RecordV1 {
     /// event stream reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_run: Option<crate::run::driver::DriverRun>,
+    /// Where it was placed (none in records made before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<crate::run::placement::Placement>,
 }
 
 fn one() -> u32 {

@@ -14,6 +14,8 @@
 //!   adds to a connection's first byte.
 //! - [`history`]: what finished runs cost as they pile up (memory, disk,
 //!   lists, restart, retention); `--runs N` makes N the last size.
+//! - [`slurm`]: the Slurm backend against `sbatch --wait` on a
+//!   single-node cluster, and the daemon's CPU with 50 jobs live.
 //!
 //! The same binary is the workload: `--stamp FILE`, `--emit`, `--tick`.
 
@@ -25,6 +27,7 @@ mod history;
 mod load;
 mod logs;
 mod paced;
+mod slurm;
 mod spawn;
 mod workload;
 
@@ -107,7 +110,7 @@ fn main() {
     {
         std::env::set_var("SUBAGENT_BIN_DIR", dir);
     }
-    // `--only NAME` (paced, spawn, load, logs, git, egress, history) runs
+    // `--only NAME` (paced, spawn, load, logs, git, egress, history, slurm) runs
     // one part.
     let args: Vec<String> = std::env::args().collect();
     let only = args
@@ -133,6 +136,7 @@ fn main() {
     let git = part("git", git::bench_git);
     let egress = part("egress", egress::bench);
     let history = part("history", history::bench);
+    let slurm = part("slurm", slurm::bench);
     let results = json!({
         "mode": if quick { "quick" } else { "full" },
         "machine": machine(),
@@ -143,6 +147,7 @@ fn main() {
         "git_snapshot": git,
         "egress": egress,
         "history": history,
+        "slurm": slurm,
         "elapsed_s": started.elapsed().as_secs_f64(),
         "runner_linking": runner_linking(),
     });
@@ -170,6 +175,9 @@ fn main() {
     }
     if !history.is_null() {
         history::rows(&history);
+    }
+    if !slurm.is_null() {
+        slurm::rows(&slurm);
     }
     let out = Path::new("target/bench");
     std::fs::create_dir_all(out).unwrap();
