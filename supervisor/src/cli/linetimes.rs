@@ -31,17 +31,7 @@ pub fn since_ms(w: &str, now: u64) -> Result<u64> {
     if let Some(t) = crate::paging::parse_time(w) {
         return Ok(t);
     }
-    let unit = |c: char| match c {
-        's' => Some(1_000u64),
-        'm' => Some(60_000),
-        'h' => Some(3_600_000),
-        'd' => Some(86_400_000),
-        _ => None,
-    };
-    w.char_indices()
-        .last()
-        .and_then(|(i, c)| Some((w.get(..i)?.parse::<u64>().ok()?, unit(c)?)))
-        .and_then(|(n, ms)| n.checked_mul(ms))
+    super::list::age_ms(w)
         .map(|age| now.saturating_sub(age))
         .ok_or_else(|| {
             anyhow!("--since {w:?} is neither an age (90s, 10m, 2h, 7d) nor an RFC 3339 time")

@@ -91,12 +91,8 @@ fn one_page(json: bool, v: &Value) -> Result<u8> {
     Ok(0)
 }
 
-/// An RFC 3339 time for `--since`/`--until`: an age before `now` (`90s`,
-/// `10m`, `2h`, `7d`) or a time given as one.
-pub(super) fn when(flag: &str, w: &str, now: u64) -> Result<String> {
-    if crate::paging::parse_time(w).is_some() {
-        return Ok(w.to_owned());
-    }
+/// An age (`90s`, `10m`, `2h`, `7d`) in ms.
+pub(super) fn age_ms(w: &str) -> Option<u64> {
     let unit = |c: char| match c {
         's' => Some(1_000u64),
         'm' => Some(60_000),
@@ -104,12 +100,19 @@ pub(super) fn when(flag: &str, w: &str, now: u64) -> Result<String> {
         'd' => Some(86_400_000),
         _ => None,
     };
-    let age = w
-        .char_indices()
+    w.char_indices()
         .last()
         .and_then(|(i, c)| Some((w.get(..i)?.parse::<u64>().ok()?, unit(c)?)))
-        .and_then(|(n, ms)| n.checked_mul(ms));
-    match age {
+        .and_then(|(n, ms)| n.checked_mul(ms))
+}
+
+/// An RFC 3339 time for `--since`/`--until`: an age before `now` (`90s`,
+/// `10m`, `2h`, `7d`) or a time given as one.
+pub(super) fn when(flag: &str, w: &str, now: u64) -> Result<String> {
+    if crate::paging::parse_time(w).is_some() {
+        return Ok(w.to_owned());
+    }
+    match age_ms(w) {
         Some(ms) => Ok(crate::timefmt::rfc3339_ms(now.saturating_sub(ms))),
         None => bail!("{flag} {w:?} is neither an age (90s, 10m, 2h, 7d) nor an RFC 3339 time"),
     }
