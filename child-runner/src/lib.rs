@@ -27,7 +27,8 @@
 //! - [`init`]: pid 1 of the run's PID namespace: builds the root, reaps.
 //! - [`gate`]: waiting for the daemon's word that the run is recorded.
 //! - [`jobdir`]: a run placed as a cluster job takes its lock and spec
-//!   from its run folder instead.
+//!   from its run folder instead; [`jobbridge`]: its way to the daemon's
+//!   egress proxy and model gateway, over TCP.
 //! - [`restart`]: restarting a child that exits 75, with its handoff note.
 //! - [`safefile`]: reading a file a child controls (no links, no FIFOs,
 //!   a size bound).
@@ -41,6 +42,7 @@ pub mod exit_record;
 pub mod gate;
 pub mod init;
 pub mod ioerr;
+pub mod jobbridge;
 pub mod jobdir;
 pub mod launch;
 pub mod lockfd;

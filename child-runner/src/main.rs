@@ -26,8 +26,9 @@
 //! job (Slurm), which no daemon starts: runner.lock and the spec
 //! (runner.spec) are taken from the run folder DIR (see `jobdir`), the
 //! run's cgroups are planned on this node, and there is no gate (the job
-//! exists only once the run is recorded), no uid lease (the daemon holds
-//! it) and no channel to the daemon.
+//! exists only once the run is recorded) and no uid lease (the daemon
+//! holds it); a run that needs the daemon's egress proxy or model gateway
+//! reaches them through a bridge process over TCP (see `jobbridge`).
 //!
 //! Exit status: 0 when exit.json was written, 2 when the runner could not
 //! do its job (the reason is on stderr, which the daemon keeps as
@@ -107,7 +108,19 @@ fn job(dir: &std::path::Path) -> ExitCode {
     let mut spec = inputs.spec;
     // The daemon's host may mount its cgroups elsewhere than this node.
     spec.cgroup_plan = subagent_runner::sandbox::cgroup::host_plan();
-    let ready = supervise::Ready::prepare(&spec, supervise::Channels::default());
+    // First, before any thread: the bridge to the daemon's services forks.
+    let bridged = match subagent_runner::jobbridge::start(&spec) {
+        Ok(b) => b,
+        Err(e) => {
+            say(&format!("run {}: {e}", spec.run_id));
+            return ExitCode::from(2);
+        }
+    };
+    let channels = supervise::Channels {
+        egress: bridged.egress,
+        gateway: bridged.gateway,
+    };
+    let ready = supervise::Ready::prepare(&spec, channels);
     run(&spec, ready)
 }
 

@@ -60,6 +60,20 @@ pub struct RunnerSpec {
     /// context dir, opened anew for each attempt); absent: /dev/null.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<PathBuf>,
+    /// A run placed as a cluster job: where the daemon serves its egress
+    /// proxy and model gateway over TCP, and the run's token there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_services: Option<RemoteServices>,
+}
+
+/// The daemon's job services port, as a job's runner reaches it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteServices {
+    /// `IP:PORT` of the daemon's port.
+    pub addr: String,
+    /// The run's token (hex), shown with each connection.
+    pub token: String,
 }
 
 /// How to restart a child that exits 75.

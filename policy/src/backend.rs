@@ -110,6 +110,11 @@ pub struct Backend {
     /// Slurm: seconds a job gets beyond its run's wall time.
     #[serde(default)]
     pub time_margin_s: Option<u64>,
+    /// Slurm: `IP:PORT` of the daemon's job services port, where jobs reach
+    /// their runs' egress proxy and model gateway (none: runs needing
+    /// either are refused).
+    #[serde(default)]
+    pub services_listen: Option<String>,
 }
 
 /// `[backend]` holds a value its rules refuse: the key and why.
@@ -175,6 +180,10 @@ impl Backend {
         if self.time_margin_s.is_some_and(|s| s > 86_400) {
             return Err(refused("time_margin_s", "must be at most 86400"));
         }
+        if let Some(a) = &self.services_listen {
+            self.services_addr()
+                .ok_or_else(|| refused("services_listen", format!("{a:?} is not the IP:PORT jobs connect to (a port other than 0, an address other than 0.0.0.0 or ::)")))?;
+        }
         if self.kind == BackendKind::Slurm && self.shared_dir.is_none() {
             return Err(refused(
                 "shared_dir",
@@ -182,6 +191,14 @@ impl Backend {
             ));
         }
         Ok(())
+    }
+
+    /// The job services port's address, when one is set (a fixed port:
+    /// jobs carry it across daemon restarts).
+    pub fn services_addr(&self) -> Option<std::net::SocketAddr> {
+        let a: std::net::SocketAddr = self.services_listen.as_deref()?.parse().ok()?;
+        // Jobs are told this address: it must be one they can connect to.
+        (a.port() != 0 && !a.ip().is_unspecified()).then_some(a)
     }
 
     /// The poll interval, in ms.
@@ -476,6 +493,20 @@ mod tests {
         let mut b = slurm();
         b.poll_interval_ms = Some(10);
         assert_eq!(b.check().unwrap_err().key, "poll_interval_ms");
+        for bad in [
+            "localhost:9000",
+            "10.0.0.1",
+            "10.0.0.1:0",
+            "0.0.0.0:7777",
+            "[::]:7777",
+        ] {
+            let mut b = slurm();
+            b.services_listen = Some(bad.into());
+            assert_eq!(b.check().unwrap_err().key, "services_listen", "{bad}");
+        }
+        let mut b = slurm();
+        b.services_listen = Some("10.0.0.1:7777".into());
+        assert_eq!(b.services_addr(), Some("10.0.0.1:7777".parse().unwrap()));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! What a run's egress proxy and its model gateway share: a task serving
 //! the run's channel, stopped through a handle, and the accept on the
-//! listener of its current attempt.
+//! listener of its current attempt; or, for a run that is a Slurm job on
+//! another host, the connections the daemon's job services port hands
+//! over once they have shown the run's token.
 
 use std::time::Duration;
 
@@ -36,6 +38,27 @@ impl Handle {
 pub async fn accept(l: Option<&tokio::net::TcpListener>) -> std::io::Result<tokio::net::TcpStream> {
     match l {
         Some(l) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+/// Where a run's service gets its connections.
+pub enum Source {
+    /// The run's runner on this host: each attempt's init sends the
+    /// listener of the run's address over this socket pair.
+    Channel(std::os::fd::OwnedFd),
+    /// A Slurm job's: its connections, relayed by its runner to the
+    /// daemon's job services port, each authenticated there.
+    Relayed(tokio::sync::mpsc::Receiver<tokio::net::TcpStream>),
+}
+
+/// The next relayed connection, if the source is relayed; `None` once its
+/// sender is gone. Pending forever for a channel.
+pub async fn relayed(
+    rx: Option<&mut tokio::sync::mpsc::Receiver<tokio::net::TcpStream>>,
+) -> Option<tokio::net::TcpStream> {
+    match rx {
+        Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }
 }

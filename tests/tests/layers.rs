@@ -128,6 +128,7 @@ const SUPERVISOR_LAYERS: &[(&str, &[&str])] = &[
             "engine::worktree",
             "engine::drivers",
             "engine::jobs",
+            "engine::services",
         ],
     ),
     (

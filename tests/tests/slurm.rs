@@ -434,6 +434,166 @@ fn fifty_runs_through_a_four_job_limit_all_succeed() {
     }
 }
 
+/// A port on 127.0.0.1 no one listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP answer, `hello <path>`, per connection, on 127.0.0.1.
+fn hello_server() -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let mut head = Vec::new();
+            let mut b = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&b[..n]),
+                }
+            }
+            let text = String::from_utf8_lossy(&head).into_owned();
+            let body = format!("hello {}\n", text.split(' ').nth(1).unwrap_or("?"));
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// An allowlist run as a job reaches its listed destination through the
+/// daemon's egress proxy, relayed by its runner to the job services port;
+/// an unlisted one is refused there; a connection to the port without the
+/// run's token is closed unanswered.
+#[test]
+fn an_allowlist_job_reaches_the_proxy_through_the_job_services_port() {
+    use std::io::{Read, Write};
+    let Some(conf) = cluster() else { return };
+    let _one = CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
+    let services = free_port();
+    let (d, _dir) = daemon(
+        &conf,
+        4,
+        &format!("services_listen = \"127.0.0.1:{services}\""),
+    );
+    let (listed, unlisted) = (hello_server(), hello_server());
+    let mut c = d.conn();
+    let script = format!(
+        "unset NO_PROXY no_proxy\n\
+         curl -s -m 20 http://127.0.0.1:{listed}/through-the-port; echo\n\
+         curl -s -m 20 -o /dev/null -w 'UNLISTED %{{http_code}}\\n' http://127.0.0.1:{unlisted}/no\n"
+    );
+    let run = c.spawn(
+        &session("slurm"),
+        &["sh", "-c", &script],
+        json!({"sandbox": {"network_allow": [format!("127.0.0.1:{listed}")]}}),
+    );
+    let st = c.wait(&run);
+    let log = std::fs::read_to_string(st["log_path"].as_str().unwrap()).unwrap();
+    assert_eq!(st["state"], "succeeded", "{st}\n{log}");
+    assert!(log.contains("hello /through-the-port"), "{log}");
+    assert!(log.contains("UNLISTED 403"), "{log}");
+    assert_eq!(st["egress"]["allowed"], 1, "{st}");
+    // Without the run's token, nothing is served.
+    let mut probe = std::net::TcpStream::connect(("127.0.0.1", services)).unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    writeln!(probe, "SUBAGENT/1 egress {run} {}", "00".repeat(32)).unwrap();
+    probe
+        .write_all(
+            format!("GET http://127.0.0.1:{listed}/stolen HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = probe.read_to_end(&mut answer);
+    assert!(answer.is_empty(), "{:?}", String::from_utf8_lossy(&answer));
+}
+
+/// Claude Code as a job: its model requests reach the daemon's model
+/// gateway through the job services port and get the daemon's key there;
+/// the key is in no file of the run, the shared dir or the state dir.
+#[test]
+fn a_driver_job_reaches_its_gateway_and_the_key_stays_with_the_daemon() {
+    use subagentd_e2e::agents;
+    use subagentd_e2e::modelserver::{ModelServer, Turn};
+    let Some(claude) = agents::require(agents::claude, "claude-code") else {
+        return;
+    };
+    let Some(conf) = cluster() else { return };
+    let _one = CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
+    let project = tempfile::Builder::new()
+        .prefix("sa-slurm-drv-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let target = project.path().canonicalize().unwrap().join("hello.txt");
+    let server = ModelServer::start(vec![
+        Turn::tool(
+            "Write",
+            json!({"file_path": target, "content": "hi from a job\n"}),
+        ),
+        Turn::text("Wrote hello.txt."),
+    ])
+    .unwrap();
+    let secret = format!("sk-test-{}", session("key"));
+    let (mut opts, dir) = options(
+        &conf,
+        4,
+        &format!("services_listen = \"127.0.0.1:{}\"", free_port()),
+    );
+    let cfg = dir.path().join("config.toml");
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!(
+        "[drivers.claude-code]\ncommand = {:?}\nbase_url = {:?}\napi_key_env = {:?}\n",
+        claude.display().to_string(),
+        server.base_url(),
+        agents::KEY_VAR
+    ));
+    std::fs::write(&cfg, text).unwrap();
+    opts.env.push((agents::KEY_VAR.to_owned(), secret.clone()));
+    let d = Daemon::start_with(opts);
+    let mut c = d.conn();
+    let r = call(
+        &mut c,
+        "spawn_agent",
+        json!({"session": {"id": session("slurm"), "audience": "personal",
+                           "project_dir": project.path(), "tools": ["file_read", "file_write"]},
+               "task": "Write hello.txt saying hi.", "driver": "claude-code"}),
+    );
+    let st = c.wait(r["run_id"].as_str().unwrap());
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert!(st["backend"]["job_id"].is_u64(), "{st}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "hi from a job\n");
+    let reqs = server.model_requests();
+    assert!(reqs.len() >= 2, "{reqs:?}");
+    assert_eq!(reqs[0].header("x-api-key"), Some(secret.as_str()));
+    for root in [dir.path(), d.state.as_path()] {
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(p) = stack.pop() {
+            for e in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+                let t = e.file_type().unwrap();
+                if t.is_dir() {
+                    stack.push(e.path());
+                } else if t.is_file() {
+                    let bytes = std::fs::read(e.path()).unwrap_or_default();
+                    let hit = bytes.windows(secret.len()).any(|w| w == secret.as_bytes());
+                    assert!(!hit, "the key is in {}", e.path().display());
+                }
+            }
+        }
+    }
+    assert!(!d.log().contains(&secret), "the key is in the daemon's log");
+}
+
 #[test]
 fn an_allowlist_run_is_refused_naming_the_proxy_a_job_cannot_reach() {
     // No cluster needed: the refusal comes before any job.

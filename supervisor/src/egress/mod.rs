@@ -114,6 +114,16 @@ pub(crate) async fn recv_fd(channel: &AsyncFd<OwnedFd>) -> std::io::Result<Optio
     }
 }
 
+/// [`recv_fd`] on a channel, if there is one; pending forever without.
+pub(crate) async fn recv_fd_from(
+    channel: Option<&AsyncFd<OwnedFd>>,
+) -> std::io::Result<Option<OwnedFd>> {
+    match channel {
+        Some(c) => recv_fd(c).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A received descriptor as a listening TCP socket; anything else is
 /// refused.
 pub(crate) fn as_listener(fd: OwnedFd) -> std::io::Result<tokio::net::TcpListener> {
@@ -129,7 +139,7 @@ pub(crate) fn as_listener(fd: OwnedFd) -> std::io::Result<tokio::net::TcpListene
 }
 
 pub use crate::runservice::Handle;
-use crate::runservice::{accept, STOP_GRACE};
+use crate::runservice::{accept, relayed, Source, STOP_GRACE};
 
 /// Worker threads of the proxy's own runtime.
 const WORKERS: usize = 2;
@@ -167,9 +177,9 @@ pub fn start_runtime() {
 
 /// Serves run `run`'s channel on a task of its own, on the proxy's
 /// runtime, until its runner is gone or [`Handle::stop`].
-pub fn start(channel: OwnedFd, run: Arc<RunProxy>) -> Handle {
+pub fn start(source: Source, run: Arc<RunProxy>) -> Handle {
     Handle::start(|stopped| {
-        let task = serve(channel, run, stopped);
+        let task = serve(source, run, stopped);
         match runtime() {
             Some(rt) => rt.spawn(task),
             None => tokio::spawn(task),
@@ -181,23 +191,28 @@ pub fn start(channel: OwnedFd, run: Arc<RunProxy>) -> Handle {
 /// replaces the one before and ends that attempt's connections. At its
 /// end of file (the runner is gone) or at `stop`, every connection of the
 /// run is ended.
-async fn serve(channel: OwnedFd, run: Arc<RunProxy>, mut stop: tokio::sync::watch::Receiver<bool>) {
+async fn serve(source: Source, run: Arc<RunProxy>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let (channel, mut relay) = match source {
+        Source::Channel(fd) => (Some(fd), None),
+        Source::Relayed(rx) => (None, Some(rx)),
+    };
     // SAFETY: the AsyncFd owns the descriptor: it stays open, and the same
     // one, for as long as it is registered.
-    let channel = match unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) } {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(run_id = %run.run_id, "egress channel: {e}; the run has no proxy");
-            return;
-        }
-    };
+    let channel =
+        match channel.map(|c| unsafe { AsyncFd::register_with_interest(c, Interest::READABLE) }) {
+            Some(Err(e)) => {
+                tracing::error!(run_id = %run.run_id, "egress channel: {e}; the run has no proxy");
+                return;
+            }
+            other => other.and_then(Result::ok),
+        };
     let mut listener: Option<tokio::net::TcpListener> = None;
     let (mut attempt, _) = tokio::sync::watch::channel(false);
     let mut conns = tokio::task::JoinSet::new();
     let mut flush = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
-            fd = recv_fd(&channel) => {
+            fd = recv_fd_from(channel.as_ref()) => {
                 let fd = match fd {
                     Ok(Some(fd)) => fd,
                     Ok(None) => break,
@@ -213,6 +228,10 @@ async fn serve(channel: OwnedFd, run: Arc<RunProxy>, mut stop: tokio::sync::watc
                     .ok();
             }
             _ = stop.changed() => break,
+            c = relayed(relay.as_mut()) => match c {
+                Some(c) => proxy::admit(&run, c, attempt.subscribe(), &mut conns),
+                None => break,
+            },
             c = accept(listener.as_ref()) => match c {
                 Ok(c) => proxy::admit(&run, c, attempt.subscribe(), &mut conns),
                 Err(e) => {

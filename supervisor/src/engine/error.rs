@@ -227,6 +227,9 @@ pub enum InternalError {
     /// `subagentd --check` built invalid spawn params.
     #[error("check: {0}")]
     CheckParams(#[source] serde_json::Error),
+    /// The job services port could not be opened.
+    #[error(transparent)]
+    Services(#[from] super::services::ServicesError),
     /// `subagentd --check`'s run did not end in time.
     #[error("check: the probe run did not end within {secs} s")]
     CheckTimedOut {

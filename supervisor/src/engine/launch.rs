@@ -13,6 +13,7 @@ use super::state::{Inner, Slot};
 use super::{finish, pidfd};
 use crate::paths::RunFiles;
 use crate::run::record::{EndState, RunRecord, RunState};
+use crate::runservice::Source;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -264,23 +265,7 @@ impl Launched {
     /// handle stops it.
     pub(crate) fn serve_gateway(&mut self, rec: &RunRecord) -> Option<crate::gateway::Handle> {
         let (fd, setup) = self.gateway.take()?;
-        let cap = rec
-            .limits
-            .disk_bytes()
-            .min(crate::gateway::log::MAX_LOG_BYTES);
-        match crate::gateway::RunGateway::new(
-            rec.run_id.to_string(),
-            setup,
-            rec.files().gateway_log(),
-            cap,
-        ) {
-            Ok(run) => Some(crate::gateway::start(fd, Arc::new(run))),
-            Err(e) => {
-                // The runner's init then finds no one at the channel's end.
-                tracing::error!(run_id = %rec.run_id, "the run has no model gateway: {e}");
-                None
-            }
-        }
+        gateway_for(rec, setup, Source::Channel(fd))
     }
 
     /// Serves the run's egress channel, if it has one (allowlist mode):
@@ -288,16 +273,7 @@ impl Launched {
     /// handle stops it.
     pub(crate) fn serve_egress(&mut self, rec: &RunRecord) -> Option<crate::egress::Handle> {
         let fd = self.egress.take()?;
-        let allow = policy::sandbox::network::parse_list(&rec.network_allow).unwrap_or_default();
-        let run = crate::egress::RunProxy::new(
-            rec.run_id.to_string(),
-            allow,
-            rec.files().egress_log(),
-            rec.limits
-                .disk_bytes()
-                .min(crate::egress::log::MAX_LOG_BYTES),
-        );
-        Some(crate::egress::start(fd, Arc::new(run)))
+        Some(egress_for(rec, Source::Channel(fd)))
     }
 
     /// Lets a gated runner start the agent. A runner that died meanwhile is
@@ -315,6 +291,47 @@ impl Launched {
         drop(self.gate.take());
         pidfd::reap(&self.pidfd)
     }
+}
+
+/// Run `rec`'s model gateway, forwarding by `setup`, serving the
+/// connections `source` brings.
+pub(crate) fn gateway_for(
+    rec: &RunRecord,
+    setup: crate::gateway::Setup,
+    source: Source,
+) -> Option<crate::gateway::Handle> {
+    let cap = rec
+        .limits
+        .disk_bytes()
+        .min(crate::gateway::log::MAX_LOG_BYTES);
+    match crate::gateway::RunGateway::new(
+        rec.run_id.to_string(),
+        setup,
+        rec.files().gateway_log(),
+        cap,
+    ) {
+        Ok(run) => Some(crate::gateway::start(source, Arc::new(run))),
+        Err(e) => {
+            // The runner's init then finds no one at the channel's end.
+            tracing::error!(run_id = %rec.run_id, "the run has no model gateway: {e}");
+            None
+        }
+    }
+}
+
+/// Run `rec`'s egress proxy, for its allowlist, serving the connections
+/// `source` brings.
+pub(crate) fn egress_for(rec: &RunRecord, source: Source) -> crate::egress::Handle {
+    let allow = policy::sandbox::network::parse_list(&rec.network_allow).unwrap_or_default();
+    let run = crate::egress::RunProxy::new(
+        rec.run_id.to_string(),
+        allow,
+        rec.files().egress_log(),
+        rec.limits
+            .disk_bytes()
+            .min(crate::egress::log::MAX_LOG_BYTES),
+    );
+    crate::egress::start(source, Arc::new(run))
 }
 
 /// `rec` as running with runner `l`.

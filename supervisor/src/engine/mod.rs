@@ -38,6 +38,7 @@ mod prune;
 mod reads;
 pub mod recover;
 mod sample;
+mod services;
 pub mod slurm;
 pub mod spawn;
 mod state;
@@ -124,6 +125,18 @@ impl Supervisor {
         // Also for a local backend: Slurm runs an earlier config placed are
         // followed to their end.
         let jobs = Arc::new(jobs::Jobs::new(cfg.backend()));
+        let services = match cfg.backend().services_addr() {
+            Some(addr) => {
+                let dir = cfg.state_dir.clone();
+                let (s, l) = blocking(move || {
+                    services::Services::open(addr, &dir)
+                        .map_err(|e| EngineError::Unexpected(InternalError::Services(e)))
+                })
+                .await?;
+                Some((Arc::new(s), l))
+            }
+            None => None,
+        };
         let (queue, rx) = mpsc::unbounded_channel();
         let (finished, _) = broadcast::channel(FINISHED_CAPACITY);
         let metrics = crate::metrics::Metrics::new(store.starts());
@@ -147,6 +160,7 @@ impl Supervisor {
             metrics,
             recent_ends: Mutex::new(state::RecentEnds::default()),
             jobs,
+            services: services.as_ref().map(|(s, _)| s.clone()),
             _state_lock: lock,
         });
         // Empty session dirs a crash left behind (a run's end removes its own).
@@ -160,6 +174,16 @@ impl Supervisor {
         tokio::spawn(prune::count_at_start(Arc::downgrade(&sup.inner)));
         tokio::spawn(dispatch(sup.clone(), rx));
         tokio::spawn(jobs::poll_every(Arc::downgrade(&sup.inner.jobs)));
+        if let Some((s, l)) = services {
+            let l = tokio::net::TcpListener::from_std(l).map_err(|e| {
+                EngineError::Unexpected(InternalError::Services(services::ServicesError::Bind {
+                    addr: s.addr,
+                    source: e,
+                }))
+            })?;
+            tracing::info!(addr = %s.addr, "job services port");
+            tokio::spawn(services::serve(l, Arc::downgrade(&s)));
+        }
         tokio::spawn(prune::every_interval(Arc::downgrade(&sup.inner)));
         tokio::spawn(prune::when_crossed(Arc::downgrade(&sup.inner)));
         Ok(sup)

@@ -41,6 +41,21 @@ pub enum SubmitError {
     /// sbatch failed.
     #[error(transparent)]
     Slurm(#[from] crate::slurm::SlurmError),
+    /// The run's spec could not be read back or encoded.
+    #[error("the runner spec: {0}")]
+    Spec(#[from] subagent_runner::spec::SpecError),
+    /// The run's spec could not be encoded.
+    #[error("encoding the runner spec: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// The run needs the job services port, and the config sets none.
+    #[error("the run needs the daemon's egress proxy or model gateway, and [backend] services_listen is not set")]
+    NoServices,
+    /// The driver's key is not in the daemon's environment.
+    #[error(transparent)]
+    NoKey(#[from] super::drivers::KeyUnset),
+    /// The driver's gateway could not be set up.
+    #[error("the run's model gateway could not be set up (see the daemon's log)")]
+    NoGateway,
     /// The blocking task writing the spec ended without an answer.
     #[error("writing the runner spec: {0}")]
     Task(#[source] tokio::task::JoinError),
@@ -119,6 +134,7 @@ async fn submit(inner: &Arc<Inner>, slot: &Arc<Slot>) -> Option<u64> {
         Err(e) => format!("could not submit the Slurm job: {e}"),
     };
     tracing::error!(run_id = %rec.run_id, "{why}");
+    end_services(inner, slot, rec.run_id.as_str()).await;
     // Whatever sbatch made of it goes: nothing may run for a failed run.
     if let Err(e) = inner.jobs.slurm.cancel_named(rec.run_id.as_str()).await {
         tracing::warn!(run_id = %rec.run_id, "cancelling its job by name: {e}");
@@ -135,27 +151,34 @@ async fn submit(inner: &Arc<Inner>, slot: &Arc<Slot>) -> Option<u64> {
     None
 }
 
-/// Writes runner.spec and runs sbatch; the job's id.
+/// Writes runner.spec (with the run's way to its services, when it needs
+/// them) and runs sbatch; the job's id.
 async fn submit_job(inner: &Arc<Inner>, slot: &Slot, rec: &RunRecord) -> Result<u64, SubmitError> {
     let jobs = inner.jobs.clone();
     let on_behalf = rec.on_behalf.clone();
     let (store, id, kept) = (inner.store.clone(), rec.run_id.clone(), slot.take_spec());
-    let path = rec.files().dir.join(subagent_runner::jobdir::SPEC_FILE);
-    let write = move || -> Result<(), SubmitError> {
+    let read = move || -> Result<Vec<u8>, SubmitError> {
         // Queued since its spawn, or since a restart: what its requester
         // may reach can have changed meanwhile.
         if let Some(ob) = &on_behalf {
             crate::rights::check(&ob.requester, &ob.needs)?;
         }
-        let spec = match kept {
-            Some(s) => s,
+        match kept {
+            Some(s) => Ok(s),
             None => store
                 .spec(&id)
                 .map_err(SubmitError::SpecRead)?
-                .ok_or(SubmitError::NoSpec)?,
-        };
-        Ok(subagent_runner::atomic::write_atomic(&path, &spec)?)
+                .ok_or(SubmitError::NoSpec),
+        }
     };
+    let bytes = tokio::task::spawn_blocking(read)
+        .await
+        .map_err(SubmitError::Task)??;
+    let mut spec = subagent_runner::spec::RunnerSpec::parse(&bytes)?;
+    spec.remote_services = serve_services(inner, slot, rec, &spec)?;
+    let bytes = serde_json::to_vec(&spec).map_err(SubmitError::Encode)?;
+    let path = rec.files().dir.join(subagent_runner::jobdir::SPEC_FILE);
+    let write = move || subagent_runner::atomic::write_atomic(&path, &bytes);
     tokio::task::spawn_blocking(write)
         .await
         .map_err(SubmitError::Task)??;
@@ -179,6 +202,58 @@ async fn submit_job(inner: &Arc<Inner>, slot: &Slot, rec: &RunRecord) -> Result<
         },
     );
     Ok(jobs.slurm.submit(&job).await?)
+}
+
+/// Starts the run's egress proxy and model gateway, when its sandbox uses
+/// them, fed by the job services port (registered there for this run);
+/// where the job's runner reaches them, with the run's token.
+fn serve_services(
+    inner: &Arc<Inner>,
+    slot: &Slot,
+    rec: &RunRecord,
+    spec: &subagent_runner::spec::RunnerSpec,
+) -> Result<Option<subagent_runner::spec::RemoteServices>, SubmitError> {
+    use crate::runservice::Source;
+    use subagent_runner::jobbridge::Service;
+    let (egress, gateway) = (
+        spec.sandbox.egress.is_some(),
+        spec.sandbox.gateway.is_some(),
+    );
+    if !egress && !gateway {
+        return Ok(None);
+    }
+    let services = inner.services.clone().ok_or(SubmitError::NoServices)?;
+    let run = rec.run_id.as_str();
+    if gateway {
+        let driver = rec
+            .driver_run
+            .as_ref()
+            .map(|d| d.driver)
+            .unwrap_or_default();
+        let setup = super::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, driver)?
+            .ok_or(SubmitError::NoGateway)?;
+        let rx = services.register(run, Service::Gateway);
+        let handle = super::launch::gateway_for(rec, setup, Source::Relayed(rx))
+            .ok_or(SubmitError::NoGateway)?;
+        slot.set_gateway(Some(handle));
+    }
+    if egress {
+        let rx = services.register(run, Service::Egress);
+        slot.set_egress(Some(super::launch::egress_for(rec, Source::Relayed(rx))));
+    }
+    Ok(Some(subagent_runner::spec::RemoteServices {
+        addr: services.addr.to_string(),
+        token: services.token(run),
+    }))
+}
+
+/// Ends the run's services at the job services port and their handles.
+async fn end_services(inner: &Arc<Inner>, slot: &Slot, run: &str) {
+    if let Some(s) = &inner.services {
+        s.forget(run);
+    }
+    slot.stop_egress().await;
+    slot.stop_gateway().await;
 }
 
 /// How often a run with a job checks on what no answer of Slurm's brings:
@@ -229,6 +304,7 @@ pub(crate) async fn follow(
         }
     };
     jobs.unwatch(id.as_str());
+    end_services(&inner, &slot, id.as_str()).await;
     match followed {
         Followed::Ended => drop(inner.take_lease(&id)),
         Followed::NeverSubmitted => {
@@ -481,9 +557,34 @@ pub(crate) async fn resume(inner: &Arc<Inner>, slot: &Arc<Slot>, rec: &RunRecord
             Err(e) => tracing::warn!(run_id = %rec.run_id, "its uid: {e}"),
         }
     }
+    // Its job's bridge connects again with the same token.
+    if let Err(e) = serve_services_again(inner, slot, rec).await {
+        tracing::error!(run_id = %rec.run_id, "its services: {e}");
+    }
     let permit = inner.slots.clone().try_acquire_owned().ok();
     tokio::spawn(follow(inner.clone(), slot.clone(), job, permit));
     Resumed::Watched
+}
+
+/// [`serve_services`] for a run whose job may be running already, from
+/// its spec in state.db.
+async fn serve_services_again(
+    inner: &Arc<Inner>,
+    slot: &Slot,
+    rec: &RunRecord,
+) -> Result<(), SubmitError> {
+    let (store, id) = (inner.store.clone(), rec.run_id.clone());
+    let read = move || {
+        store
+            .spec(&id)
+            .map_err(SubmitError::SpecRead)?
+            .ok_or(SubmitError::NoSpec)
+    };
+    let bytes = tokio::task::spawn_blocking(read)
+        .await
+        .map_err(SubmitError::Task)??;
+    let spec = subagent_runner::spec::RunnerSpec::parse(&bytes)?;
+    serve_services(inner, slot, rec, &spec).map(drop)
 }
 
 /// Whether the run's spec was written for a job (sbatch may have run).

@@ -279,6 +279,8 @@ pub(crate) struct Inner {
     pub(super) recent_ends: Mutex<RecentEnds>,
     /// The live Slurm jobs and their poll (idle without any).
     pub(super) jobs: Arc<super::jobs::Jobs>,
+    /// The job services port, when the config sets one.
+    pub(super) services: Option<Arc<super::services::Services>>,
     /// The state dir's lock, held for the engine's life.
     pub(super) _state_lock: StateLocks,
 }

@@ -14,7 +14,6 @@ pub mod rewrite;
 pub mod run;
 
 pub use run::{RunGateway, Setup, MAX_CONNECTIONS};
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
@@ -27,36 +26,38 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub use crate::runservice::Handle;
-use crate::runservice::{accept, STOP_GRACE};
+use crate::runservice::{accept, relayed, Source, STOP_GRACE};
 
 /// Serves run `run`'s gateway channel on a task of its own until its
 /// runner is gone or [`Handle::stop`].
-pub fn start(channel: OwnedFd, run: Arc<RunGateway>) -> Handle {
-    Handle::start(|stopped| tokio::spawn(serve(channel, run, stopped)))
+pub fn start(source: Source, run: Arc<RunGateway>) -> Handle {
+    Handle::start(|stopped| tokio::spawn(serve(source, run, stopped)))
 }
 
 /// Serves the channel: each listener it sends (one per attempt) replaces
 /// the one before and ends that attempt's connections.
-async fn serve(
-    channel: OwnedFd,
-    run: Arc<RunGateway>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
+async fn serve(source: Source, run: Arc<RunGateway>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let (channel, mut relay) = match source {
+        Source::Channel(fd) => (Some(fd), None),
+        Source::Relayed(rx) => (None, Some(rx)),
+    };
     // SAFETY: the AsyncFd owns the descriptor: it stays open, and the same
     // one, for as long as it is registered.
-    let channel = match unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) } {
-        Ok(c) => c,
-        Err(e) => {
+    let channel = match channel
+        .map(|c| unsafe { AsyncFd::register_with_interest(c, Interest::READABLE) })
+    {
+        Some(Err(e)) => {
             tracing::error!(run_id = %run.run_id, "gateway channel: {e}; the run has no gateway");
             return;
         }
+        other => other.and_then(Result::ok),
     };
     let mut listener: Option<tokio::net::TcpListener> = None;
     let (mut attempt, _) = tokio::sync::watch::channel(false);
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
-            fd = crate::egress::recv_fd(&channel) => {
+            fd = crate::egress::recv_fd_from(channel.as_ref()) => {
                 let fd = match fd {
                     Ok(Some(fd)) => fd,
                     Ok(None) => break,
@@ -72,6 +73,10 @@ async fn serve(
                     .ok();
             }
             _ = stop.changed() => break,
+            c = relayed(relay.as_mut()) => match c {
+                Some(c) => admit(&run, c, attempt.subscribe(), &mut conns),
+                None => break,
+            },
             c = accept(listener.as_ref()) => match c {
                 Ok(c) => admit(&run, c, attempt.subscribe(), &mut conns),
                 Err(e) => {

@@ -149,6 +149,11 @@ pub(crate) fn accept(
     crate::engine::drivers::gateway_setup(&inner.cfg.settings, &inner.daemon_env, plan.driver)
         .map_err(|why| EngineError::invalid("driver", why))?;
     validate::check_required(&inner.probe, &inner.cfg.required(plan.grants.network))?;
-    validate::check_backend(inner.cfg.backend().kind, plan.network, plan.driver)?;
+    validate::check_backend(
+        inner.cfg.backend().kind,
+        inner.services.is_some(),
+        plan.network,
+        plan.driver,
+    )?;
     create_run(inner, params, &plan, start_now, on_behalf.as_ref())
 }

@@ -227,6 +227,8 @@ pub(super) fn runner_spec(
         stdin: delivered
             .stdin
             .then(|| files.context().join("first_message.md")),
+        // A Slurm job's, set when it is submitted.
+        remote_services: None,
         restart: Some(subagent_runner::spec::RestartSpec {
             max_attempts: input.max_attempts,
             // The inputs stay with the run (not in the child's context

@@ -28,30 +28,34 @@ pub fn check_required(
 }
 
 /// Refuses what the backend cannot give a run. A Slurm job runs on a node
-/// with no channel to the daemon: the egress proxy (allowlist mode) and
-/// the model gateway (a driver run, whose key stays with the daemon) live
-/// in the daemon, so such runs are refused rather than run without them.
+/// with no socket pair to the daemon: it reaches the egress proxy
+/// (allowlist mode) and the model gateway (a driver run, whose key stays
+/// with the daemon) only through the daemon's job services port
+/// (`services`), and without one such runs are refused rather than run
+/// without them.
 pub fn check_backend(
     kind: policy::backend::BackendKind,
+    services: bool,
     network: network::NetworkMode,
     driver: policy::driver::Driver,
 ) -> Result<(), EngineError> {
-    if kind != policy::backend::BackendKind::Slurm {
+    if kind != policy::backend::BackendKind::Slurm || services {
         return Ok(());
     }
     let (mechanism, why) = if network == network::NetworkMode::Allowlist {
         (
             "egress_proxy",
             "the run's network is an allowlist, served by the daemon's egress proxy, \
-             which a Slurm job on another node cannot reach (backend kind = \"slurm\"); \
-             give it no network or the full network",
+             which a Slurm job on another node reaches only through the daemon's job \
+             services port ([backend] services_listen, not set); give it no network or \
+             the full network, or set services_listen",
         )
     } else if driver != policy::driver::Driver::Command {
         (
             "model_gateway",
             "a driver run reaches its model through the daemon's model gateway, which \
-             holds the key and which a Slurm job on another node cannot reach \
-             (backend kind = \"slurm\")",
+             holds the key and which a Slurm job on another node reaches only through \
+             the daemon's job services port ([backend] services_listen, not set)",
         )
     } else {
         return Ok(());
@@ -288,7 +292,7 @@ mod tests {
         use policy::backend::BackendKind::{Local, Slurm};
         use policy::driver::Driver;
         use policy::sandbox::network::NetworkMode;
-        let refused = |kind, net, driver| match check_backend(kind, net, driver) {
+        let refused = |kind, net, driver| match check_backend(kind, false, net, driver) {
             Err(EngineError::Sandbox { mechanism, .. }) => Some(mechanism),
             Err(e) => panic!("{e}"),
             Ok(()) => None,
@@ -304,6 +308,7 @@ mod tests {
         assert_eq!(refused(Slurm, NetworkMode::Full, Driver::Command), None);
         assert_eq!(refused(Slurm, NetworkMode::None, Driver::Command), None);
         assert_eq!(refused(Local, NetworkMode::Allowlist, Driver::Codex), None);
+        assert!(check_backend(Slurm, true, NetworkMode::Allowlist, Driver::ClaudeCode).is_ok());
     }
     use crate::protocol::SessionParams;
     use policy::Audience;

@@ -142,6 +142,10 @@ pub(crate) async fn finish_job(
     end: policy::backend::JobEnd,
     reason: String,
 ) {
+    // The job's connections end, and egress.log is whole before it is
+    // summed up.
+    slot.stop_egress().await;
+    slot.stop_gateway().await;
     settle(inner, slot, Gone::Job { end, reason }).await;
 }
 
